@@ -1,0 +1,50 @@
+"""Model loading: a Hugging Face directory or a GGUF file -> config, stored weights, tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.models.llama import check_weights
+from engine.tokenizer import TextTokenizer
+from kernels.weights import Weight
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    format: str  # "hf" | "gguf"
+    config: ModelConfig
+    weights: dict[str, Weight]
+    tokenizer: TextTokenizer
+
+    @property
+    def tensor_types(self) -> list[str]:
+        return sorted({w.dtype for w in self.weights.values()})
+
+    @property
+    def n_params(self) -> int:
+        return sum(w.data.size for w in self.weights.values())
+
+
+def load_model(path: str | Path, chat_template: str | None = None) -> LoadedModel:
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file or directory")
+    if p.is_dir():
+        from engine.loader.hf import read_config, read_weights
+        from engine.tokenizer import load_hf_tokenizer
+
+        config = read_config(p)
+        weights = read_weights(p)
+        tokenizer = load_hf_tokenizer(p, chat_template)
+        fmt = "hf"
+    else:
+        from engine.loader.gguf import read_gguf
+
+        config, weights, tokenizer = read_gguf(p, chat_template)
+        fmt = "gguf"
+    check_weights(config, weights)
+    return LoadedModel(p, fmt, config, weights, tokenizer)

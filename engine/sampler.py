@@ -1,0 +1,108 @@
+"""Token sampling on the host, one row at a time.
+
+Every step depends only on the row's logits, the request's parameters and history, and the
+token's index: the random number for token i is a counter-based function of (seed, i), never a
+stream shared by the batch. Ties go to the lowest token id.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+_M64 = (1 << 64) - 1
+
+
+def counter_uniform(seed: int, index: int) -> float:
+    """splitmix64 of (seed, index) -> a float in [0, 1) with 53 random bits."""
+    z = ((seed & _M64) * 0x9E3779B97F4A7C15 + (index + 1) * 0xD1B54A32D192ED03) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    z ^= z >> 31
+    return (z >> 11) / float(1 << 53)
+
+
+def random_seed() -> int:
+    return secrets.randbits(32)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def _penalize(logits: np.ndarray, p: SamplingParams, history: list[int]) -> np.ndarray:
+    if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
+        return logits
+    recent = history[-p.repeat_last_n:] if p.repeat_last_n > 0 else history
+    ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+    ids_ok = ids < logits.shape[0]
+    ids, counts = ids[ids_ok], counts[ids_ok]
+    out = logits.copy()
+    sel = out[ids]
+    if p.repeat_penalty != 1.0:
+        sel = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
+    sel = sel - counts * p.frequency_penalty - p.presence_penalty
+    out[ids] = sel
+    return out
+
+
+def _sorted_desc(logits: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest logits, by value descending then index ascending."""
+    n = logits.shape[0]
+    if 0 < k < n:
+        part = np.argpartition(-logits, k - 1)[:k]
+        kth = logits[part].min()
+        part = np.flatnonzero(logits >= kth)  # every tie of the k-th value, so ties resolve by index
+    else:
+        part = np.arange(n)
+    order = np.lexsort((part, -logits[part]))
+    return part[order][:k] if 0 < k < n else part[order]
+
+
+def sample(row: np.ndarray, p: SamplingParams, history: list[int], index: int) -> int:
+    logits = _penalize(np.asarray(row, dtype=np.float64), p, history)
+    if p.greedy:
+        return int(np.argmax(logits))
+    cand = _sorted_desc(logits, p.top_k)
+    vals = logits[cand]
+    if p.top_p < 1.0 or p.min_p > 0.0:
+        probs = np.exp(vals - vals[0])
+        probs /= probs.sum()
+        keep = len(cand)
+        if p.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
+        cand, vals = cand[:keep], vals[:keep]
+    scaled = (vals - vals[0]) / p.temperature
+    weights = np.exp(scaled)
+    cdf = np.cumsum(weights)
+    u = counter_uniform(p.seed, index) * cdf[-1]
+    pick = int(np.searchsorted(cdf, u, side="right"))
+    return int(cand[min(pick, len(cand) - 1)])
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    x = np.asarray(row, dtype=np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def top_logprobs(logprobs: np.ndarray, n: int) -> list[tuple[int, float]]:
+    idx = _sorted_desc(logprobs, n)
+    return [(int(i), float(logprobs[i])) for i in idx]

@@ -1,0 +1,80 @@
+"""The op interface every compute backend implements.
+
+Arrays are the backend's own (NumPy on the CPU, CuPy on CUDA). Activations are float32.
+Exact mode (`Ops.exact`) obliges every op to compute each token row with arithmetic that depends
+only on that row's inputs and the weights: never on how many rows share the call, their contents,
+or where a sequence's KV pages sit physically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from kernels.weights import Weight
+
+PAGE_SIZE = 256
+KV_TYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+@dataclass
+class RopeTable:
+    """cos/sin per position for half the head dim; `neox` picks the rotated pairs (i, i + d/2)
+    over the interleaved pairs (2i, 2i + 1)."""
+
+    cos: Any  # [max_pos, head_dim // 2] float32
+    sin: Any
+    neox: bool = True
+
+
+@dataclass
+class PagedRows:
+    """Where each token row of a step sits: its position, its sequence, the sequences' pages.
+
+    Row r attends to positions 0..positions[r] of sequence seq[r]; logical page i of sequence s is
+    physical page block_tables[s, i]. slots[r] is the KV cell the row's K/V go to.
+    """
+
+    positions: Any  # [T] int32
+    seq: Any  # [T] int32
+    block_tables: Any  # [S, max_pages] int32
+    slots: Any  # [T] int64
+
+
+class KVLayer(Protocol):
+    """One layer's paged K and V storage: [n_pages, PAGE_SIZE, n_kv_heads, head_dim] each."""
+
+    kv_type: str
+
+
+class Ops(Protocol):
+    name: str
+    exact: bool
+
+    # --- data movement
+    def upload(self, w: Weight) -> Any: ...
+    def tensor(self, a: np.ndarray) -> Any: ...
+    def to_host(self, x: Any) -> np.ndarray: ...
+
+    # --- math; x is [T, D] float32 unless stated
+    def embedding(self, table: Any, ids: Any) -> Any: ...
+    def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
+    def matmul(self, x: Any, w: Any, bias: Any | None = None) -> Any:
+        """x [T, K] @ w[N, K]^T (+ bias) -> [T, N], float32 accumulation."""
+    def rope(self, x: Any, positions: Any, table: RopeTable) -> Any:
+        """x [T, heads, head_dim] rotated by each row's position."""
+    def silu_mul(self, gate: Any, up: Any) -> Any: ...
+    def add(self, a: Any, b: Any) -> Any: ...
+
+    # --- paged KV cache and attention
+    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> KVLayer: ...
+    def kv_write(self, layer: KVLayer, k: Any, v: Any, slots: Any) -> None: ...
+    def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
+        """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""
+    def kv_read_pages(self, layer: KVLayer, pages: Any) -> tuple[np.ndarray, ...]:
+        """Copy pages to host memory (parking)."""
+    def kv_write_pages(self, layer: KVLayer, pages: Any, data: tuple[np.ndarray, ...]) -> None:
+        """Restore parked pages into (possibly other) physical pages."""
+    def kv_copy_pages(self, layer: KVLayer, src: Any, dst: Any) -> None: ...

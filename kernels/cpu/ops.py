@@ -1,0 +1,210 @@
+"""NumPy reference backend.
+
+BLAS picks different kernels for one row and for many, so in exact mode every matmul row is its own
+matrix-vector product from one fixed scratch buffer; reductions elsewhere run per row along the
+contiguous last axis, whose summation order depends only on its length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable
+from kernels.weights import QK8_0, Weight, bf16_to_f32, f32_to_bf16
+
+BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
+
+
+@dataclass
+class CpuKVLayer:
+    kv_type: str
+    k: np.ndarray
+    v: np.ndarray
+    k_scale: np.ndarray | None = None  # q8_0 only: f16 [pages, PAGE_SIZE, heads, head_dim // 32]
+    v_scale: np.ndarray | None = None
+
+
+def _encode(x: np.ndarray, kv_type: str) -> tuple[np.ndarray, np.ndarray | None]:
+    if kv_type == "f32":
+        return x, None
+    if kv_type == "f16":
+        return x.astype(np.float16), None
+    if kv_type == "bf16":
+        return f32_to_bf16(x), None
+    blocks = x.reshape(*x.shape[:-1], -1, QK8_0)
+    d = np.abs(blocks).max(axis=-1) / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
+    q = np.round(blocks * inv[..., None]).astype(np.int8).reshape(x.shape)
+    return q, d.astype(np.float16)
+
+
+def _decode(data: np.ndarray, scale: np.ndarray | None, kv_type: str) -> np.ndarray:
+    if kv_type == "f32":
+        return data
+    if kv_type == "f16":
+        return data.astype(np.float32)
+    if kv_type == "bf16":
+        return bf16_to_f32(data)
+    q = data.reshape(*data.shape[:-1], -1, QK8_0).astype(np.float32)
+    return (q * scale.astype(np.float32)[..., None]).reshape(data.shape)
+
+
+class CpuOps:
+    name = "cpu"
+
+    def __init__(self, exact: bool = False):
+        self.exact = exact
+        self._scratch: dict[int, np.ndarray] = {}
+
+    # --- data movement
+    def upload(self, w: Weight):
+        if w.data.ndim == 1:
+            return np.ascontiguousarray(w.to_f32())
+        return w
+
+    def tensor(self, a: np.ndarray) -> np.ndarray:
+        return np.asarray(a)
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    # --- math
+    def embedding(self, table: Weight, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        scales = table.scales[ids] if table.scales is not None else None
+        rows = Weight(table.data[ids], table.dtype, scales)
+        return np.array(rows.to_f32(), dtype=np.float32, copy=True)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        ms = np.add.reduce(x * x, axis=-1) / np.float32(x.shape[-1])
+        inv = (np.float32(1.0) / np.sqrt(ms + np.float32(eps))).astype(np.float32)
+        return (x * inv[..., None]) * weight
+
+    def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        t, k = x.shape
+        n = w.shape[0]
+        if w.shape[1] != k:
+            raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
+        out = np.empty((t, n), dtype=np.float32)
+        step = n if w.dtype == "f32" else BLOCK_N
+        for n0 in range(0, n, step):
+            block = w.to_f32(slice(n0, n0 + step))
+            if self.exact:
+                self._rows_gemv(x, block, out[:, n0 : n0 + block.shape[0]])
+            else:
+                out[:, n0 : n0 + block.shape[0]] = x @ block.T
+        if bias is not None:
+            out += bias
+        return out
+
+    def _rows_gemv(self, x: np.ndarray, block: np.ndarray, out: np.ndarray) -> None:
+        k = x.shape[1]
+        buf = self._scratch.get(k)
+        if buf is None:
+            buf = self._scratch[k] = np.empty(k, dtype=np.float32)
+        res = np.empty(block.shape[0], dtype=np.float32)
+        for r in range(x.shape[0]):
+            buf[:] = x[r]
+            np.dot(block, buf, out=res)
+            out[r] = res
+
+    def rope(self, x: np.ndarray, positions, table: RopeTable) -> np.ndarray:
+        cos = table.cos[positions][:, None, :]
+        sin = table.sin[positions][:, None, :]
+        half = x.shape[-1] // 2
+        if table.neox:
+            x1, x2 = x[..., :half], x[..., half:]
+            return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        xe, xo = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = xe * cos - xo * sin
+        out[..., 1::2] = xo * cos + xe * sin
+        return out
+
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return gate / (np.float32(1.0) + np.exp(-gate)) * up
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    # --- paged KV cache and attention
+    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> CpuKVLayer:
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"unsupported KV cache type {kv_type!r}")
+        shape = (n_pages, PAGE_SIZE, n_kv_heads, head_dim)
+        if kv_type == "q8_0":
+            if head_dim % QK8_0:
+                raise ValueError(f"KV cache type q8_0 needs a head dim divisible by {QK8_0}")
+            sshape = (*shape[:-1], head_dim // QK8_0)
+            return CpuKVLayer(kv_type, np.zeros(shape, np.int8), np.zeros(shape, np.int8),
+                              np.zeros(sshape, np.float16), np.zeros(sshape, np.float16))
+        dt = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[kv_type]
+        return CpuKVLayer(kv_type, np.zeros(shape, dt), np.zeros(shape, dt))
+
+    def kv_write(self, layer: CpuKVLayer, k: np.ndarray, v: np.ndarray, slots) -> None:
+        slots = np.asarray(slots)
+        pages, cells = slots // PAGE_SIZE, slots % PAGE_SIZE
+        for dst, dst_scale, src in ((layer.k, layer.k_scale, k), (layer.v, layer.v_scale, v)):
+            data, scale = _encode(np.asarray(src, dtype=np.float32), layer.kv_type)
+            dst[pages, cells] = data
+            if scale is not None:
+                dst_scale[pages, cells] = scale
+
+    def _page(self, layer: CpuKVLayer, page: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        ks = layer.k_scale[page, :n] if layer.k_scale is not None else None
+        vs = layer.v_scale[page, :n] if layer.v_scale is not None else None
+        return (_decode(layer.k[page, :n], ks, layer.kv_type),
+                _decode(layer.v[page, :n], vs, layer.kv_type))
+
+    def attention(self, q: np.ndarray, layer: CpuKVLayer, rows: PagedRows, scale: float) -> np.ndarray:
+        t, n_heads, hd = q.shape
+        n_kv = layer.k.shape[2]
+        group = n_heads // n_kv
+        qs = (np.asarray(q, dtype=np.float32) * np.float32(scale)).reshape(t, n_kv, group, hd)
+        out = np.empty((t, n_kv, group, hd), dtype=np.float32)
+        positions, seqs, tables = rows.positions, rows.seq, rows.block_tables
+        for r in range(t):
+            out[r] = self._attend_row(qs[r], layer, int(positions[r]), tables[int(seqs[r])])
+        return out.reshape(t, n_heads * hd)
+
+    def _attend_row(self, q: np.ndarray, layer: CpuKVLayer, pos: int, table) -> np.ndarray:
+        # Keys 0..pos in page-sized chunks, logical order; chunks merged in ascending order.
+        m = l_sum = acc = None
+        last = pos // PAGE_SIZE
+        for c in range(last + 1):
+            n = PAGE_SIZE if c < last else pos % PAGE_SIZE + 1
+            k, v = self._page(layer, int(table[c]), n)
+            s = np.add.reduce(k[:, :, None, :] * q[None], axis=-1)  # [n, kv, group]
+            m_c = s.max(axis=0)
+            p = np.exp(s - m_c)
+            l_c = np.add.reduce(p, axis=0)
+            o_c = np.add.reduce(p[..., None] * v[:, :, None, :], axis=0)
+            if m is None:
+                m, l_sum, acc = m_c, l_c, o_c
+                continue
+            m_new = np.maximum(m, m_c)
+            a, b = np.exp(m - m_new), np.exp(m_c - m_new)
+            l_sum = l_sum * a + l_c * b
+            acc = acc * a[..., None] + o_c * b[..., None]
+            m = m_new
+        return acc / l_sum[..., None]
+
+    def kv_read_pages(self, layer: CpuKVLayer, pages) -> tuple[np.ndarray, ...]:
+        pages = np.asarray(pages)
+        parts = [layer.k[pages].copy(), layer.v[pages].copy()]
+        if layer.k_scale is not None:
+            parts += [layer.k_scale[pages].copy(), layer.v_scale[pages].copy()]
+        return tuple(parts)
+
+    def kv_write_pages(self, layer: CpuKVLayer, pages, data: tuple[np.ndarray, ...]) -> None:
+        pages = np.asarray(pages)
+        layer.k[pages], layer.v[pages] = data[0], data[1]
+        if layer.k_scale is not None:
+            layer.k_scale[pages], layer.v_scale[pages] = data[2], data[3]
+
+    def kv_copy_pages(self, layer: CpuKVLayer, src, dst) -> None:
+        self.kv_write_pages(layer, dst, self.kv_read_pages(layer, src))
