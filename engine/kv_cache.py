@@ -22,10 +22,17 @@ class PagePool:
     def n_free(self) -> int:
         return len(self._free)
 
-    def alloc(self, n: int) -> list[int] | None:
+    def alloc(self, n: int, from_top: bool = False) -> list[int] | None:
+        """Lowest free pages first; `from_top` takes the highest (restores land elsewhere, which
+        exercises the rule that physical placement cannot matter)."""
         if n > len(self._free):
             return None
-        return [heapq.heappop(self._free) for _ in range(n)]
+        if not from_top:
+            return [heapq.heappop(self._free) for _ in range(n)]
+        self._free.sort()
+        taken = self._free[len(self._free) - n :]
+        del self._free[len(self._free) - n :]
+        return taken
 
     def release(self, pages: list[int]) -> None:
         for p in pages:
@@ -43,6 +50,10 @@ class PagePool:
         for layer in self.layers:
             self.ops.kv_copy_pages(layer, src, dst)
 
-    @staticmethod
-    def parked_bytes(parked: list[tuple]) -> int:
-        return sum(a.nbytes for layer in parked for a in layer)
+    def park_bytes(self, n_pages: int) -> int:
+        return n_pages * self.page_bytes
+
+    @property
+    def page_bytes(self) -> int:
+        return sum(a.nbytes // a.shape[0] for layer in self.layers for a in vars(layer).values()
+                   if hasattr(a, "nbytes"))
