@@ -1,0 +1,64 @@
+"""Runs the exactness evidence matrix (studio/evidence.py) and writes a JSON report and a table.
+
+    python bench/exactness.py                      # a tiny random model on the CPU
+    python bench/exactness.py -m MODEL --device cuda --exact off
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from studio.evidence import EvidenceError, run_matrix  # noqa: E402
+
+
+def _tiny_model(where: Path) -> tuple[str, int]:
+    from tests.tiny_models import make_hf_model
+
+    path = make_hf_model(where, "llama")
+    from engine.loader import load_model
+
+    return str(path), load_model(path).config.vocab_size
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", help="model path (default: build a tiny random llama)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument("--exact", default="on", choices=["on", "off"])
+    ap.add_argument("--n-predict", type=int, default=24)
+    ap.add_argument("--prompt-len", type=int, default=48)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "exactness-cpu"),
+                    help="report path without extension (.json and .md are written)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model:
+            from engine.loader import load_model
+
+            model, vocab = args.model, load_model(args.model).config.vocab_size
+        else:
+            model, vocab = _tiny_model(Path(tmp))
+        try:
+            report = asyncio.run(run_matrix(model, vocab=vocab, device=args.device, exact=args.exact == "on",
+                                            n_predict=args.n_predict, prompt_len=args.prompt_len,
+                                            progress=lambda m: print(m, flush=True)))
+        except EvidenceError as e:
+            print(f"exactness run failed: {e}", file=sys.stderr)
+            return 1
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(report.to_json() + "\n")
+    out.with_suffix(".md").write_text(f"# Exactness matrix ({args.device}, exact {args.exact})\n\n```\n"
+                                      f"{report.table()}\n```\n")
+    print(report.table())
+    return 0 if report.all_identical or args.exact == "off" else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

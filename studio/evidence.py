@@ -1,0 +1,245 @@
+"""The exactness evidence matrix: P0's tokens and logprobs under every condition the contract names.
+
+Each cell runs P0 on a real engine (started here, or the loaded one for cells that need no special
+server) and compares its token ids and logprobs bit for bit with P0 run solo on the base server. A
+worker that fails fails the whole run; every server started here is stopped, on errors too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import socket
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+ENGINE_CMD: tuple[str, ...] = (sys.executable, "-m", "engine")
+BASE_FLAGS = ("--parallel", "8", "--ctx-size", "4096", "--kv-unified", "--exact-concurrency", "on")
+
+
+class EvidenceError(Exception):
+    """The run could not produce a complete report."""
+
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    logprobs: list[float]
+
+    def first_difference(self, other: Sample) -> int | None:
+        """Index of the first token whose id or logprob bits differ; None when identical."""
+        for i, (a, b) in enumerate(zip(self.tokens, other.tokens, strict=False)):
+            if a != b or struct.pack("<d", self.logprobs[i]) != struct.pack("<d", other.logprobs[i]):
+                return i
+        if len(self.tokens) != len(other.tokens):
+            return min(len(self.tokens), len(other.tokens))
+        return None
+
+
+@dataclass
+class Cell:
+    name: str
+    description: str
+    identical: bool
+    first_diff: int | None
+    n_tokens: int
+
+
+@dataclass
+class Report:
+    model: str
+    exact: str
+    n_predict: int
+    prompts: int
+    cells: list[Cell] = field(default_factory=list)
+    servers: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def all_identical(self) -> bool:
+        return all(c.identical for c in self.cells)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "all_identical": self.all_identical}, indent=2)
+
+    def table(self) -> str:
+        rows = [f"{'cell':<28} {'result':<22} description", "-" * 90]
+        for c in self.cells:
+            res = "identical" if c.identical else f"differs at token {c.first_diff}"
+            rows.append(f"{c.name:<28} {res:<22} {c.description}")
+        return "\n".join(rows)
+
+
+def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    low = min(10, vocab // 4)  # leave the lowest ids alone: small vocabularies keep their specials there
+    return [[rng.randrange(low, vocab) for _ in range(length + 7 * i)] for i in range(n)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineServer:
+    """A real engine child for one group of cells."""
+
+    def __init__(self, model: str, flags: Sequence[str], env: dict[str, str] | None = None,
+                 engine_cmd: Sequence[str] = ENGINE_CMD, log_dir: Path | None = None):
+        self.port = _free_port()
+        self.argv = [*engine_cmd, "-m", model, "--port", str(self.port), *flags]
+        self.env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self.log_dir = log_dir
+        self.proc: asyncio.subprocess.Process | None = None
+        self.inherited: dict[str, str] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, session: aiohttp.ClientSession, timeout: float = 300.0) -> None:
+        log = open(self.log_dir / f"engine-{self.port}.log", "wb") if self.log_dir else asyncio.subprocess.DEVNULL
+        self.proc = await asyncio.create_subprocess_exec(*self.argv, env=self.env, stdout=log, stderr=log,
+                                                         stdin=asyncio.subprocess.DEVNULL)
+        self.inherited = _lockstep_environ(self.proc.pid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise EvidenceError(f"engine exited with {self.proc.returncode}: {' '.join(self.argv)}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+        raise EvidenceError(f"engine did not become healthy in {timeout:.0f} s: {' '.join(self.argv)}")
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+    def describe(self) -> dict:
+        return {"argv": self.argv, "inherited_env": self.inherited}
+
+
+def _lockstep_environ(pid: int) -> dict[str, str]:
+    """The LOCKSTEP_* variables the child really has (read back from the kernel, not from our dict)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs if k.startswith(b"LOCKSTEP_")}
+
+
+async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], n_predict: int, *,
+                   temperature: float = 0.0, seed: int = 0, cache_prompt: bool = False, n: int = 1) -> list[Sample]:
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, "seed": seed,
+            "n_probs": 1, "cache_prompt": cache_prompt, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    if n > 1:
+        body["n"] = n
+    async with session.post(url + "/completion", json=body) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise EvidenceError(f"completion failed with HTTP {r.status}: {data}")
+    results = data if isinstance(data, list) else [data]
+    return [Sample([p["id"] for p in d["completion_probabilities"]],
+                   [p["logprob"] for p in d["completion_probabilities"]]) for d in results]
+
+
+Completer = Callable[..., Awaitable[list[Sample]]]
+
+
+async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: int = 48, n_predict: int = 24,
+                     device: str = "cpu", exact: bool = True, engine_cmd: Sequence[str] = ENGINE_CMD,
+                     log_dir: Path | None = None, progress: Callable[[str], None] | None = None,
+                     complete_fn: Completer = complete) -> Report:
+    """Runs every cell; raises EvidenceError when any worker fails (no partial report)."""
+    t0 = time.monotonic()
+    say = progress or (lambda _msg: None)
+    mode = "on" if exact else "off"
+    base = [*BASE_FLAGS[:-1], mode, "--device", device]
+    prompts = make_prompts(n_prompts, prompt_len, vocab)
+    p0 = prompts[0]
+    report = Report(model, mode, n_predict, n_prompts)
+    servers: list[EngineServer] = []
+    timeout = aiohttp.ClientTimeout(total=600)
+
+    def cell(name: str, description: str, ref: Sample, got: Sample) -> None:
+        diff = ref.first_difference(got)
+        report.cells.append(Cell(name, description, diff is None, diff, len(got.tokens)))
+        say(f"{name}: {'identical' if diff is None else f'differs at token {diff}'}")
+
+    async def server(session, flags=(), env=None) -> EngineServer:
+        flags = list(flags)
+        merged = list(base)
+        for i in range(0, len(flags), 2):  # a variant flag replaces the base's value
+            if flags[i] in merged:
+                merged[merged.index(flags[i]) + 1] = flags[i + 1]
+            else:
+                merged += flags[i : i + 2]
+        s = EngineServer(model, merged, env, engine_cmd, log_dir)
+        servers.append(s)
+        await s.start(session)
+        return s
+
+    async def solo(s: EngineServer, **kw) -> Sample:
+        return (await complete_fn(session, s.url, p0, n_predict, **kw))[0]
+
+    async def beside(s: EngineServer, k: int, **kw) -> Sample:
+        jobs = [complete_fn(session, s.url, p, n_predict, **kw) for p in [p0, *prompts[1 : k + 1]]]
+        return (await asyncio.gather(*jobs))[0][0]
+
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            say("starting the base server")
+            b = await server(session)
+            ref = await solo(b)
+            cell("solo_twice", "P0 alone, run again", ref, await solo(b))
+            cell("beside_3", "P0 beside 3 neighbours", ref, await beside(b, 3))
+            cell("beside_7", "P0 beside 7 neighbours", ref, await beside(b, 7))
+            await solo(b, cache_prompt=True)
+            cell("prompt_cache_hit", "P0 after its prefix was cached", ref, await solo(b, cache_prompt=True))
+            pair = await complete_fn(session, b.url, p0, n_predict, n=2)
+            cell("n2_first", "n=2 at temperature 0, completion 0", ref, pair[0])
+            cell("n2_second", "n=2 at temperature 0, completion 1", ref, pair[1])
+            seeded = await solo(b, temperature=0.9, seed=1234)
+            cell("seeded_beside_7", "temperature 0.9 seed 1234, beside 7", seeded,
+                 await beside(b, 7, temperature=0.9, seed=1234))
+            await b.stop()
+            variants = [
+                ("forced_parks_7", "parked and restored every 7 tokens, beside 3", (),
+                 {"LOCKSTEP_PREEMPT_EVERY": "7"}, 3),
+                ("parallel_2", "--parallel 2", ("--parallel", "2"), None, 0),
+                ("ctx_1024", "--ctx-size 1024", ("--ctx-size", "1024"), None, 0),
+                ("ubatch_16", "-ub 16: other prompt chunking, beside 3", ("--ubatch-size", "16"), None, 3),
+            ]
+            for name, desc, flags, env, k in variants:
+                say(f"starting a server for {name}")
+                s = await server(session, flags, env)
+                cell(name, desc, ref, await (beside(s, k) if k else solo(s)))
+                await s.stop()
+    except EvidenceError:
+        raise
+    except Exception as e:  # any worker failure fails the run
+        raise EvidenceError(f"{type(e).__name__}: {e}") from e
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers), return_exceptions=True)
+        report.servers = [s.describe() for s in servers]
+    report.seconds = round(time.monotonic() - t0, 2)
+    return report
