@@ -22,6 +22,7 @@ import numpy as np
 from engine.kv_cache import pages_for
 from engine.runner import Runner, StepEntry
 from engine.sampler import SamplingParams, log_softmax, sample, top_logprobs
+from engine.speculative import DraftState, lookup
 from engine.tokenizer import TextTokenizer
 from kernels.base import PAGE_SIZE
 
@@ -89,6 +90,8 @@ class _Seq:
     done: bool = False
     t_start: float = 0.0
     t_first: float = 0.0
+    draft: list[int] = field(default_factory=list)
+    spec: DraftState | None = None
 
     @property
     def pending(self) -> int:
@@ -118,7 +121,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: TextTokenizer, *, n_slots: int, n_ctx: int, n_batch: int,
                  n_ubatch: int, kv_unified: bool, preempt_ram_bytes: int, preempt_every: int = 0,
-                 max_queue: int = 64):
+                 max_queue: int = 64, spec_n_max: int = 0):
         self.runner, self.tokenizer, self.pool = runner, tokenizer, runner.pool
         pool_tokens = self.pool.n_pages * PAGE_SIZE
         per_seq = n_ctx if kv_unified else max(PAGE_SIZE, (n_ctx // n_slots) // PAGE_SIZE * PAGE_SIZE)
@@ -127,6 +130,7 @@ class Scheduler:
         self.preempt_ram_bytes = preempt_ram_bytes
         self.preempt_every = preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0)
         self.max_queue = max_queue
+        self.spec_n_max = spec_n_max
         self.slots_ = [_Slot(i) for i in range(n_slots)]
         self._waiting: deque[tuple[int, Request, Callable]] = deque()
         self._cancel: set[int] = set()
@@ -139,7 +143,8 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = dict.fromkeys(("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total",
-                                       "tokens_predicted_total"), 0)
+                                       "tokens_predicted_total", "drafted_total",
+                                       "draft_accepted_total"), 0)
 
     # ------------------------------------------------------------------ public API
     def start(self) -> None:
@@ -194,6 +199,8 @@ class Scheduler:
                     "params": vars(q.params).copy() if q else {},
                     "prompt_tokens": q.n_prompt if q else 0, "generated": q.generated if q else 0,
                     "cached_tokens": len(s.cache_tokens),
+                    "n_drafted": q.spec.drafted if q and q.spec else 0,
+                    "n_accepted": q.spec.accepted if q and q.spec else 0,
                 })
             return out
 
@@ -352,6 +359,9 @@ class Scheduler:
         results = self.runner.step([e for _, e in plan])
         with self._cv:
             for (seq, entry), logits in zip(plan, results, strict=True):
+                if seq.draft:
+                    self._verify(seq, logits)
+                    continue
                 seq.n_computed += len(entry.tokens)
                 if logits is not None and not seq.done:
                     self._on_logits(seq, logits[-1])
@@ -366,18 +376,51 @@ class Scheduler:
             if seq not in self._running:  # parked to make room for an earlier sequence
                 continue
             n = min(seq.pending, budget)
+            seq.draft = self._draft(seq, budget) if n == seq.pending == 1 else []
+            n += len(seq.draft)
             need = pages_for(seq.n_computed + n) - len(seq.pages)
             if need > 0:
                 pages = self._alloc(need, exclude=seq)
                 if pages is None:
+                    seq.draft = []
                     self._park(seq)
                     continue
                 seq.pages += pages
             plan.append((seq, n))
             budget -= n
         plan = [(s, n) for s, n in plan if s in self._running]
-        return [(s, StepEntry(s.pages, s.tokens[s.n_computed : s.n_computed + n], s.n_computed,
-                              "last" if s.n_computed + n == len(s.tokens) else "none")) for s, n in plan]
+        return [(s, self._entry(s, n)) for s, n in plan]
+
+    def _entry(self, s: _Seq, n: int) -> StepEntry:
+        if s.draft:
+            return StepEntry(s.pages, [s.tokens[-1], *s.draft], s.n_computed, "all")
+        return StepEntry(s.pages, s.tokens[s.n_computed : s.n_computed + n], s.n_computed,
+                         "last" if s.n_computed + n == len(s.tokens) else "none")
+
+    def _draft(self, seq: _Seq, budget: int) -> list[int]:
+        if not self.spec_n_max or seq.generated == 0:  # the first token comes from the prompt step
+            return []
+        if seq.spec is None:
+            seq.spec = DraftState(self.spec_n_max)
+        room = min(seq.spec.length, budget - 1, self.n_ctx_seq - len(seq.tokens) - 1)
+        if seq.req.max_tokens >= 0:
+            room = min(room, seq.req.max_tokens - seq.generated - 1)
+        return lookup(seq.tokens, room)
+
+    def _verify(self, seq: _Seq, logits: np.ndarray) -> None:
+        """Row i predicts the token after draft[i - 1]; keep drafts while they equal the samples."""
+        draft, seq.draft = seq.draft, []
+        start = seq.n_computed
+        accepted = 0
+        for i in range(len(draft) + 1):
+            seq.n_computed = start + i + 1  # KV is valid through the row that produced this sample
+            tok = self._emit_token(seq, logits[i])
+            if seq.done or seq not in self._running or i == len(draft) or tok != draft[i]:
+                break
+            accepted += 1
+        seq.spec.record(len(draft), accepted)
+        self.counters["drafted_total"] += len(draft)
+        self.counters["draft_accepted_total"] += accepted
 
     def _on_logits(self, seq: _Seq, row: np.ndarray) -> None:
         if seq.generated == 0 and seq.index == 0 and seq.req.n > 1:
@@ -410,7 +453,7 @@ class Scheduler:
             self._running.append(child)
         return children
 
-    def _emit_token(self, seq: _Seq, row: np.ndarray) -> None:
+    def _emit_token(self, seq: _Seq, row: np.ndarray) -> int:
         if seq.generated == 0:
             seq.t_first = time.perf_counter()
         tok = sample(row, seq.params, seq.tokens, seq.generated)
@@ -421,7 +464,7 @@ class Scheduler:
             top = top_logprobs(lps, seq.req.logprobs) if seq.req.logprobs > 0 else None
         if self.tokenizer.is_eog(tok):
             self._finish(seq, "stop")
-            return
+            return tok
         seq.tokens.append(tok)
         seq.generated += 1
         self.counters["tokens_predicted_total"] += 1
@@ -430,6 +473,7 @@ class Scheduler:
             self._finish(seq, "length")
         elif self.preempt_every and seq.generated % self.preempt_every == 0 and seq in self._running:
             self._park(seq)
+        return tok
 
     def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
         if seq in self._running:
