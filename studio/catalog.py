@@ -1,0 +1,198 @@
+"""The models on disk: GGUF files and Hugging Face folders, described from their headers only.
+
+Weights are never read: a GGUF header is parsed through a memory map (GGUFReader touches only the
+pages holding the header and tensor table) and a .safetensors file is read up to its JSON header.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+# A safetensors header beyond this is not a header we should trust (the format caps it at 100 MB).
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+SCAN_DEPTH = 3
+
+
+class ModelInfo(BaseModel):
+    id: str
+    path: str
+    format: str  # "gguf" or "hf"
+    architecture: str | None = None
+    parameters: int | None = None
+    tensor_types: list[str] = []
+    size_bytes: int = 0
+    native_context: int | None = None
+    # Set when the files are there but their metadata could not be read; the model is still listed.
+    error: str | None = None
+
+
+def bundled_models_dir() -> Path:
+    # assets/ sits beside the studio package in the source tree and in an editable install.
+    return Path(__file__).resolve().parent.parent / "assets" / "models"
+
+
+def read_gguf(path: Path) -> ModelInfo:
+    from gguf import GGUFReader  # imported late: it pulls in numpy and its quant tables
+
+    reader = GGUFReader(path)
+    arch = _gguf_field(reader, "general.architecture")
+    ctx = _gguf_field(reader, f"{arch}.context_length") if arch else None
+    return ModelInfo(
+        id=path.stem,
+        path=str(path),
+        format="gguf",
+        architecture=arch,
+        parameters=sum(int(t.n_elements) for t in reader.tensors),
+        tensor_types=sorted({t.tensor_type.name for t in reader.tensors}),
+        size_bytes=path.stat().st_size,
+        native_context=int(ctx) if ctx is not None else None,
+    )
+
+
+def _gguf_field(reader, key: str):
+    field = reader.get_field(key)
+    return field.contents() if field is not None else None
+
+
+def safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path.name}: too short for a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_SAFETENSORS_HEADER or n > path.stat().st_size - 8:
+            raise ValueError(f"{path.name}: header length {n} is not plausible")
+        header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}: header is not a JSON object")
+    return header
+
+
+def read_hf(directory: Path) -> ModelInfo:
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    # Multimodal configs keep the language model's fields in text_config.
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    params = 0
+    types: set[str] = set()
+    for file in sorted(directory.glob("*.safetensors")):
+        for name, entry in safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            params += math.prod(entry["shape"])
+            types.add(entry["dtype"])
+    arch = text.get("model_type") or config.get("model_type")
+    if arch is None and config.get("architectures"):
+        arch = config["architectures"][0]
+    ctx = text.get("max_position_embeddings")
+    return ModelInfo(
+        id=directory.name,
+        path=str(directory),
+        format="hf",
+        architecture=arch,
+        parameters=params if types else None,
+        tensor_types=sorted(types),
+        size_bytes=sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()),
+        native_context=int(ctx) if isinstance(ctx, int) else None,
+    )
+
+
+def is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def describe(path: Path) -> ModelInfo:
+    """Metadata of one model path; a read failure is recorded in `error`, not raised."""
+    fmt = "gguf" if path.is_file() else "hf"
+    try:
+        return read_gguf(path) if fmt == "gguf" else read_hf(path)
+    except Exception as exc:  # a damaged file must not hide the other models
+        size = path.stat().st_size if path.is_file() else 0
+        return ModelInfo(id=path.stem if fmt == "gguf" else path.name, path=str(path), format=fmt,
+                         size_bytes=size, error=f"{type(exc).__name__}: {exc}")
+
+
+def find_model_paths(folder: Path, depth: int = SCAN_DEPTH) -> Iterable[Path]:
+    if folder.is_file() and folder.suffix == ".gguf":
+        yield folder
+        return
+    if not folder.is_dir():
+        return
+    if is_hf_dir(folder):
+        yield folder
+        return
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_file() and entry.suffix == ".gguf":
+            yield entry
+        elif entry.is_dir() and depth > 0:
+            yield from find_model_paths(entry, depth - 1)
+
+
+class Catalog:
+    """Scans folders on demand; metadata is cached per (path, mtime, size) so rescans are cheap."""
+
+    def __init__(self, folders: Iterable[str | os.PathLike[str]] = (), include_bundled: bool = True) -> None:
+        self.folders = [Path(f).expanduser() for f in folders]
+        self.include_bundled = include_bundled
+        self._cache: dict[Path, tuple[tuple[float, int], ModelInfo]] = {}
+
+    def roots(self) -> list[Path]:
+        roots = list(self.folders)
+        if self.include_bundled:
+            roots.append(bundled_models_dir())
+        return roots
+
+    def scan(self) -> list[ModelInfo]:
+        models: list[ModelInfo] = []
+        seen_paths: set[Path] = set()
+        seen_ids: set[str] = set()
+        for root in self.roots():
+            for path in find_model_paths(root):
+                real = path.resolve()
+                if real in seen_paths:
+                    continue
+                seen_paths.add(real)
+                info = self._describe_cached(real)
+                unique = info.id
+                n = 1
+                while unique in seen_ids:  # same name in two folders: the later one gets a suffix
+                    n += 1
+                    unique = f"{info.id}~{n}"
+                seen_ids.add(unique)
+                models.append(info.model_copy(update={"id": unique}))
+        return models
+
+    def find(self, ref: str) -> ModelInfo | None:
+        """A model by catalog id, or by a path to a GGUF file or an HF folder."""
+        for info in self.scan():
+            if info.id == ref:
+                return info
+        path = Path(ref).expanduser()
+        if (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").is_file()):
+            return self._describe_cached(path.resolve())
+        return None
+
+    def _describe_cached(self, path: Path) -> ModelInfo:
+        st = path.stat()
+        key = (st.st_mtime, st.st_size)
+        if path.is_dir():
+            files = [p.stat() for p in path.glob("*") if p.is_file()]
+            key = (max((s.st_mtime for s in files), default=st.st_mtime), sum(s.st_size for s in files))
+        hit = self._cache.get(path)
+        if hit and hit[0] == key:
+            return hit[1]
+        info = describe(path)
+        self._cache[path] = (key, info)
+        return info

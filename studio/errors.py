@@ -1,0 +1,17 @@
+"""Errors the studio answers with, carrying the HTTP status and error type of the API's JSON body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StudioError(Exception):
+    def __init__(self, status: int, type_: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.status, "type": self.type, "message": self.message, **self.extra}}
