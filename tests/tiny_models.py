@@ -85,3 +85,187 @@ def make_hf_model(where: Path, arch: str = "llama", *, tie: bool = False, kv_rat
     model.to(getattr(torch, dtype)).save_pretrained(str(out))
     save_tokenizer(tok, out)
     return out
+
+
+# --- GGUF, written the way llama.cpp's convert_hf_to_gguf.py writes it
+
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # config.json model_type
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
+_GGUF_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def to_gguf_name(hf: str) -> str:
+    if hf in _GGUF_GLOBAL:
+        return _GGUF_GLOBAL[hf]
+    _, _, layer, rest = hf.split(".", 3)  # model.layers.N.rest
+    return f"blk.{layer}.{_GGUF_BLOCK[rest]}"
+
+
+def llama_permute(w, n_head: int):
+    """convert_hf_to_gguf's LlamaModel.permute: q/k rows reordered for ggml's interleaved rotation."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(rope: dict, head_dim: int):
+    """convert_hf_to_gguf's `rope_freqs` tensor for llama3 scaling, in float32 as it computes it."""
+    import math
+
+    import torch
+
+    base = rope.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def gpt2_vocab_kv(tok, pre: str, bos: str | None = None, eos: str | None = None, *, add_bos: bool | None = None,
+                  chat_template: str | None = None, ids: dict[str, int] | None = None) -> dict:
+    """`tokenizer.*` metadata of a byte-level BPE `tokenizers.Tokenizer`, as _set_vocab_gpt2 writes it:
+    special added tokens are CONTROL, other added tokens USER_DEFINED, id holes [PADn] UNUSED.
+    `ids` adds more `tokenizer.ggml.<key>` ids (eot_token_id, ...)."""
+    import json
+
+    added = {a.content: a for a in tok.get_added_tokens_decoder().values()}
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(max(by_id) + 1):
+        t = by_id.get(i)
+        tokens.append(t if t is not None else f"[PAD{i}]")
+        types.append(TOKEN_UNUSED if t is None else TOKEN_NORMAL if t not in added
+                     else TOKEN_CONTROL if added[t].special else TOKEN_USER_DEFINED)
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    kv = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.token_type": types,
+          "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m) for m in merges]}
+    for key, text in (("bos_token_id", bos), ("eos_token_id", eos)):
+        if text is not None:
+            kv[f"tokenizer.ggml.{key}"] = vocab[text]
+    kv |= {f"tokenizer.ggml.{k}": v for k, v in (ids or {}).items()}
+    if add_bos is not None:
+        kv["tokenizer.ggml.add_bos_token"] = add_bos
+    if chat_template is not None:
+        kv["tokenizer.chat_template"] = chat_template
+    return kv
+
+
+def write_gguf_file(path: Path, arch: str, kv: dict, tensors=(), drop_keys=()) -> Path:
+    """A GGUF file from metadata and (name, array, raw ggml type or None) tensors. Scalars are typed as
+    the converter's add_* calls type them (ints uint32, floats float32), arrays by their first item."""
+    from gguf import GGUFValueType, GGUFWriter
+
+    w = GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            sub = GGUFValueType.STRING if value and isinstance(value[0], str) else None
+            w.add_key_value(key, list(value), GGUFValueType.ARRAY, sub_type=sub)
+    for key in drop_keys:
+        w.kv_data[0].pop(key)
+    for name, data, raw in tensors:
+        w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "default", arch: str | None = None,
+               drop_keys=(), drop_tensors=(), tensor_types: dict | None = None) -> Path:
+    """The model saved in `hf_dir` as GGUF with 2-D tensors in `dtype` (f32, f16, bf16, q8_0; 1-D stay F32).
+
+    `pre` is the tokenizer.ggml.pre to state (the lead's tiny tokenizer splits as GPT-2: "default").
+    For bad-input tests: `arch` overrides general.architecture, `drop_keys`/`drop_tensors` leave
+    things out, `tensor_types` forces a ggml type per GGUF tensor name.
+    """
+    import json
+
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    hf_dir = Path(hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    template = tcfg.get("chat_template")
+    if template is None and (hf_dir / "chat_template.jinja").is_file():
+        template = (hf_dir / "chat_template.jinja").read_text()
+    family = GGUF_ARCH[cfg["model_type"]]
+    arch = arch or family
+    n_head = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads") or n_head
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kv = {
+        f"{arch}.context_length": cfg["max_position_embeddings"],
+        f"{arch}.embedding_length": cfg["hidden_size"],
+        f"{arch}.block_count": cfg["num_hidden_layers"],
+        f"{arch}.feed_forward_length": cfg["intermediate_size"],
+        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.attention.head_count": n_head,
+        f"{arch}.attention.head_count_kv": n_kv,
+        f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+        f"{arch}.rope.freq_base": float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.vocab_size": cfg["vocab_size"],
+        "general.name": hf_dir.name,
+    }
+    if rope.get("rope_type") == "linear":
+        kv[f"{arch}.rope.scaling.type"] = "linear"
+        kv[f"{arch}.rope.scaling.factor"] = float(rope["factor"])
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    kv |= gpt2_vocab_kv(tok, pre, tcfg.get("bos_token"), tcfg.get("eos_token"), add_bos=family == "llama",
+                        chat_template=template)
+
+    default = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[dtype]
+    tensors = []
+    if rope.get("rope_type") == "llama3":
+        tensors.append(("rope_freqs.weight", llama3_rope_factors(rope, head_dim), None))
+    for hf, data in load_file(str(hf_dir / "model.safetensors")).items():
+        name = to_gguf_name(hf)
+        if name in drop_tensors:
+            continue
+        data = data.astype(np.float32)
+        if family == "llama" and (".attn_q." in name or ".attn_k." in name):
+            data = llama_permute(data, n_head if ".attn_q." in name else n_kv)
+        kind = (tensor_types or {}).get(name, default if data.ndim == 2 else Q.F32)
+        if kind == Q.F32:
+            tensors.append((name, data, None))
+        elif kind == Q.F16:
+            tensors.append((name, data.astype(np.float16), None))
+        else:
+            tensors.append((name, quantize(data, kind), kind))
+    return write_gguf_file(path, arch, kv, tensors, drop_keys)
