@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal[
-    "exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model", "port_in_use", "crash", "timeout"
+    "exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model", "port_in_use", "bad_flags", "crash",
+    "timeout",
 ]
 
 EXIT_CODES: dict[int, Kind] = {
+    2: "bad_flags",
     3: "exact_refusal",
     4: "bad_model",
     5: "out_of_memory",
@@ -32,6 +34,8 @@ _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("bad_model", re.compile(r"^error: model load failed: (?P<detail>.+)$")),
     ("port_in_use", re.compile(r"^error: cannot bind (?P<detail>.+)$")),
 )
+# The engine refuses a command line it cannot honour with exit 2 and `error: <why>` (argparse's convention).
+_BAD_FLAGS = re.compile(r"^error: (?P<detail>.+)$")
 # A line must be short to be the engine's one-line verdict rather than, say, a traceback's repr.
 _MAX_VERDICT_CHARS = 2000
 
@@ -65,6 +69,11 @@ def classify(output: str, exit_code: int | None) -> Failure:
             m = pattern.match(line)
             if m:
                 return Failure(kind, exit_code, line, m.group("detail"))
+    if exit_code == 2:
+        for raw in reversed(output.splitlines()):
+            m = _BAD_FLAGS.match(raw.strip())
+            if m:
+                return Failure("bad_flags", exit_code, raw.strip(), m.group("detail"))
     if exit_code in EXIT_CODES:
         kind = EXIT_CODES[exit_code]
         return Failure(kind, exit_code, None, f"exit code {exit_code} ({kind}) without the engine's message")

@@ -42,6 +42,11 @@ def _choice(*allowed: str) -> Check:
     return check
 
 
+def _gpu_layers(value: str) -> str | None:
+    # The engine takes a layer count, -1, or the words all / auto (every layer on the GPU).
+    return None if value in ("all", "auto") else _int(-1)(value)
+
+
 def _nonempty(value: str) -> str | None:
     return None if value else "expects a non-empty value"
 
@@ -72,7 +77,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--ubatch-size", "-ub"), True, _int(1)),
     Flag(("--kv-unified", "-kvu"), False),
     Flag(("--flash-attn", "-fa"), True, _choice("on", "off", "auto")),
-    Flag(("--n-gpu-layers", "-ngl"), True, _int(0)),
+    Flag(("--n-gpu-layers", "-ngl"), True, _gpu_layers),
     Flag(("--no-kv-offload", "-nkvo"), False),
     Flag(("--cache-type-k", "-ctk"), True, _choice(*CACHE_TYPES)),
     Flag(("--cache-type-v", "-ctv"), True, _choice(*CACHE_TYPES)),
@@ -236,6 +241,8 @@ def compose_argv(owned: Owned, options: Options, exact: bool) -> list[str]:
         if exact and flag == "--kv-unified":
             continue  # added below with the mode, once
         argv += [flag] if value is None else [flag, value]
+    if "--metrics" not in options:
+        argv.append("--metrics")  # /api/status reads page use, parks and speed from it
     argv += ["--kv-unified", "--exact-concurrency", "on"] if exact else ["--exact-concurrency", "off"]
     return argv
 

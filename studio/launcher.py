@@ -261,6 +261,7 @@ def next_step(plan: LaunchPlan, options: Options, exact: bool, failure: Failure)
 def terminal_message(failure: Failure) -> str:
     return {
         "bad_model": f"the engine could not load the model: {failure.detail}",
+        "bad_flags": f"the engine refused its command line: {failure.detail}",
         "port_in_use": f"the engine could not bind its port: {failure.detail}",
         "timeout": failure.detail,
     }.get(failure.kind, f"the engine failed: {failure.detail}")

@@ -45,7 +45,7 @@ from studio.launcher import (
 from studio.stats import engine_stats
 
 # Failures the user's settings or machine cause (422), as opposed to the engine breaking (500).
-_SETTINGS_FAILURES = {"exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model"}
+_SETTINGS_FAILURES = {"exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model", "bad_flags"}
 
 
 @dataclass

@@ -56,7 +56,15 @@ def test_windows_line_endings_and_indentation():
     assert classify("  error: model load failed: no config.json\r\n", 4).detail == "no config.json"
 
 
-@pytest.mark.parametrize(("code", "kind"), [(3, "exact_refusal"), (4, "bad_model"), (5, "out_of_memory"),
+def test_bad_flags_needs_exit_code_2():
+    line = "error: -ctk q8_0 with -ctv f16: different K and V cache types are not supported yet"
+    failure = classify("usage: lockstep-engine ...\n" + line + "\n", 2)
+    assert (failure.kind, failure.line) == ("bad_flags", line)
+    assert failure.detail.startswith("-ctk q8_0 with -ctv f16")
+    assert classify(line + "\n", 1).kind == "crash"  # the same words with another code are no verdict
+
+
+@pytest.mark.parametrize(("code", "kind"), [(2, "bad_flags"), (3, "exact_refusal"), (4, "bad_model"), (5, "out_of_memory"),
                                             (6, "no_cuda"), (7, "flash_attn"), (8, "port_in_use")])
 def test_exit_code_is_the_fallback_without_a_message(code, kind):
     failure = classify("some unrelated output\n", code)
@@ -80,8 +88,8 @@ def test_fix_flag_of_an_exact_refusal():
     ("all good so far\n", None, "still running"),
     # look-alikes that are not the engine's verdict
     ("warning: exact concurrency disabled for this request\n", 1, "warning: exact concurrency disabled"),
-    ("INFO error: out of memory: in a log prefix\n", 2, "INFO error: out of memory"),
-    ("error: model load failed:\n", 2, "error: model load failed:"),
+    ("INFO error: out of memory: in a log prefix\n", 1, "INFO error: out of memory"),
+    ("error: model load failed:\n", 1, "error: model load failed:"),
 ])
 def test_everything_else_is_a_crash(output, code, detail_part):
     failure = classify(output, code)

@@ -31,6 +31,8 @@ ACCEPTED = [
     (["-fa", "off"], {"--flash-attn": "off"}),
     (["--flash-attn", "auto"], {"--flash-attn": "auto"}),
     (["-ngl", "0"], {"--n-gpu-layers": "0"}),
+    (["-ngl", "all"], {"--n-gpu-layers": "all"}),
+    (["-ngl", "-1"], {"--n-gpu-layers": "-1"}),
     (["-nkvo"], {"--no-kv-offload": None}),
     (["-ctk", "q8_0", "-ctv", "bf16"], {"--cache-type-k": "q8_0", "--cache-type-v": "bf16"}),
     (["--cache-type-v=f32"], {"--cache-type-v": "f32"}),
@@ -93,6 +95,7 @@ REFUSED = [
     (["--spec-type", "eagle"], "--spec-type expects one of none, ngram"),
     (["--cache-reuse", "-1"], "--cache-reuse expects an integer >= 0"),
     (["-s", "-2"], "-s expects an integer >= -1"),
+    (["-ngl", "most"], "-ngl expects an integer"),
     (["-c", "99999999999999"], "-c expects an integer"),
     # repeats and contradictions
     (["-c", "1", "--ctx-size", "2"], "--ctx-size is given more than once"),
@@ -195,7 +198,7 @@ OWNED = Owned("/models/tiny.gguf", "tiny", "127.0.0.1", 40123, 4, "secret")
 def test_argv_exact_on_adds_kv_unified_and_the_mode():
     argv = compose_argv(OWNED, {"--ctx-size": "2048", "--jinja": None}, exact=True)
     assert argv == ["--model", "/models/tiny.gguf", "--alias", "tiny", "--host", "127.0.0.1", "--port", "40123",
-                    "--parallel", "4", "--api-key", "secret", "--ctx-size", "2048", "--jinja",
+                    "--parallel", "4", "--api-key", "secret", "--ctx-size", "2048", "--jinja", "--metrics",
                     "--kv-unified", "--exact-concurrency", "on"]
 
 
@@ -203,6 +206,11 @@ def test_argv_exact_off_passes_off_and_no_kv_unified():
     argv = compose_argv(OWNED, {"--ctx-size": "2048"}, exact=False)
     assert argv[-2:] == ["--exact-concurrency", "off"]
     assert "--kv-unified" not in argv
+
+
+def test_argv_has_metrics_once():
+    assert compose_argv(OWNED, {}, exact=False).count("--metrics") == 1
+    assert compose_argv(OWNED, {"--metrics": None}, exact=False).count("--metrics") == 1
 
 
 def test_argv_keeps_a_users_kv_unified_once():

@@ -1,0 +1,136 @@
+"""The studio with the real engine child on the CPU backend: issue 7's acceptance list.
+
+Skipped until the engine's command line (engine/cli.py) exists.
+"""
+
+import asyncio
+import importlib.util
+import os
+import signal
+import time
+
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from settings import SettingsStore
+from studio.api import build_app
+from studio.catalog import Catalog
+from studio.manager import LoadManager
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("engine.cli") is None,
+                                reason="the engine's command line (engine/cli.py) does not exist yet")
+
+DEADLINE_S = 60
+CPU = ["--device", "cpu"]
+QUANTIZED_KV = ["-ctk", "q8_0", "-ctv", "q8_0"]  # the engine wants K and V of one type
+
+
+@pytest.fixture
+async def studio(tmp_path, tiny_llama):
+    # The studio's own exact/preempt variables would change what these tests ask for.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")}
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([tiny_llama.parent], include_bundled=False),
+                          env=env, logs=tmp_path / "logs")
+    client = TestClient(TestServer(build_app(manager)))
+    await client.start_server()
+    client.model = tiny_llama.name
+    yield client
+    await client.close()  # the app's cleanup stops the engine
+
+
+async def load(client, **body):
+    body.setdefault("extra_args", CPU)
+    body.setdefault("ctx_size", 1024)
+    resp = await client.post("/api/load", json={"model": client.model, **body})
+    return resp.status, await resp.json()
+
+
+async def status(client):
+    resp = await client.get("/api/status")
+    return await resp.json()
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_catalog_lists_the_tiny_model(studio):
+    models = (await (await studio.get("/api/models")).json())["models"]
+    (model,) = [m for m in models if m["id"] == studio.model]
+    assert (model["format"], model["architecture"]) == ("hf", "llama")
+    assert model["parameters"] > 0 and model["native_context"] == 8192
+
+
+async def test_load_is_ready_and_exact_is_granted(studio):
+    code, body = await load(studio, exact_concurrency="on")
+    assert code == 200, body
+    assert (body["status"], body["state"], body["exact_concurrency"]) == ("loaded", "ready", "on")
+    st = await status(studio)
+    assert st["state"] == "ready" and st["exact_concurrency"] == "on"
+    assert len(st["slots"]) == 4 and st["pages_free"] is not None
+    logs = (await (await studio.get("/api/logs")).json())
+    assert "engine preemption armed: mode=auto exact=on" in logs["attempts"][-1]["text"]
+
+
+async def test_same_settings_already_loaded_and_exact_change_reloads(studio):
+    _, first = await load(studio, exact_concurrency="on")
+    _, same = await load(studio, exact_concurrency="on")
+    assert same["status"] == "already_loaded" and same["pid"] == first["pid"]
+    _, changed = await load(studio, exact_concurrency="off")
+    assert changed["status"] == "loaded" and changed["pid"] != first["pid"]
+    assert changed["exact_concurrency"] == "off"
+    assert not alive(first["pid"])
+
+
+async def test_exact_on_with_quantized_kv_is_refused_with_setting_and_requirement(studio):
+    code, body = await load(studio, exact_concurrency="on", extra_args=CPU + QUANTIZED_KV)
+    assert code == 422, body
+    message = body["error"]["message"]
+    assert "exact_concurrency is on" in message
+    assert "KV cache type q8_0 is not supported" in message and "use -ctk f16" in message
+    assert (await status(studio))["state"] == "failed"
+
+
+async def test_exact_auto_with_quantized_kv_relaunches_without_it(studio):
+    code, body = await load(studio, exact_concurrency="auto", extra_args=CPU + QUANTIZED_KV)
+    assert code == 200, body
+    assert (body["state"], body["exact_concurrency"]) == ("ready", "unavailable")
+    assert "KV cache type q8_0 is not supported" in body["exact_reason"]
+    assert [a["outcome"] for a in body["attempts"]] == ["exact_refusal", "ready"]
+    assert "exact_kv_quantized" in [w["code"] for w in body["warnings"]]
+
+
+async def test_sigkilled_child_is_reported_and_respawned_by_the_next_request(studio):
+    _, body = await load(studio, exact_concurrency="on")
+    os.kill(body["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE_S
+    st = await status(studio)
+    while st["state"] != "failed" and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        st = await status(studio)
+    assert st["state"] == "failed" and "SIGKILL" in st["error"]["message"]
+    resp = await studio.get("/v1/models")
+    assert resp.status == 200
+    st = await status(studio)
+    assert st["state"] == "ready" and st["pid"] != body["pid"] and alive(st["pid"])
+    assert st["exact_concurrency"] == "on"
+
+
+async def test_openai_client_streams_a_chat_through_the_proxy(studio):
+    await load(studio, exact_concurrency="on")
+    api = openai.AsyncOpenAI(base_url=str(studio.make_url("/v1")), api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Hello world"}]
+    stream = await api.chat.completions.create(model=studio.model, messages=messages, max_tokens=8,
+                                               temperature=0, seed=1, stream=True)
+    pieces = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) >= 2
+    whole = await api.chat.completions.create(model=studio.model, messages=messages, max_tokens=8,
+                                              temperature=0, seed=1)
+    assert "".join(pieces) == whole.choices[0].message.content  # streamed or not, the same tokens
+    await api.close()
