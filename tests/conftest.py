@@ -16,3 +16,38 @@ def tiny_llama(models_dir):
     from tests.tiny_models import make_hf_model
 
     return make_hf_model(models_dir, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_noeos(tiny_llama, models_dir):
+    """The tiny llama without an end-of-generation token: random weights would otherwise end some
+    completions early at random, and server tests want every completion to run to its length."""
+    import json
+    import shutil
+
+    out = models_dir / "llama-noeos"
+    if not out.exists():
+        shutil.copytree(tiny_llama, out)
+        cfg_path = out / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["eos_token"] = None
+        cfg_path.write_text(json.dumps(cfg))
+        (out / "generation_config.json").unlink(missing_ok=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine_factory():
+    """Starts real engine children (CPU backend) and stops every one at the end of the module."""
+    from tests.engine_helpers import Engine
+
+    started = []
+
+    def start(model, *args, env=None, api_key=None, ready=True):
+        eng = Engine(model, *args, env=env, api_key=api_key)
+        started.append(eng)
+        return eng.wait_ready() if ready else eng
+
+    yield start
+    for eng in started:
+        eng.stop()

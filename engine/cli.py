@@ -1,0 +1,197 @@
+"""`lockstep-engine` / `python -m engine`: the server's command line (llama-server's flags) and `generate`.
+
+Every failure ends with one line on stderr and an exit code from engine.exits, which the studio
+classifies; logs go to stderr with timestamps, so they never read as such a verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from engine.exits import BAD_FLAGS, Fatal, bad_flag
+from kernels.base import KV_TYPES, PAGE_SIZE
+
+# Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
+UNSUPPORTED_KV = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+MAX_SLOTS = 256
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own exit code for a bad command line is 2, as ours
+        self.print_usage(sys.stderr)
+        self.exit(BAD_FLAGS, f"error: {message}\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expects an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _gpu_layers(text: str) -> str | int:
+    if text in ("all", "auto"):
+        return text
+    value = _int_at_least(-1)(text)
+    return "auto" if value == -1 else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="lockstep-engine",
+        description="Lockstep's inference server. Flags follow llama-server's where the meaning is the same.",
+        epilog="Quick generation without a server: lockstep-engine generate -m MODEL -p TEXT -n N",
+    )
+    add = p.add_argument
+    add("-m", "--model", required=True, metavar="PATH", help="model: a Hugging Face directory or a GGUF file")
+    add("--alias", metavar="NAME", help="model name reported by /v1/models (default: the file or directory name)")
+    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--port", type=_int_at_least(0), default=8080, help="port to listen on (default: %(default)s)")
+    add("-c", "--ctx-size", type=_int_at_least(0), default=4096, metavar="N",
+        help=f"KV pool size in tokens, rounded up to whole {PAGE_SIZE}-token pages; 0 = the model's native "
+             "context (default: %(default)s)")
+    add("-np", "--parallel", type=_int_at_least(1), default=4, metavar="N",
+        help="slots: sequences decoded at once (default: %(default)s)")
+    add("-b", "--batch-size", type=_int_at_least(1), default=2048, metavar="N",
+        help="logical batch: most tokens one step takes (default: %(default)s)")
+    add("-ub", "--ubatch-size", type=_int_at_least(1), default=512, metavar="N",
+        help="physical batch: most tokens one forward pass computes (default: %(default)s)")
+    add("-kvu", "--kv-unified", action="store_true",
+        help="one KV pool shared by all slots: a sequence may use the whole context (default: the context is "
+             "split evenly between the slots)")
+    add("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+        help="flash attention (default: %(default)s; the paged flash kernel is the only attention path)")
+    add("-ngl", "--n-gpu-layers", type=_gpu_layers, default="auto", metavar="N|all|auto",
+        help="layers on the GPU: all (or auto) puts the whole model there, 0 runs on the CPU backend; partial "
+             "offload is not supported (default: %(default)s)")
+    add("-nkvo", "--no-kv-offload", action="store_true",
+        help="keep the KV cache in host memory (no effect on the CPU backend; not supported on CUDA yet)")
+    kv_help = (f"KV cache type for {{}}: {', '.join(KV_TYPES)} (default: %(default)s; "
+               f"{', '.join(UNSUPPORTED_KV)} are not supported)")
+    add("-ctk", "--cache-type-k", default="f16", metavar="TYPE", help=kv_help.format("K"))
+    add("-ctv", "--cache-type-v", default="f16", metavar="TYPE", help=kv_help.format("V"))
+    shift = p.add_mutually_exclusive_group()
+    shift.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
+                       help="shift the context when a sequence fills it (not supported yet; disabled in exact mode)")
+    shift.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                       help="end a sequence that fills its context with finish_reason 'length' (the default)")
+    add("--cache-reuse", type=_int_at_least(0), default=0, metavar="N",
+        help="reuse cached KV chunks of at least N tokens at shifted positions (not supported yet; disabled in "
+             "exact mode); 0 = off (default)")
+    add("--spec-type", choices=("none", "ngram"), default="none",
+        help="speculative decoding: none, or ngram drafts looked up in the sequence's own tokens (drafts only change "
+             "speed: a draft token is kept only when it equals the token the model samples) (default: %(default)s)")
+    add("--spec-draft-n-max", type=_int_at_least(0), default=16, metavar="N",
+        help="most draft tokens per step with --spec-type ngram (default: %(default)s)")
+    add("-s", "--seed", type=_int_at_least(-1), default=-1, metavar="N",
+        help="seed for requests that give none; -1 = a random seed per request, returned in its response "
+             "(default: %(default)s)")
+    add("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    add("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    add("--jinja", action="store_true",
+        help="render chat templates with Jinja (always on: accepted for llama-server compatibility)")
+    add("--chat-template-file", metavar="PATH", help="a Jinja chat template to use instead of the model's")
+    add("--device", choices=("auto", "cuda", "cpu"), default="auto",
+        help="compute backend: auto picks CUDA when the CuPy backend imports and a device works, else the CPU "
+             "(default: %(default)s)")
+    add("--preempt-ram", type=_int_at_least(0), default=4096, metavar="MIB",
+        help="host memory for parked KV pages; beyond it a preempted sequence is recomputed later "
+             "(default: %(default)s)")
+    add("--exact-concurrency", choices=("on", "off"), default=None,
+        help="byte-identical tokens and logprobs per request whatever runs beside it; when absent, the "
+             "environment variable LOCKSTEP_EXACT=1 turns it on (default: off)")
+    return p
+
+
+def build_generate_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="lockstep-engine generate", description="Generate a completion of a prompt and print it.")
+    add = p.add_argument
+    add("-m", "--model", required=True, metavar="PATH", help="model: a Hugging Face directory or a GGUF file")
+    add("-p", "--prompt", required=True, metavar="TEXT", help="prompt text (completed as is, no chat template)")
+    add("-n", "--n-predict", type=_int_at_least(-1), default=128, metavar="N",
+        help="most tokens to generate; -1 = until the context is full (default: %(default)s)")
+    add("--temp", type=float, default=0.8, help="sampling temperature; 0 = greedy (default: %(default)s)")
+    add("-s", "--seed", type=_int_at_least(-1), default=-1, metavar="N", help="seed; -1 = random (default)")
+    add("-c", "--ctx-size", type=_int_at_least(0), default=4096, metavar="N",
+        help="context in tokens; 0 = the model's native context (default: %(default)s)")
+    add("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute backend (default: %(default)s)")
+    add("--exact-concurrency", choices=("on", "off"), default=None, help="use the row-invariant kernels")
+    return p
+
+
+def check_values(opts: argparse.Namespace) -> None:
+    """Flag values argparse cannot judge alone."""
+    for flag, kind in (("--cache-type-k", opts.cache_type_k), ("--cache-type-v", opts.cache_type_v)):
+        if kind in UNSUPPORTED_KV:
+            raise bad_flag(f"{flag} {kind} is not supported (supported: {', '.join(KV_TYPES)})")
+        if kind not in KV_TYPES:
+            raise bad_flag(f"{flag} {kind!r} is not a cache type (supported: {', '.join(KV_TYPES)})")
+    if opts.parallel > MAX_SLOTS:
+        raise bad_flag(f"--parallel {opts.parallel}: at most {MAX_SLOTS} slots")
+    if opts.port > 65535:
+        raise bad_flag(f"--port {opts.port}: not a port number")
+    if opts.seed >= 1 << 64:
+        raise bad_flag(f"--seed {opts.seed}: at most 2^64 - 1")
+    if opts.chat_template_file:
+        try:
+            with open(opts.chat_template_file, encoding="utf-8") as f:
+                opts.chat_template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise bad_flag(f"--chat-template-file {opts.chat_template_file}: cannot be read ({e})") from e
+    else:
+        opts.chat_template = None
+
+
+def check_supported(opts: argparse.Namespace, backend: str) -> None:
+    """Flags accepted for compatibility whose feature does not exist yet: an explicit error, never ignored."""
+    if opts.spec_type == "ngram" and opts.spec_draft_n_max < 1:
+        raise bad_flag("--spec-type ngram needs --spec-draft-n-max >= 1")
+    if opts.flash_attn == "off":
+        raise bad_flag("-fa off is not supported yet (the paged flash kernel is the only attention); "
+                       "use -fa on or auto")
+    if opts.no_kv_offload and backend == "cuda":
+        raise bad_flag("--no-kv-offload is not supported yet on CUDA")
+    if opts.context_shift:
+        raise bad_flag("--context-shift is not supported yet")
+    if opts.cache_reuse:
+        raise bad_flag("--cache-reuse is not supported yet; prompt caching at the same positions is always on")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    setup_logging()
+    try:
+        if argv[:1] == ["generate"]:
+            from engine.generate import run_generate
+
+            return run_generate(build_generate_parser().parse_args(argv[1:]))
+        opts = build_parser().parse_args(argv)
+        check_values(opts)
+        from engine.server.startup import serve
+
+        return serve(opts)
+    except Fatal as e:
+        sys.stderr.flush()
+        print(e.line, file=sys.stderr, flush=True)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

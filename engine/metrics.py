@@ -1,0 +1,47 @@
+"""Prometheus text for /metrics, from the scheduler's counters and the server's finished completions.
+
+Names carry llama-server's style ("prefix:name"); the studio matches them by suffix.
+"""
+
+from __future__ import annotations
+
+PREFIX = "lockstep"
+
+
+def render(stats: dict, served) -> str:
+    pages_total, pages_free = stats["pages_total"], stats["pages_free"]
+    pages_cached = stats.get("pages_cached", 0)
+    gen_s, prompt_s = served.predicted_ms / 1000, served.prompt_ms / 1000
+    rows = [
+        ("prompt_tokens_total", "counter", "Prompt tokens submitted.", stats["prompt_tokens_total"]),
+        ("tokens_predicted_total", "counter", "Tokens generated.", stats["tokens_predicted_total"]),
+        ("requests_total", "counter", "Requests admitted to a slot.", stats["requests_total"]),
+        ("requests_processing", "gauge", "Slots busy with a sequence.", stats["busy_slots"]),
+        ("requests_deferred", "gauge", "Requests waiting for a slot.", stats["queue_len"]),
+        ("n_slots", "gauge", "Slots (--parallel).", stats["n_slots"]),
+        ("pages_total", "gauge", "KV pages in the pool.", pages_total),
+        ("pages_free", "gauge", "KV pages free.", pages_free),
+        ("pages_cached", "gauge", "KV pages holding idle slots' prompt caches (reclaimable).", pages_cached),
+        ("pages_used", "gauge", "KV pages held by running sequences.", pages_total - pages_free - pages_cached),
+        ("parked_bytes", "gauge", "Host memory holding parked KV pages.", stats.get("parked_bytes", 0)),
+        ("parks_total", "counter", "Sequences parked to host memory.", stats["parks"]),
+        ("restores_total", "counter", "Parked sequences restored into the pool.", stats["restores"]),
+        ("recomputes_total", "counter", "Preempted sequences dropped for recompute.", stats["recomputes"]),
+        ("drafted_total", "counter", "Speculative draft tokens proposed.", stats.get("drafted_total", 0)),
+        ("draft_accepted_total", "counter", "Speculative draft tokens accepted.",
+         stats.get("draft_accepted_total", 0)),
+        ("completions_total", "counter", "Completions finished.", served.completions),
+        ("predicted_tokens_seconds", "gauge", "Average decode speed per sequence, tokens/s.",
+         served.predicted_tokens / gen_s if gen_s > 0 else 0.0),
+        ("prompt_tokens_seconds", "gauge", "Average prompt processing speed, tokens/s.",
+         served.prompt_tokens / prompt_s if prompt_s > 0 else 0.0),
+    ]
+    lines = []
+    for name, kind, help_text, value in rows:
+        full = f"{PREFIX}:{name}"
+        lines += [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}", f"{full} {_number(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"

@@ -1,0 +1,1 @@
+"""The engine's HTTP server: llama-server's native endpoints and OpenAI's, over one scheduler."""

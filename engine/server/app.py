@@ -1,0 +1,77 @@
+"""The aiohttp application: routes, and the middlewares every endpoint shares (auth, loading, errors)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+
+from aiohttp import web
+
+from engine.server import native, openai_api
+from engine.server.errors import ApiError, error_response
+from engine.server.state import STATE, EngineState, state_of
+
+log = logging.getLogger("engine.server")
+
+MAX_BODY = 64 << 20
+OPEN_PATHS = ("/health", "/v1/health")  # answered without the API key, as llama-server does
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return e.response()
+    except web.HTTPException as e:  # the router's 404/405 and aiohttp's 413, in our error shape
+        if e.status < 400:
+            raise
+        return error_response(e.status, e.text if e.text and e.text != e.reason else e.reason)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as e:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {type(e).__name__}: {e}")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    key = state_of(request).opts.api_key
+    if key and request.path not in OPEN_PATHS and request.method != "OPTIONS":
+        given = request.headers.get("Authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else request.headers.get("X-Api-Key", "")
+        if not hmac.compare_digest(token.encode(), key.encode()):
+            return error_response(401, "Invalid API Key")
+    return await handler(request)
+
+
+@web.middleware
+async def loading_middleware(request: web.Request, handler):
+    if not state_of(request).ready and request.match_info.route.resource is not None:
+        return error_response(503, "Loading model")
+    return await handler(request)
+
+
+def build_app(state: EngineState) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware, auth_middleware, loading_middleware],
+                          client_max_size=MAX_BODY)
+    app[STATE] = state
+    r = app.router
+    for path in OPEN_PATHS:
+        r.add_get(path, native.health)
+    r.add_get("/props", native.props)
+    r.add_get("/slots", native.slots)
+    r.add_get("/metrics", native.metrics)
+    for path in ("/completion", "/completions"):
+        r.add_post(path, native.completion)
+    r.add_post("/tokenize", native.tokenize)
+    r.add_post("/detokenize", native.detokenize)
+    r.add_post("/apply-template", native.apply_template)
+    for path in ("/v1/models", "/models"):
+        r.add_get(path, openai_api.models)
+    r.add_get("/v1/models/{model:.+}", openai_api.model)
+    r.add_post("/v1/completions", openai_api.completions)
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        r.add_post(path, openai_api.chat_completions)
+    return app

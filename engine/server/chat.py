@@ -1,0 +1,82 @@
+"""OpenAI chat messages -> the model's chat template -> prompt text and tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.chat_template import ChatTemplateError
+from engine.server.errors import bad_request
+from engine.server.params import kind_of
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_MESSAGES = 4096
+
+
+def _content(i: int, msg: dict) -> str:
+    content = msg.get("content")
+    if content is None:
+        if msg["role"] == "assistant":  # an assistant turn that only carried tool calls
+            return ""
+        raise bad_request(f"'messages[{i}].content' is required for role {msg['role']!r}")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"'messages[{i}].content' must be a string or an array of parts, not {kind_of(content)}")
+    texts = []
+    for j, part in enumerate(content):
+        where = f"'messages[{i}].content[{j}]'"
+        if not isinstance(part, dict):
+            raise bad_request(f"{where} must be an object, not {kind_of(part)}")
+        kind = part.get("type")
+        if kind != "text":
+            raise bad_request(f"{where}: content type {kind!r} is not supported (text only)")
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.text must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def check_messages(value: Any) -> list[dict]:
+    """Messages with text content, as the template expects them (content always a string)."""
+    if value is None:
+        raise bad_request("'messages' is required")
+    if not isinstance(value, list):
+        raise bad_request(f"'messages' must be an array, not {kind_of(value)}")
+    if not value:
+        raise bad_request("'messages' is empty")
+    if len(value) > MAX_MESSAGES:
+        raise bad_request(f"'messages' has {len(value)} entries; at most {MAX_MESSAGES}")
+    out = []
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            raise bad_request(f"'messages[{i}]' must be an object, not {kind_of(msg)}")
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise bad_request(f"'messages[{i}].role' must be a string")
+        if role not in ROLES:
+            raise bad_request(f"'messages[{i}].role' {role!r} is not one of {', '.join(ROLES)}")
+        name = msg.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad_request(f"'messages[{i}].name' must be a string")
+        clean = {"role": role, "content": _content(i, msg)}
+        if name is not None:
+            clean["name"] = name
+        out.append(clean)
+    return out
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    try:
+        return tokenizer.apply_chat(messages, add_generation_prompt)
+    except ChatTemplateError as e:
+        raise bad_request(str(e)) from None
+
+
+def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    text = render(tokenizer, messages)
+    # A template that writes the BOS token itself must not get a second one from the tokenizer.
+    with_bos = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
+    ids = tokenizer.encode(text, add_special=with_bos)
+    if not ids:
+        raise bad_request("the chat template rendered an empty prompt")
+    return ids

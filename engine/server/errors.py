@@ -1,0 +1,40 @@
+"""Errors as llama-server and OpenAI clients expect them: {"error": {"code", "type", "message"}}."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+def error_body(status: int, message: str, type_: str | None = None) -> dict:
+    return {"error": {"code": status, "type": type_ or TYPES.get(status, "server_error"), "message": message}}
+
+
+def error_response(status: int, message: str, type_: str | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, type_), status=status)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type_
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.type)
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, self.type)
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, message)

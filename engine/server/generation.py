@@ -1,0 +1,163 @@
+"""One request's run through the scheduler, seen from the event loop as a stream of text deltas.
+
+The scheduler calls back on its compute thread; events hop to the loop through a queue. Text-level
+stop strings are matched here: a completion that hits one is finished for the client at once, and
+the scheduler request is cancelled as soon as no completion of it is still wanted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from engine.scheduler import DoneEvent, QueueFullError, Request, TokenEvent
+from engine.server.errors import ApiError
+from engine.textstream import TextStream
+
+STOP_TYPES = {"stop": "eos", "length": "limit", "abort": "abort", "error": "error"}
+
+
+@dataclass
+class TokenOut:
+    id: int
+    logprob: float | None
+    top: list[tuple[int, float]] | None
+    offset: int  # where its text starts in the completion's text
+
+
+@dataclass
+class Delta:
+    index: int
+    text: str
+    tokens: list[TokenOut]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Choice:
+    index: int
+    stream: TextStream
+    events: list[TokenEvent] = field(default_factory=list)  # per pushed token, aligned with stream.ids
+    tokens: list[TokenOut] = field(default_factory=list)  # released to the client
+    finish_reason: str | None = None
+    stop_type: str = "none"  # llama-server's: eos, limit, word (a stop string), abort, error
+    stopping_word: str = ""
+    done: DoneEvent | None = None
+    seen_event: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.stream.released_text
+
+    @property
+    def preempt(self) -> dict:
+        d = self.done
+        return {"parks": d.parks if d else 0, "restores": d.restores if d else 0}
+
+
+class Generation:
+    def __init__(self, scheduler, tokenizer, request: Request, stops: list[str]):
+        self.scheduler, self.request = scheduler, request
+        self.choices = [Choice(i, TextStream(tokenizer, stops)) for i in range(request.n)]
+        self.request_id: int | None = None
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancelled = False
+
+    def start(self) -> None:
+        if self.request.max_tokens == 0:
+            self._end_without_tokens()
+            return
+        loop = asyncio.get_running_loop()
+        put = self._queue.put_nowait
+
+        def on_event(event) -> None:  # compute thread
+            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody is listening
+                loop.call_soon_threadsafe(put, event)
+
+        try:
+            self.request_id = self.scheduler.submit(self.request, on_event)
+        except QueueFullError as e:
+            raise ApiError(503, f"server busy: {e}; retry later") from None
+        except ValueError as e:
+            kind = "exceed_context_size_error" if "context" in str(e) else None
+            raise ApiError(400, str(e), kind) from None
+
+    def _end_without_tokens(self) -> None:
+        """max_tokens 0: nothing to generate, so the scheduler is not asked (it samples at least one)."""
+        n_prompt = len(self.request.prompt)
+        if n_prompt >= self.scheduler.n_ctx_seq:
+            raise ApiError(400, f"the prompt has {n_prompt} tokens; the context holds {self.scheduler.n_ctx_seq} "
+                                "per sequence (raise --ctx-size)", "exceed_context_size_error")
+        for c in self.choices:
+            c.done = DoneEvent(c.index, "length", n_prompt, 0, 0, 0, 0, {})
+            c.finish_reason, c.stop_type = "length", "limit"
+
+    @property
+    def finished(self) -> bool:
+        return all(c.done is not None for c in self.choices)
+
+    def close(self) -> None:
+        """Abort what still runs (the client left, or every completion already stopped on a string)."""
+        if self.request_id is not None and not self.finished and not self._cancelled:
+            self._cancelled = True
+            self.scheduler.cancel(self.request_id)
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        while not self.finished:
+            event = await self._queue.get()
+            choice = self.choices[event.index]
+            choice.seen_event = True
+            if isinstance(event, TokenEvent):
+                delta = self._on_token(choice, event)
+                if delta is not None:
+                    yield delta
+            else:
+                for delta in self._on_done(choice, event):
+                    yield delta
+
+    def _on_token(self, choice: Choice, event: TokenEvent) -> Delta | None:
+        if choice.finish_reason is not None:
+            return None  # stopped on a string while its siblings run on
+        choice.events.append(event)
+        released = choice.stream.push(event.token)
+        delta = self._delta(choice, released)
+        if released.stop is not None:
+            choice.finish_reason, choice.stop_type, choice.stopping_word = "stop", "word", released.stop
+            delta.finish_reason = "stop"
+            if all(c.finish_reason is not None for c in self.choices):
+                self.close()
+        return delta if delta.text or delta.tokens or delta.finish_reason else None
+
+    def _on_done(self, choice: Choice, event: DoneEvent) -> list[Delta]:
+        choice.done = event
+        out = []
+        if choice.finish_reason is None:
+            choice.finish_reason, choice.stop_type = event.finish_reason, STOP_TYPES.get(event.finish_reason, "none")
+            delta = self._delta(choice, choice.stream.finish())
+            delta.finish_reason = event.finish_reason
+            out.append(delta)
+        if event.index == 0 and event.finish_reason in ("abort", "error"):
+            out += self._end_unforked(event)
+        return out
+
+    def _end_unforked(self, event: DoneEvent) -> list[Delta]:
+        """Completions 1..n-1 are forked from completion 0 at its first token. When 0 ends before that
+        (aborted, failed), the others never existed: end them with the same reason so nobody waits."""
+        out = []
+        for c in self.choices[1:]:
+            if not c.seen_event and c.done is None:
+                c.done = DoneEvent(c.index, event.finish_reason, event.prompt_tokens, 0, 0, 0, 0, {}, event.error)
+                c.finish_reason, c.stop_type = event.finish_reason, STOP_TYPES[event.finish_reason]
+                out.append(Delta(c.index, "", [], event.finish_reason))
+        return out
+
+    def _delta(self, choice: Choice, released) -> Delta:
+        out = []
+        for i in released.tokens:
+            ev = choice.events[i]
+            out.append(TokenOut(ev.token, ev.logprob, ev.top, choice.stream.starts[i]))
+        choice.tokens.extend(out)
+        return Delta(choice.index, released.text, out)
+

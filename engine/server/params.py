@@ -1,0 +1,208 @@
+"""Request bodies -> checked values. Every fault is a 400 that names the field and what it expects."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from engine.sampler import SamplingParams, random_seed
+from engine.server.errors import bad_request
+
+MAX_PREDICT = 1 << 24  # beyond any context; larger is a client bug worth naming
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_SEED = (1 << 64) - 1
+
+_MISSING = object()
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"request body is not valid UTF-8 (bad byte at offset {e.start})") from None
+    if not text.strip():
+        raise bad_request("request body is empty; expected a JSON object")
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise bad_request(f"request body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:
+        raise bad_request(f"request body: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, not {kind_of(body)}")
+    return body
+
+
+def kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+class Fields:
+    """Typed access to a JSON object's fields; null counts as absent."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+
+    def raw(self, name: str, default: Any = None) -> Any:
+        value = self.body.get(name, _MISSING)
+        return default if value is _MISSING or value is None else value
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def int(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+        value = self.raw(name, _MISSING)
+        if value is _MISSING:
+            return default
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad_request(f"'{name}' must be an integer, not {kind_of(value)}")
+        _check_range(name, value, lo, hi)
+        return value
+
+    def num(self, name: str, default: float, lo: float | None = None, hi: float | None = None) -> float:
+        value = self.raw(name, _MISSING)
+        if value is _MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_request(f"'{name}' must be a number, not {kind_of(value)}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise bad_request(f"'{name}' must be a finite number")
+        _check_range(name, value, lo, hi)
+        return value
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self.raw(name, _MISSING)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, bool):
+            raise bad_request(f"'{name}' must be true or false, not {kind_of(value)}")
+        return value
+
+    def str(self, name: str, default: str | None = None) -> str | None:
+        value = self.raw(name, _MISSING)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, str):
+            raise bad_request(f"'{name}' must be a string, not {kind_of(value)}")
+        return value
+
+    def obj(self, name: str) -> Fields:
+        value = self.raw(name, {})
+        if not isinstance(value, dict):
+            raise bad_request(f"'{name}' must be an object, not {kind_of(value)}")
+        return Fields(value)
+
+
+def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
+    if lo is not None and value < lo:
+        raise bad_request(f"'{name}' must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise bad_request(f"'{name}' must be <= {hi}, got {value}")
+
+
+def sampling(f: Fields, defaults: SamplingParams, server_seed: int) -> SamplingParams:
+    """Sampling parameters with the seed resolved: the request's, else the server's --seed, else random."""
+    p = replace(
+        defaults,
+        temperature=f.num("temperature", defaults.temperature, 0.0, 100.0),
+        top_k=f.int("top_k", defaults.top_k, -1),
+        top_p=f.num("top_p", defaults.top_p, 0.0, 1.0),
+        min_p=f.num("min_p", defaults.min_p, 0.0, 1.0),
+        repeat_penalty=f.num("repeat_penalty", defaults.repeat_penalty, 0.0, 100.0),
+        repeat_last_n=f.int("repeat_last_n", defaults.repeat_last_n, -1),
+        presence_penalty=f.num("presence_penalty", defaults.presence_penalty, -2.0, 2.0),
+        frequency_penalty=f.num("frequency_penalty", defaults.frequency_penalty, -2.0, 2.0),
+    )
+    if p.repeat_penalty == 0.0:
+        raise bad_request("'repeat_penalty' must be > 0 (1.0 turns it off)")
+    if p.top_k < 0:
+        p = replace(p, top_k=0)  # -1 is the vLLM spelling of "no top-k"; the sampler reads 0 so
+    if p.repeat_last_n == 0:  # llama.cpp: a zero window turns every penalty off
+        p = replace(p, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    elif p.repeat_last_n == -1:
+        p = replace(p, repeat_last_n=0)  # the whole history, which the context bounds
+    seed = f.int("seed", -1, -1, MAX_SEED)
+    if seed == -1:
+        seed = server_seed if server_seed >= 0 else random_seed()
+    return replace(p, seed=seed)
+
+
+def stop_strings(f: Fields, name: str = "stop") -> list[str]:
+    value = f.raw(name, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise bad_request(f"'{name}' must be a string or an array of strings, not {kind_of(value)}")
+    if len(value) > MAX_STOPS:
+        raise bad_request(f"'{name}' has {len(value)} strings; at most {MAX_STOPS}")
+    for i, s in enumerate(value):
+        if not isinstance(s, str):
+            raise bad_request(f"'{name}[{i}]' must be a string, not {kind_of(s)}")
+        if not s:
+            raise bad_request(f"'{name}[{i}]' is empty")
+        if len(s) > MAX_STOP_CHARS:
+            raise bad_request(f"'{name}[{i}]' is longer than {MAX_STOP_CHARS} characters")
+    return list(value)
+
+
+def max_tokens(f: Fields, *names: str) -> int:
+    """The first of `names` given; -1 (until the context is full) when none is."""
+    for name in names:
+        if f.has(name):
+            return f.int(name, -1, -1, MAX_PREDICT)
+    return -1
+
+
+def token_ids(value: list, vocab_size: int, name: str) -> list[int]:
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise bad_request(f"'{name}[{i}]' must be a token id (an integer), not {kind_of(t)}")
+        if not 0 <= t < vocab_size:
+            raise bad_request(f"'{name}[{i}]': unknown token id {t} (the vocabulary has {vocab_size})")
+    return list(value)
+
+
+def prompt_tokens(value: Any, tokenizer, name: str = "prompt") -> list[int]:
+    """A prompt as text (tokenized with BOS), as token ids, or as an array holding exactly one of these."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise bad_request(f"'{name}' is empty")
+        ids = tokenizer.encode(value, add_special=True)
+    elif isinstance(value, list):
+        if value and all(isinstance(v, str | list) for v in value):
+            raise bad_request(f"'{name}' holds {len(value)} prompts; send one prompt per request")
+        ids = token_ids(value, tokenizer.vocab_size, name)
+    elif value is None:
+        raise bad_request(f"'{name}' is required")
+    else:
+        raise bad_request(f"'{name}' must be a string or an array of token ids, not {kind_of(value)}")
+    if not ids:
+        raise bad_request(f"'{name}' is empty")
+    return ids

@@ -1,0 +1,155 @@
+"""The launch sequence: device, exact-mode preconditions, bind, load, pool, serve until a signal.
+
+The port is bound before the model loads so that a supervisor polling /health sees 503 (loading)
+and then 200, and learns at once when the port is taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from engine.cli import check_supported
+from engine.device import free_memory, resolve_device
+from engine.errors import ModelLoadError
+from engine.exact import ExactStatus, check_launch, check_model, disable_inexact_features, exact_requested
+from engine.exits import CANNOT_BIND, MODEL_LOAD, Fatal, bad_flag, out_of_memory
+from engine.kv_cache import pages_for
+from engine.loader import LoadedModel, load_model
+from engine.runner import Runner, make_ops
+from engine.scheduler import Scheduler
+from engine.server.app import build_app
+from engine.server.state import EngineState
+from kernels.base import PAGE_SIZE
+
+log = logging.getLogger("engine.server")
+
+MAX_QUEUE = 64
+_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 1.0 + 2.0 / 32}  # q8_0: int8 plus an f16 scale per 32
+
+
+def serve(opts: argparse.Namespace) -> int:
+    return asyncio.run(_serve(opts))
+
+
+def resolve_backend(opts: argparse.Namespace) -> str:
+    if opts.n_gpu_layers == 0:
+        if opts.device == "cuda":
+            raise bad_flag("--device cuda with -ngl 0 puts no layer on the GPU; use -ngl all, or --device cpu")
+        log.info("-ngl 0: no layers on the GPU, using the CPU backend")
+        return "cpu"
+    return resolve_device(opts.device)
+
+
+def resolve_exact(opts: argparse.Namespace, backend: str) -> ExactStatus:
+    if not exact_requested(opts.exact_concurrency):
+        return ExactStatus(False, False, "not requested", backend)
+    check_launch(cache_type_k=opts.cache_type_k, cache_type_v=opts.cache_type_v, flash_attn=opts.flash_attn,
+                 no_kv_offload=opts.no_kv_offload, backend=backend)
+    opts.context_shift, opts.cache_reuse = disable_inexact_features(context_shift=opts.context_shift,
+                                                                    cache_reuse=opts.cache_reuse)
+    return ExactStatus(True, True, None, backend)
+
+
+async def _serve(opts: argparse.Namespace) -> int:
+    backend = resolve_backend(opts)
+    exact = resolve_exact(opts, backend)
+    check_supported(opts, backend)
+    if opts.cache_type_k != opts.cache_type_v:
+        raise bad_flag(f"-ctk {opts.cache_type_k} with -ctv {opts.cache_type_v}: different K and V cache types "
+                       "are not supported yet")
+    if opts.ubatch_size > opts.batch_size:
+        log.info("-ub %d is larger than -b %d: using -ub %d", opts.ubatch_size, opts.batch_size, opts.batch_size)
+        opts.ubatch_size = opts.batch_size
+    state = EngineState(opts, exact, backend)
+    log.info(exact.log_line())
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        port = await _bind(runner, opts.host, opts.port)
+        log.info("listening on http://%s:%d (loading %s)", opts.host, port, opts.model)
+        await asyncio.to_thread(_load, state)
+        log.info("model loaded: %s; server is ready (slots=%d, n_ctx=%d, n_ctx_seq=%d, pages=%d)", state.alias,
+                 opts.parallel, state.n_ctx, state.scheduler.n_ctx_seq, state.n_ctx // PAGE_SIZE)
+        await _until_signal()
+        log.info("shutting down")
+        return 0
+    finally:
+        if state.scheduler is not None:
+            state.scheduler.stop()
+        await runner.cleanup()
+
+
+async def _bind(runner: web.AppRunner, host: str, port: int) -> int:
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        raise Fatal(CANNOT_BIND, f"error: cannot bind {host}:{port}: {e.strerror or e}") from None
+    sockets = site._server.sockets if site._server else []  # the real port when 0 was asked for
+    return sockets[0].getsockname()[1] if sockets else port
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def _load(state: EngineState) -> None:
+    """Compute thread work: read the model, check what needs it, size the pool, start the scheduler."""
+    opts = state.opts
+    loaded = read_model(opts)
+    config = loaded.config
+    gpu_layers = _gpu_layers(opts.n_gpu_layers, config.n_layers) if state.backend == "cuda" else "none"
+    if state.exact.requested:
+        check_model(config, gpu_layers=gpu_layers, backend=state.backend)
+    if state.backend == "cuda" and gpu_layers != "all":
+        raise bad_flag(f"-ngl {opts.n_gpu_layers}: partial GPU offload ({gpu_layers} layers) is not supported "
+                       "yet; use -ngl all, or -ngl 0 for the CPU backend")
+    n_ctx = opts.ctx_size or config.max_position
+    n_pages = max(1, pages_for(n_ctx))
+    page_bytes = PAGE_SIZE * config.n_layers * config.n_kv_heads * config.head_dim * (
+        _BYTES[opts.cache_type_k] + _BYTES[opts.cache_type_v])
+    need, free = int(n_pages * page_bytes), free_memory(state.backend)
+    if need > free:
+        raise out_of_memory(need, free)
+    try:
+        runner = Runner(loaded, make_ops(state.backend, state.exact.granted), n_pages, opts.cache_type_k)
+    except Exception as e:
+        if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:
+            raise out_of_memory(need, free_memory(state.backend)) from None
+        raise
+    scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
+                          n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
+                          preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
+                          spec_n_max=opts.spec_draft_n_max if opts.spec_type == "ngram" else 0)
+    state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
+    scheduler.start()
+    state.scheduler = scheduler  # last: the server reports ready from here on
+
+
+def read_model(opts: argparse.Namespace) -> LoadedModel:
+    try:
+        return load_model(opts.model, opts.chat_template)
+    except ModelLoadError as e:
+        raise Fatal(MODEL_LOAD, f"error: model load failed: {e}") from None
+    except MemoryError:
+        raise Fatal(MODEL_LOAD, "error: model load failed: not enough memory to read the weights") from None
+    except Exception as e:  # a damaged file surfaces as whatever its reader raises; it is still a bad model
+        log.exception("model load failed")
+        raise Fatal(MODEL_LOAD, f"error: model load failed: {type(e).__name__}: {e}") from None
+
+
+def _gpu_layers(ngl: int | str, n_layers: int) -> str:
+    if ngl in ("all", "auto") or (isinstance(ngl, int) and ngl >= n_layers):
+        return "all"
+    if ngl == 0:
+        return "none"
+    return f"{ngl} of {n_layers}"

@@ -1,0 +1,86 @@
+"""What the HTTP handlers share: the launch options, the model once loaded, the scheduler, counters."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from engine.exact import ExactStatus
+from engine.loader import LoadedModel
+from engine.sampler import SamplingParams
+from engine.scheduler import Scheduler
+from engine.server.errors import ApiError
+
+try:
+    from importlib.metadata import version as _version
+
+    VERSION = _version("lockstep")
+except Exception:  # not installed (a source checkout run with PYTHONPATH)
+    VERSION = "0.1.0"
+
+
+@dataclass
+class Served:
+    """Counters the scheduler does not keep: finished completions and their decode time."""
+
+    completions: int = 0
+    predicted_tokens: int = 0
+    predicted_ms: float = 0.0
+    prompt_tokens: int = 0
+    prompt_ms: float = 0.0
+
+    def add(self, done) -> None:
+        t = done.timings or {}
+        self.completions += 1
+        self.predicted_tokens += int(t.get("predicted_n", 0))
+        self.predicted_ms += float(t.get("predicted_ms", 0.0))
+        self.prompt_tokens += int(t.get("prompt_n", 0))
+        self.prompt_ms += float(t.get("prompt_ms", 0.0))
+
+
+@dataclass
+class EngineState:
+    opts: argparse.Namespace
+    exact: ExactStatus
+    backend: str
+    loaded: LoadedModel | None = None
+    scheduler: Scheduler | None = None
+    n_ctx: int = 0  # the pool's size in tokens
+    defaults: SamplingParams = field(default_factory=SamplingParams)
+    served: Served = field(default_factory=Served)
+    started: float = field(default_factory=time.time)
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None
+
+    @property
+    def alias(self) -> str:
+        return self.opts.alias or Path(self.opts.model).name
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def build_info(self) -> str:
+        return f"lockstep {VERSION} ({self.backend})"
+
+    def model_name(self, requested: object) -> str:
+        """Like llama-server, the one loaded model answers to any name; responses echo the one asked for."""
+        return requested if isinstance(requested, str) and requested else self.alias
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise ApiError(503, "Loading model")
+
+
+STATE = web.AppKey("state", EngineState)
+
+
+def state_of(request: web.Request) -> EngineState:
+    return request.app[STATE]
