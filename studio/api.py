@@ -1,11 +1,14 @@
 """The studio's REST API on aiohttp, and the /v1 proxy to the loaded engine.
 
-`build_app(manager)` returns an Application so the TUI can serve it from its own event loop.
+`build_app(manager)` returns an Application so the TUI can serve it from its own event loop (give its
+AppRunner `handler_cancellation=True`, as `lockstep serve` does, so a client that disconnects
+mid-stream stops the proxied generation at once).
 Every error is `{"error": {"code", "type", "message"}}` with its HTTP status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Awaitable, Callable
@@ -95,7 +98,8 @@ async def load(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if not isinstance(body, dict):
         raise StudioError(400, "invalid_request_error", "the body must be a JSON object")
-    return web.json_response(await _manager(request).load(LoadRequest.model_validate(body)))
+    # Shielded: a client that stops waiting does not abandon a load half way (status shows how it ends).
+    return web.json_response(await asyncio.shield(_manager(request).load(LoadRequest.model_validate(body))))
 
 
 async def unload(request: web.Request) -> web.Response:

@@ -78,7 +78,8 @@ def serve(host: str | None, port: int | None, api_key: str | None) -> int:
         return build_app(LoadManager(store), api_key=api_key)
 
     print(f"lockstep: REST API on http://{host}:{port} (config {store.path})", file=sys.stderr)
-    web.run_app(make_app(), host=host, port=port, print=None)
+    # Cancelling a handler whose client went away is what stops a proxied generation at once.
+    web.run_app(make_app(), host=host, port=port, print=None, handler_cancellation=True)
     return 0
 
 

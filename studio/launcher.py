@@ -208,9 +208,14 @@ class Launcher:
             )
         child = EngineChild(process, self.host, port, api_key, shown, exact,
                             env.get(ENV_EXACT_INHERITED) == "1", {}, str(log_path))
-        state = await wait_healthy(child, time.monotonic() + self.health_timeout_s)
+        try:
+            state = await wait_healthy(child, time.monotonic() + self.health_timeout_s)
+            if state == "ready":
+                child.props = await fetch_json(child, "/props") or {}
+        except BaseException:  # cancelled (unload, shutdown): no child may outlive its attempt untracked
+            await stop_process(process)
+            raise
         if state == "ready":
-            child.props = await fetch_json(child, "/props") or {}
             attempt.outcome = "ready"
             return child, attempt
         if state == "timeout":

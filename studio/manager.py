@@ -8,6 +8,7 @@ is `unavailable`, never assumed `on`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from settings import (
+    EXACT_MODES,
     EnvOverrideError,
     LoadRequest,
+    Settings,
     SettingsStore,
     apply_env_overrides,
     exact_default,
@@ -88,14 +91,18 @@ class LoadManager:
         self.error: dict[str, Any] | None = None
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task | None = None
+        self._launching: asyncio.Future | None = None
         self.log, self._studio_log = _studio_logger(self.log_dir)
         for problem in store.problems:
             self.log.warning(problem.message())
 
     # settings views ------------------------------------------------------------------------------
 
-    def effective_settings(self):
-        settings, _ = apply_env_overrides(self.store.settings, self.env)
+    def effective_settings(self) -> Settings:
+        try:
+            settings, _ = apply_env_overrides(self.store.settings, self.env)
+        except EnvOverrideError as exc:
+            raise StudioError(500, "invalid_environment", str(exc)) from exc
         return settings
 
     @property
@@ -108,7 +115,7 @@ class LoadManager:
     def exact_view(self) -> dict[str, Any]:
         stored = self.store.settings.exact_concurrency
         try:
-            env_override = env_value(self.env, ENV_EXACT, ("auto", "off", "on"))
+            env_override = env_value(self.env, ENV_EXACT, EXACT_MODES)
             effective = resolve_exact(None, stored, self.env).value
         except EnvOverrideError as exc:
             raise StudioError(500, "invalid_environment", str(exc)) from exc
@@ -153,7 +160,17 @@ class LoadManager:
                 return {**self.load_answer(), "status": "already_loaded"}
             await self._stop_current()
             self.loaded = Loaded(model_id, key, plan, warnings)
-            await self._launch(self.loaded)
+            # A task of its own, so shutdown can cancel a load that is still waiting for health.
+            self._launching = asyncio.ensure_future(self._launch(self.loaded))
+            try:
+                await self._launching
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this request itself is being cancelled
+                raise StudioError(503, "load_cancelled", "the load was cancelled: the studio is shutting down") from None
+            finally:
+                self._launching = None
             return {**self.load_answer(), "status": "loaded"}
 
     async def _launch(self, loaded: Loaded) -> None:
@@ -171,7 +188,7 @@ class LoadManager:
             self.error = {"code": status, "type": exc.failure.kind, "message": exc.message}
             self.log.error("load of %s failed (%s): %s", loaded.model_id, exc.failure.kind, exc.message)
             raise StudioError(status, "load_failed", exc.message, failure=exc.failure.kind,
-                              attempts=loaded.attempts) from exc
+                              attempts=loaded.attempts, warnings=[w.as_dict() for w in loaded.warnings]) from exc
         except BaseException:
             self.state = "failed"
             raise
@@ -212,6 +229,10 @@ class LoadManager:
         self.log.info("engine for %s stopped", loaded.model_id)
 
     async def shutdown(self) -> None:
+        if self._launching is not None:
+            self._launching.cancel()  # the launcher stops the child it was waiting for
+            with contextlib.suppress(BaseException):
+                await self._launching
         await self.unload()
         self.log.removeHandler(self._studio_log)
         self._studio_log.close()

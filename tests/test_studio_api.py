@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from settings import SettingsStore
-from studio.api import build_app
+from studio.api import MANAGER, build_app
 from studio.catalog import Catalog
 from studio.manager import LoadManager
 from tests.test_studio_standin import standin_fixture, write_gguf  # noqa: F401  (the standin fixture)
@@ -318,3 +318,19 @@ async def test_exact_concurrency_endpoint_shows_the_env_override(make_client):
     await client.put("/api/settings/exact-concurrency", json={"exact_concurrency": "on"})
     view = await (await client.get("/api/settings/exact-concurrency")).json()
     assert (view["exact_concurrency"], view["env_override"], view["effective"]) == ("on", "auto", "auto")
+
+
+async def test_shutdown_during_a_load_stops_the_child_it_waited_for(make_client, standin):
+    client = await make_client(STANDIN_HANG=1)  # never healthy: the load waits for its deadline
+    pending = asyncio.ensure_future(client.post("/api/load", json={"model": "tiny"}))
+    deadline = time.monotonic() + DEADLINE_S
+    while not standin.calls() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert (await status(client))["state"] == "loading"
+    pid = standin.calls()[0]["pid"]
+    started = time.monotonic()
+    await client.app[MANAGER].shutdown()
+    assert time.monotonic() - started < 15  # not the 180 s health deadline
+    assert gone(pid)
+    resp = await pending
+    assert resp.status == 503 and (await resp.json())["error"]["type"] == "load_cancelled"
