@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,8 @@ from pydantic import ValidationError
 from settings import EXACT_MODES, LoadRequest
 from studio.errors import StudioError
 from studio.manager import LoadManager
+
+log = logging.getLogger("lockstep.api")
 
 MANAGER = web.AppKey("manager", LoadManager)
 CLIENT = web.AppKey("client", aiohttp.ClientSession)
@@ -60,6 +63,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         kind = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
         return error_response(exc.status, kind.get(exc.status, "invalid_request_error"), exc.reason)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # a bug or an unusable machine still answers in the API's error shape
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "server_error", f"internal error: {type(exc).__name__}: {exc}")
 
 
 def auth_middleware(api_key: str | None):

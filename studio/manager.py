@@ -168,7 +168,8 @@ class LoadManager:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # this request itself is being cancelled
-                raise StudioError(503, "load_cancelled", "the load was cancelled: the studio is shutting down") from None
+                raise StudioError(503, "load_cancelled",
+                                  "the load was cancelled: the studio is shutting down") from None
             finally:
                 self._launching = None
             return {**self.load_answer(), "status": "loaded"}
@@ -177,7 +178,7 @@ class LoadManager:
         settings = self.store.settings
         self.state, self.error = "loading", None
         self.log.info("loading %s (exact_concurrency=%s, preempt_mode=%s)", loaded.model_id,
-                 loaded.plan.exact_mode, loaded.plan.preempt_mode)
+                      loaded.plan.exact_mode, loaded.plan.preempt_mode)
         launcher = Launcher(self.log_dir, self.env, self.engine_cmd, health_timeout_s=settings.health_timeout_s)
         try:
             result = await launcher.launch(loaded.plan)
@@ -189,8 +190,14 @@ class LoadManager:
             self.log.error("load of %s failed (%s): %s", loaded.model_id, exc.failure.kind, exc.message)
             raise StudioError(status, "load_failed", exc.message, failure=exc.failure.kind,
                               attempts=loaded.attempts, warnings=[w.as_dict() for w in loaded.warnings]) from exc
+        except Exception as exc:
+            self.state = "failed"
+            self.error = {"code": 500, "type": "server_error", "message": f"{type(exc).__name__}: {exc}"}
+            self.log.exception("load of %s failed", loaded.model_id)
+            raise
         except BaseException:
             self.state = "failed"
+            self.error = {"code": 503, "type": "load_cancelled", "message": "the load was cancelled"}
             raise
         loaded.result = result
         loaded.attempts = [a.as_dict() for a in result.attempts]
@@ -208,8 +215,10 @@ class LoadManager:
         if self.loaded is loaded and loaded.child is child and self.state == "ready":
             self.state = "failed"
             what = _exit_text(code)
-            self.error = {"code": 503, "type": "engine_exited", "message": f"the engine exited unexpectedly: {what}"}
-            self.log.error("engine for %s (pid %s) exited unexpectedly: %s", loaded.model_id, child.process.pid, what)
+            self.error = {"code": 503, "type": "engine_exited",
+                          "message": f"the engine exited unexpectedly: {what}"}
+            self.log.error("engine for %s (pid %s) exited unexpectedly: %s", loaded.model_id,
+                           child.process.pid, what)
 
     async def unload(self) -> dict[str, Any]:
         async with self._lock:

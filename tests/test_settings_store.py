@@ -168,3 +168,13 @@ def test_load_request_takes_defaults_for_unset_fields():
 def test_load_request_rejects_bad_fields(body):
     with pytest.raises(ValidationError):
         LoadRequest.model_validate(body)
+
+
+def test_settings_imports_neither_studio_nor_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, settings; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('studio', 'engine')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -334,3 +334,20 @@ async def test_shutdown_during_a_load_stops_the_child_it_waited_for(make_client,
     assert gone(pid)
     resp = await pending
     assert resp.status == 503 and (await resp.json())["error"]["type"] == "load_cancelled"
+
+
+async def test_an_engine_that_cannot_start_is_a_json_error(tmp_path, models_dir):
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([models_dir], include_bundled=False),
+                          env={"PATH": "/usr/bin:/bin"}, logs=tmp_path / "logs",
+                          engine_cmd=[str(tmp_path / "no-such-engine")])
+    client = TestClient(TestServer(build_app(manager)))
+    await client.start_server()
+    try:
+        resp = await client.post("/api/load", json={"model": "tiny"})
+        err = (await resp.json())["error"]
+        assert (resp.status, err["type"]) == (500, "server_error")
+        assert "no-such-engine" in err["message"]
+        st = await status(client)
+        assert st["state"] == "failed" and "no-such-engine" in st["error"]["message"]
+    finally:
+        await client.close()

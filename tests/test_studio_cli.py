@@ -76,3 +76,11 @@ def test_serve_runs_the_api_headless_and_stops_on_sigint(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_studio_does_not_import_the_engine():
+    # It talks to the engine by argv, environment and HTTP only (DESIGN.md "Layout").
+    code = ("import sys, studio.cli, studio.api, studio.manager, studio.catalog; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'engine'); print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
