@@ -91,11 +91,20 @@ def _chat_request(state: EngineState, f: Fields) -> tuple[Request, list[str]]:
 
 
 # ---------------------------------------------------------------------------------------- shapes
+def _top_by_text(tok, top: list[tuple[int, float]]) -> dict[str, float]:
+    """The legacy shape keys alternatives by text; two ids with one text (bytes of a character) keep the
+    likelier, which comes first."""
+    out: dict[str, float] = {}
+    for i, lp in top:
+        out.setdefault(tok.piece(i), lp)
+    return out
+
+
 def _completion_logprobs(tok, tokens: list[TokenOut], with_top: bool) -> dict:
     return {
         "tokens": [tok.piece(t.id) for t in tokens],
         "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [{tok.piece(i): lp for i, lp in t.top or []} for t in tokens] if with_top else None,
+        "top_logprobs": [_top_by_text(tok, t.top or []) for t in tokens] if with_top else None,
         "text_offset": [t.offset for t in tokens],
     }
 
