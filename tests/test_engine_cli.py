@@ -133,3 +133,10 @@ def test_generate_streams_a_greedy_completion(tiny_llama_noeos):
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout and first.stdout.strip()
     assert "finish_reason=length" in first.stderr and "completion_tokens=12" in first.stderr
+
+
+def test_sigterm_stops_a_ready_engine_cleanly(engine_factory, tiny_llama):
+    eng = engine_factory(tiny_llama)
+    eng.proc.terminate()
+    assert eng.proc.wait(20) == 0
+    assert "shutting down" in eng.output()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
+import threading
 
 from aiohttp import web
 
@@ -69,13 +71,14 @@ async def _serve(opts: argparse.Namespace) -> int:
     log.info(exact.log_line())
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
     await runner.setup()
+    stop = _stop_on_signals()
     try:
         port = await _bind(runner, opts.host, opts.port)
         log.info("listening on http://%s:%d (loading %s)", opts.host, port, opts.model)
-        await asyncio.to_thread(_load, state)
-        log.info("model loaded: %s; server is ready (slots=%d, n_ctx=%d, n_ctx_seq=%d, pages=%d)", state.alias,
-                 opts.parallel, state.n_ctx, state.scheduler.n_ctx_seq, state.n_ctx // PAGE_SIZE)
-        await _until_signal()
+        if await _load_unless_stopped(state, stop):
+            log.info("model loaded: %s; server is ready (slots=%d, n_ctx=%d, n_ctx_seq=%d, pages=%d)",
+                     state.alias, opts.parallel, state.n_ctx, state.scheduler.n_ctx_seq, state.n_ctx // PAGE_SIZE)
+            await stop.wait()
         log.info("shutting down")
         return 0
     finally:
@@ -94,12 +97,37 @@ async def _bind(runner: web.AppRunner, host: str, port: int) -> int:
     return sockets[0].getsockname()[1] if sockets else port
 
 
-async def _until_signal() -> None:
+def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def _load_unless_stopped(state: EngineState, stop: asyncio.Event) -> bool:
+    """Loads on a daemon thread, so that a stop during a long load exits at once instead of waiting it out."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def work() -> None:
+        try:
+            _load(state)
+            result = None
+        except BaseException as e:  # handed to the loop, which raises it (a Fatal carries the exit code)
+            result = e
+        with contextlib.suppress(RuntimeError):  # the loop already closed: we were stopped
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+
+    threading.Thread(target=work, name="engine-load", daemon=True).start()
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([done, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if not done.done():
+        return False
+    stopped.cancel()
+    if done.result() is not None:
+        raise done.result()
+    return True
 
 
 def _load(state: EngineState) -> None:
