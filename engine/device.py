@@ -14,16 +14,14 @@ log = logging.getLogger("engine.device")
 def cuda_problem() -> str | None:
     """Why the CUDA backend cannot run here, or None when it can."""
     try:
-        import cupy
-        import kernels.cuda.ops  # noqa: F401 - importing it is the check
-    except Exception as e:  # ImportError, or CuPy failing on a missing driver or toolkit
-        return f"the CUDA backend does not import ({type(e).__name__}: {e})"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device found"
-        cupy.zeros(1, dtype=cupy.float32).sum().item()  # a listed device can still fail to run a kernel
+        from kernels.cuda import available
+
+        ok, detail = available()  # CuPy imports, a device is present, a compiled kernel runs on it
+        if not ok:
+            return detail
+        import kernels.cuda.ops  # noqa: F401 - the backend itself must import too
     except Exception as e:
-        return f"{type(e).__name__}: {e}"
+        return f"the CUDA backend does not import ({type(e).__name__}: {e})"
     return None
 
 
@@ -43,8 +41,7 @@ def resolve_device(requested: str) -> str:
 def free_memory(device: str) -> int:
     """Bytes the KV pool may take on `device`."""
     if device == "cuda":
-        import cupy
+        from kernels.cuda import free_memory as cuda_free
 
-        free, _total = cupy.cuda.runtime.memGetInfo()
-        return int(free)
+        return cuda_free()[0]
     return int(psutil.virtual_memory().available)

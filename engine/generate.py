@@ -12,11 +12,9 @@ import sys
 
 from engine.device import resolve_device
 from engine.exact import exact_requested
-from engine.kv_cache import pages_for
-from engine.runner import Runner, make_ops
+from engine.launch import build_runner, pool_pages, read_model
 from engine.sampler import SamplingParams, random_seed
 from engine.scheduler import DoneEvent, Request, Scheduler
-from engine.server.startup import read_model
 from engine.textstream import TextStream
 from kernels.base import PAGE_SIZE
 
@@ -26,11 +24,9 @@ log = logging.getLogger("engine.generate")
 def run_generate(opts: argparse.Namespace) -> int:
     device = resolve_device(opts.device)
     exact = exact_requested(opts.exact_concurrency)
-    opts.chat_template = None
-    loaded = read_model(opts)
-    n_ctx = opts.ctx_size or loaded.config.max_position
-    n_pages = max(1, pages_for(n_ctx))
-    runner = Runner(loaded, make_ops(device, exact), n_pages, "f32" if device == "cpu" else "f16")
+    loaded = read_model(opts.model, None)
+    n_pages = pool_pages(opts.ctx_size, loaded.config)
+    runner = build_runner(loaded, device, exact, n_pages, "f32" if device == "cpu" else "f16")
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=1, n_ctx=n_pages * PAGE_SIZE, n_batch=2048,
                           n_ubatch=512, kv_unified=True, preempt_ram_bytes=0)
     tok = loaded.tokenizer

@@ -16,13 +16,10 @@ import threading
 from aiohttp import web
 
 from engine.cli import check_supported
-from engine.device import free_memory, resolve_device
-from engine.errors import ModelLoadError
+from engine.device import resolve_device
 from engine.exact import ExactStatus, check_launch, check_model, disable_inexact_features, exact_requested
-from engine.exits import CANNOT_BIND, MODEL_LOAD, Fatal, bad_flag, out_of_memory
-from engine.kv_cache import pages_for
-from engine.loader import LoadedModel, load_model
-from engine.runner import Runner, make_ops
+from engine.exits import CANNOT_BIND, Fatal, bad_flag
+from engine.launch import build_runner, gpu_layers, pool_pages, read_model
 from engine.scheduler import Scheduler
 from engine.server.app import build_app
 from engine.server.state import EngineState
@@ -31,7 +28,6 @@ from kernels.base import PAGE_SIZE
 log = logging.getLogger("engine.server")
 
 MAX_QUEUE = 64
-_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 1.0 + 2.0 / 32}  # q8_0: int8 plus an f16 scale per 32
 
 
 def serve(opts: argparse.Namespace) -> int:
@@ -131,29 +127,18 @@ async def _load_unless_stopped(state: EngineState, stop: asyncio.Event) -> bool:
 
 
 def _load(state: EngineState) -> None:
-    """Compute thread work: read the model, check what needs it, size the pool, start the scheduler."""
+    """Load-thread work: read the model, check what needs it, size the pool, start the scheduler."""
     opts = state.opts
-    loaded = read_model(opts)
+    loaded = read_model(opts.model, opts.chat_template)
     config = loaded.config
-    gpu_layers = _gpu_layers(opts.n_gpu_layers, config.n_layers) if state.backend == "cuda" else "none"
+    layers = gpu_layers(opts.n_gpu_layers, config.n_layers) if state.backend == "cuda" else "none"
     if state.exact.requested:
-        check_model(config, gpu_layers=gpu_layers, backend=state.backend)
-    if state.backend == "cuda" and gpu_layers != "all":
-        raise bad_flag(f"-ngl {opts.n_gpu_layers}: partial GPU offload ({gpu_layers} layers) is not supported "
+        check_model(config, gpu_layers=layers, backend=state.backend)
+    if state.backend == "cuda" and layers != "all":
+        raise bad_flag(f"-ngl {opts.n_gpu_layers}: partial GPU offload ({layers} layers) is not supported "
                        "yet; use -ngl all, or -ngl 0 for the CPU backend")
-    n_ctx = opts.ctx_size or config.max_position
-    n_pages = max(1, pages_for(n_ctx))
-    page_bytes = PAGE_SIZE * config.n_layers * config.n_kv_heads * config.head_dim * (
-        _BYTES[opts.cache_type_k] + _BYTES[opts.cache_type_v])
-    need, free = int(n_pages * page_bytes), free_memory(state.backend)
-    if need > free:
-        raise out_of_memory(need, free)
-    try:
-        runner = Runner(loaded, make_ops(state.backend, state.exact.granted), n_pages, opts.cache_type_k)
-    except Exception as e:
-        if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:
-            raise out_of_memory(need, free_memory(state.backend)) from None
-        raise
+    n_pages = pool_pages(opts.ctx_size, config)
+    runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k)
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
@@ -161,23 +146,3 @@ def _load(state: EngineState) -> None:
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on
-
-
-def read_model(opts: argparse.Namespace) -> LoadedModel:
-    try:
-        return load_model(opts.model, opts.chat_template)
-    except ModelLoadError as e:
-        raise Fatal(MODEL_LOAD, f"error: model load failed: {e}") from None
-    except MemoryError:
-        raise Fatal(MODEL_LOAD, "error: model load failed: not enough memory to read the weights") from None
-    except Exception as e:  # a damaged file surfaces as whatever its reader raises; it is still a bad model
-        log.exception("model load failed")
-        raise Fatal(MODEL_LOAD, f"error: model load failed: {type(e).__name__}: {e}") from None
-
-
-def _gpu_layers(ngl: int | str, n_layers: int) -> str:
-    if ngl in ("all", "auto") or (isinstance(ngl, int) and ngl >= n_layers):
-        return "all"
-    if ngl == 0:
-        return "none"
-    return f"{ngl} of {n_layers}"

@@ -1,0 +1,63 @@
+"""Launch steps the server and `generate` share: reading the model, sizing the pool, building the runner.
+
+Each failure becomes the studio's one-line verdict (engine.exits) rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.device import free_memory
+from engine.errors import ModelLoadError
+from engine.exits import MODEL_LOAD, Fatal, out_of_memory
+from engine.kv_cache import pages_for
+from engine.loader import LoadedModel, load_model
+from engine.runner import Runner, make_ops
+from kernels.base import PAGE_SIZE
+
+log = logging.getLogger("engine.launch")
+
+_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 1.0 + 2.0 / 32}  # q8_0: int8 plus an f16 scale per 32
+
+
+def read_model(path: str | Path, chat_template: str | None) -> LoadedModel:
+    try:
+        return load_model(path, chat_template)
+    except ModelLoadError as e:
+        raise Fatal(MODEL_LOAD, f"error: model load failed: {e}") from None
+    except MemoryError:
+        raise Fatal(MODEL_LOAD, "error: model load failed: not enough memory to read the weights") from None
+    except Exception as e:  # a damaged file surfaces as whatever its reader raises; it is still a bad model
+        log.exception("model load failed")
+        raise Fatal(MODEL_LOAD, f"error: model load failed: {type(e).__name__}: {e}") from None
+
+
+def pool_pages(ctx_size: int, config: ModelConfig) -> int:
+    """Pages for --ctx-size rounded up to whole pages; 0 means the model's native context."""
+    return max(1, pages_for(ctx_size or config.max_position))
+
+
+def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str) -> Runner:
+    """The runner with its KV pool, refused up front (exit 5) when the pool cannot fit in free memory."""
+    c = loaded.config
+    need = int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * 2 * _BYTES[kv_type])
+    free = free_memory(backend)
+    if need > free:
+        raise out_of_memory(need, free)
+    try:
+        return Runner(loaded, make_ops(backend, exact), n_pages, kv_type)
+    except Exception as e:
+        if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError
+            raise out_of_memory(need, free_memory(backend)) from None
+        raise
+
+
+def gpu_layers(ngl: int | str, n_layers: int) -> str:
+    """-ngl against the model: "all", "none" or "N of M" (partial offload)."""
+    if ngl in ("all", "auto") or (isinstance(ngl, int) and ngl >= n_layers):
+        return "all"
+    if ngl == 0:
+        return "none"
+    return f"{ngl} of {n_layers}"
