@@ -171,3 +171,9 @@ async def test_api_key_guards_everything_but_health(engine_factory, tiny_llama_n
         async with s.post(keyed.base + "/completion", json={"prompt": "x", "n_predict": 1},
                           headers={"Authorization": "Bearer sekret"}) as r:
             assert r.status == 200
+
+
+async def test_unsupported_sampling_fields_at_their_neutral_values_are_accepted(eng):
+    status, body = await post(eng, "/completion", {"prompt": PROMPT, "n_predict": 2, "mirostat": 0, "typical_p": 1.0,
+                                                   "logit_bias": {}, "grammar": "", "ignore_eos": False})
+    assert status == 200 and body["tokens_predicted"] == 2

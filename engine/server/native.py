@@ -18,6 +18,7 @@ from engine.server.params import (
     max_tokens,
     prompt_tokens,
     read_json,
+    reject_unsupported,
     sampling,
     stop_strings,
     token_ids,
@@ -120,6 +121,7 @@ def _summary(state: EngineState, gen: Generation, choice: Choice, body: dict, st
 async def completion(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     f = Fields(await read_json(request))
+    reject_unsupported(f)
     tok = state.tokenizer
     prompt = prompt_tokens(f.raw("prompt"), tok)
     stops = stop_strings(f)

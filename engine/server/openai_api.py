@@ -23,6 +23,7 @@ from engine.server.params import (
     max_tokens,
     prompt_tokens,
     read_json,
+    reject_unsupported,
     sampling,
     stop_strings,
 )
@@ -50,6 +51,7 @@ async def model(request: web.Request) -> web.Response:
 
 # ---------------------------------------------------------------------------------------- parsing
 def _common(state: EngineState, f: Fields, prompt: list[int], logprobs: int) -> tuple[Request, list[str]]:
+    reject_unsupported(f)
     for name, what in (("tools", "tool calls"), ("functions", "function calls")):
         if f.raw(name):
             raise bad_request(f"'{name}': {what} are not supported yet")

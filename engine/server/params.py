@@ -152,6 +152,30 @@ def sampling(f: Fields, defaults: SamplingParams, server_seed: int) -> SamplingP
     return replace(p, seed=seed)
 
 
+# Sampling features clients know from llama-server or OpenAI that the engine does not have. A request
+# that sets one to anything but its neutral value is refused, so its output never silently differs.
+_NEUTRAL = {
+    "logit_bias": ({}, []),
+    "grammar": ("",),
+    "json_schema": ({},),
+    "mirostat": (0,),
+    "typical_p": (1, 1.0),
+    "dynatemp_range": (0, 0.0),
+    "xtc_probability": (0, 0.0),
+    "dry_multiplier": (0, 0.0),
+    "top_n_sigma": (-1, -1.0),
+    "ignore_eos": (False,),
+    "post_sampling_probs": (False,),
+}
+
+
+def reject_unsupported(f: Fields) -> None:
+    for name, neutral in _NEUTRAL.items():
+        value = f.raw(name, neutral[0])
+        if value not in neutral:
+            raise bad_request(f"'{name}' is not supported yet")
+
+
 def stop_strings(f: Fields, name: str = "stop") -> list[str]:
     value = f.raw(name, [])
     if isinstance(value, str):
