@@ -1,0 +1,40 @@
+"""The studio's REST API served from the TUI's own event loop, over the TUI's LoadManager."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from studio.api import build_app
+from studio.manager import LoadManager
+
+
+class ApiServer:
+    def __init__(self, manager: LoadManager, host: str, port: int, api_key: str | None = None) -> None:
+        self.manager = manager
+        self.host = host
+        self.port = port
+        self.api_key = api_key
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> str:
+        """Serve, or raise OSError (port taken, address not available) having cleaned up."""
+        # The TUI stops the engine itself on exit, also when the API never started.
+        app = build_app(self.manager, api_key=self.api_key, stop_engine_on_cleanup=False)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()

@@ -1,0 +1,82 @@
+"""Logs: the engine's output for each attempt of the last load, and the studio's own log."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Log, OptionList
+from textual.widgets.option_list import Option
+
+from studio.tui.messages import LogsRead
+from studio.tui.screens.base import StudioScreen
+
+TAIL_BYTES = 256 * 1024
+
+
+def attempt_label(attempt: dict[str, Any]) -> str:
+    change = f" — {attempt['change']}" if attempt.get("change") else ""
+    return f"attempt {attempt['attempt']}: {attempt.get('outcome', '?')}{change}"
+
+
+class LogsScreen(StudioScreen):
+    MODE = "logs"
+    AUTO_FOCUS = "#log-list"
+    BINDINGS = [Binding("r", "refresh", "Refresh")]
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="logs-body"):
+            yield OptionList(id="log-list")
+            yield Log(id="log-text", auto_scroll=True)
+
+    def on_mount(self) -> None:
+        self._logs: dict[str, Any] = {"attempts": [], "studio": ""}
+        self._shown: str | None = None
+        self.watch(self.app, "load_outcome", lambda _v: self.action_refresh(), init=False)
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()
+
+    def action_refresh(self) -> None:
+        self.read_logs()
+
+    @work(exclusive=True, group="logs")
+    async def read_logs(self) -> None:
+        # The manager reads files: a thread keeps the event loop free.
+        logs = await asyncio.to_thread(self.studio.manager.logs, TAIL_BYTES)
+        self.post_message(LogsRead(logs))
+
+    def on_logs_read(self, message: LogsRead) -> None:
+        self._logs = message.logs
+        options = self.query_one(OptionList)
+        keep = self._shown
+        options.clear_options()
+        attempts = message.logs.get("attempts") or []
+        for i, attempt in enumerate(attempts):
+            options.add_option(Option(attempt_label(attempt), id=f"attempt-{i}"))
+        options.add_option(Option("studio log", id="studio"))
+        ids = [f"attempt-{i}" for i in range(len(attempts))] + ["studio"]
+        # The newest attempt is what a user opening the Logs screen is after.
+        choice = keep if keep in ids else ids[-2] if len(ids) > 1 else "studio"
+        options.highlighted = ids.index(choice)
+        self._show(choice)
+
+    @on(OptionList.OptionHighlighted)
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id is not None and event.option.id != self._shown:
+            self._show(event.option.id)
+
+    def _show(self, option_id: str) -> None:
+        self._shown = option_id
+        if option_id == "studio":
+            text = self._logs.get("studio") or "(the studio log is empty)"
+        else:
+            attempt = self._logs["attempts"][int(option_id.split("-")[1])]
+            text = attempt.get("text") or "(no output)"
+        log = self.query_one(Log)
+        log.clear()
+        log.write(text)

@@ -1,0 +1,179 @@
+"""Settings: what the settings store keeps, edited and saved through it (atomic writes)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import ValidationError
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
+from textual.content import Content
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
+
+from settings import EXACT_MODES, PREEMPT_MODES, EnvOverrideError, Settings
+from settings.env import ENV_MODEL_DIRS
+from studio.tui.messages import SettingsSaved
+from studio.tui.screens.base import StudioScreen
+
+NOT_SET = "unset"
+
+
+def settings_patch(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The store patch for the form's text, and per-field problems."""
+    errors: dict[str, str] = {}
+    patch: dict[str, Any] = {
+        "exact_concurrency": None if values["exact"] == NOT_SET else values["exact"],
+        "preempt_mode": None if values["preempt"] == NOT_SET else values["preempt"],
+        "model_folders": [line.strip() for line in values["folders"].splitlines() if line.strip()],
+        "api": {"host": values["api_host"].strip(), "api_key": values["api_key"] or None},
+    }
+    try:
+        patch["api"]["port"] = int(values["api_port"])
+    except ValueError:
+        errors["api_port"] = f"a port number, not {values['api_port']!r}"
+    try:
+        patch["health_timeout_s"] = float(values["health_timeout"])
+    except ValueError:
+        errors["health_timeout"] = f"seconds, not {values['health_timeout']!r}"
+    return patch, errors
+
+
+class SettingsScreen(StudioScreen):
+    MODE = "settings"
+    AUTO_FOCUS = "#set-exact"
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+r", "revert", "Revert"),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        exact_options = [("not set (off unless LOCKSTEP_EXACT=1 is inherited)", NOT_SET)] + [
+            (m, m) for m in EXACT_MODES]
+        preempt_options = [("not set (auto)", NOT_SET)] + [(m, m) for m in PREEMPT_MODES]
+        with VerticalScroll(id="settings-form"):
+            yield Static("", id="settings-file")
+            yield Static("", id="settings-problems")
+            with HorizontalGroup(classes="field-row"):
+                yield Label("Exact concurrency", classes="field-label")
+                yield Select(exact_options, allow_blank=False, id="set-exact", compact=True)
+                yield Static("", id="help-exact", classes="field-help")
+            with HorizontalGroup(classes="field-row"):
+                yield Label("Preemption mode", classes="field-label")
+                yield Select(preempt_options, allow_blank=False, id="set-preempt", compact=True)
+                yield Static("park: copy to host memory; recompute: drop and recompute", classes="field-help")
+            with HorizontalGroup(classes="field-row -tall"):
+                yield Label("Model folders", classes="field-label")
+                yield TextArea(id="set-folders", soft_wrap=False, compact=True)
+                yield Static("", id="help-folders", classes="field-help")
+            for name, label, help_text in (
+                ("api_host", "API host", "the REST API's address; non-loopback exposes the studio"),
+                ("api_port", "API port", "applies at the next start of lockstep"),
+                ("api_key", "API key", "blank: no key (loopback only is advised)"),
+                ("health_timeout", "Load timeout (s)", "how long a load waits for the engine's /health"),
+            ):
+                with HorizontalGroup(classes="field-row"):
+                    yield Label(label, classes="field-label")
+                    yield Input(id=f"set-{name}", compact=True, password=name == "api_key")
+                    yield Static(help_text, id=f"help-{name}", classes="field-help")
+            yield Static("", id="settings-error")
+            with Horizontal(id="settings-buttons"):
+                yield Button("Save", id="settings-save", variant="primary")
+                yield Button("Revert", id="settings-revert")
+            yield Static(Content.from_markup(
+                "Load defaults (context, slots, cache types, extra args…) are saved from the "
+                "[b]Load[/b] screen (2) with [b]ctrl+s[/b]."), id="settings-note")
+
+    def on_mount(self) -> None:
+        self.action_revert()
+
+    def action_revert(self) -> None:
+        manager = self.studio.manager
+        s: Settings = manager.store.settings
+        self.query_one("#set-exact", Select).value = s.exact_concurrency or NOT_SET
+        self.query_one("#set-preempt", Select).value = s.preempt_mode or NOT_SET
+        self.query_one("#set-folders", TextArea).text = "\n".join(s.model_folders)
+        self.query_one("#set-api_host", Input).value = s.api.host
+        self.query_one("#set-api_port", Input).value = str(s.api.port)
+        self.query_one("#set-api_key", Input).value = s.api.api_key or ""
+        self.query_one("#set-health_timeout", Input).value = f"{s.health_timeout_s:g}"
+        self.query_one("#settings-file", Static).update(
+            Content.from_markup("[dim]settings file[/dim]  $p", p=str(manager.store.path)))
+        problems = [p.message() for p in manager.store.problems]
+        box = self.query_one("#settings-problems", Static)
+        box.update("\n".join(f"⚠ {p}" for p in problems))
+        box.display = bool(problems)
+        self._show_context()
+        self._set_error("")
+
+    def _show_context(self) -> None:
+        manager = self.studio.manager
+        try:
+            view = manager.exact_view()
+            effective = f"in effect: {view['effective']}"
+            if view.get("env_override"):
+                effective += f" (LOCKSTEP_EXACT_CONCURRENCY={view['env_override']} outranks this)"
+            if view.get("reload_required"):
+                effective += "; the loaded model runs with another setting until it is loaded again"
+        except Exception as exc:  # a bad environment variable is worth showing, not crashing on
+            effective = str(getattr(exc, "message", exc))
+        self.query_one("#help-exact", Static).update(effective)
+        extra = [p for p in manager.env.get(ENV_MODEL_DIRS, "").split(os.pathsep) if p]
+        help_text = "one folder per line; the bundled assets/models is always scanned"
+        if extra:
+            help_text += f"; {ENV_MODEL_DIRS} adds: " + ", ".join(extra)
+        self.query_one("#help-folders", Static).update(help_text)
+
+    def values(self) -> dict[str, str]:
+        return {
+            "exact": str(self.query_one("#set-exact", Select).value),
+            "preempt": str(self.query_one("#set-preempt", Select).value),
+            "folders": self.query_one("#set-folders", TextArea).text,
+            "api_host": self.query_one("#set-api_host", Input).value,
+            "api_port": self.query_one("#set-api_port", Input).value,
+            "api_key": self.query_one("#set-api_key", Input).value,
+            "health_timeout": self.query_one("#set-health_timeout", Input).value,
+        }
+
+    @on(Button.Pressed, "#settings-revert")
+    def _revert_pressed(self) -> None:
+        self.action_revert()
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#settings-save")
+    def action_save(self) -> None:
+        patch, errors = settings_patch(self.values())
+        if errors:
+            self._set_error("; ".join(errors.values()))
+            return
+        self.save(patch)
+
+    @work(thread=True, exclusive=True, group="save-settings")
+    def save(self, patch: dict[str, Any]) -> None:
+        # The store fsyncs its file: off the event loop.
+        try:
+            self.studio.manager.store.update(patch)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            self.post_message(SettingsSaved(problems))
+            return
+        except (OSError, EnvOverrideError) as exc:
+            self.post_message(SettingsSaved(str(exc)))
+            return
+        self.post_message(SettingsSaved())
+
+    def on_settings_saved(self, message: SettingsSaved) -> None:
+        if message.error:
+            self._set_error(f"not saved: {message.error}")
+            return
+        self._set_error("")
+        self._show_context()
+        self.notify("settings saved")
+        self.studio.rescan()  # the model folders may have changed
+
+    def _set_error(self, text: str) -> None:
+        box = self.query_one("#settings-error", Static)
+        box.update(text)
+        box.display = bool(text)

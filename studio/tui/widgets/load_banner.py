@@ -1,0 +1,45 @@
+"""Load progress and the load's verdict, on the screen where the user started the load."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import ProgressBar, Static
+
+
+class LoadBanner(Vertical):
+    def __init__(self, origin: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.origin = origin
+
+    def compose(self) -> ComposeResult:
+        yield Static("", classes="load-banner-text")
+        yield ProgressBar(total=None, show_eta=False, show_percentage=False, classes="load-banner-bar")
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "loading", self._refresh, init=False)
+        self.watch(self.app, "load_outcome", self._refresh, init=True)
+
+    def _refresh(self, _value: object = None) -> None:
+        text = self.query_one(".load-banner-text", Static)
+        loading, outcome = self.app.loading, self.app.load_outcome
+        self.set_class(False, "-loading", "-failed", "-loaded")
+        if loading is not None:
+            if loading.origin != self.origin:
+                self.display = False
+                return
+            text.update(f"Loading {loading.model} (exact concurrency {loading.exact})… "
+                        "each attempt's log is on the Logs screen (6)")
+            self.add_class("-loading")
+        elif outcome is not None and outcome.origin == self.origin:
+            if outcome.ok:
+                text.update(f"Loaded {outcome.model}")
+                self.add_class("-loaded")
+            else:
+                kind = f" ({outcome.failure})" if outcome.failure else ""
+                text.update(f"Load refused{kind}: {outcome.message}")
+                self.add_class("-failed")
+        else:
+            self.display = False
+            return
+        self.display = True

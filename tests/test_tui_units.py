@@ -1,0 +1,269 @@
+"""The TUI's pure parts (form checks, the SSE client, option parsing) and its behaviour without an engine."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from settings import LoadDefaults, SettingsStore
+from studio.catalog import Catalog, ModelInfo
+from studio.manager import LoadManager
+from studio.tui.app import LockstepApp, order_models
+from studio.tui.chat_stream import ChatError, printable, stream_chat
+from studio.tui.load_form import check_load_form, form_values
+from studio.tui.screens.chat import sampling
+from studio.tui.screens.settings import settings_patch
+from studio.tui.widgets.chat_message import ChatMessage
+
+SIZE = (120, 40)
+
+
+def check(env=None, stored=None, native=None, **values):
+    base = {"model": "tiny", **form_values(LoadDefaults()), "exact": "default"}
+    base.update(values)
+    return check_load_form(base, defaults=LoadDefaults(), stored_exact=stored, env=env or {}, native_context=native)
+
+
+# the Load form's checks ---------------------------------------------------------------------------
+
+
+def test_defaults_make_a_valid_request():
+    result = check()
+    assert result.ok and result.request.model == "tiny" and result.request.exact_concurrency is None
+    assert result.exact.value == "off" and result.exact.source == "default"
+    assert result.warnings == []
+
+
+@pytest.mark.parametrize("field, text", [("ctx_size", "4k"), ("parallel", "0"), ("parallel", "-2"),
+                                         ("batch_size", "1.5"), ("spec_draft_n_max", "999")])
+def test_bad_numbers_are_named_on_their_field(field, text):
+    result = check(**{field: text})
+    assert not result.ok and field in result.errors
+
+
+def test_blank_gpu_layers_means_the_engine_default():
+    assert check(n_gpu_layers="").ok
+
+
+@pytest.mark.parametrize("extra, says", [("--port 9000", "--port"), ("-m other.gguf", "-m"), ("--bogus", "unknown"),
+                                         ("-c", "needs a value"), ("'unclosed", "cannot split")])
+def test_extra_args_are_checked_like_a_load(extra, says):
+    result = check(extra_args=extra)
+    assert not result.ok and says in result.errors["extra_args"]
+
+
+def test_exact_contradictions_warn_before_loading():
+    result = check(exact="on", extra_args="-ctk q8_0 --context-shift")
+    assert result.ok
+    joined = " ".join(result.warnings)
+    assert "quantized KV cache" in joined and "context shift" in joined
+
+
+def test_contradictions_are_silent_with_exact_off():
+    assert check(exact="off", extra_args="-ctk q8_0").warnings == []
+
+
+def test_environment_override_is_shown():
+    result = check(env={"LOCKSTEP_EXACT_CONCURRENCY": "off"}, exact="on")
+    assert result.exact.value == "off" and result.exact.source == "env"
+    assert any("outranks" in w for w in result.warnings)
+
+
+def test_stored_exact_is_the_default_choice():
+    result = check(stored="auto")
+    assert result.exact.value == "auto" and "stored default" in result.exact_text()
+
+
+def test_bad_environment_value_is_an_error():
+    assert "exact" in check(env={"LOCKSTEP_EXACT_CONCURRENCY": "maybe"}).errors
+
+
+def test_context_beyond_native_warns():
+    assert any("native context 2048" in w for w in check(ctx_size="8192", native=2048).warnings)
+
+
+# small parsers ------------------------------------------------------------------------------------
+
+
+def test_sampling_options():
+    assert sampling("", "256", "") == ({"max_tokens": 256}, None)
+    assert sampling("0.7", "", "42") == ({"temperature": 0.7, "seed": 42}, None)
+    assert sampling("hot", "", "")[1] is not None
+    assert sampling("", "0", "")[1] is not None
+
+
+def test_settings_patch():
+    values = {"exact": "unset", "preempt": "park", "folders": " /a \n\n/b\n", "api_host": "127.0.0.1",
+              "api_port": "8765", "api_key": "", "health_timeout": "60"}
+    patch, errors = settings_patch(values)
+    assert errors == {}
+    assert patch["exact_concurrency"] is None and patch["preempt_mode"] == "park"
+    assert patch["model_folders"] == ["/a", "/b"] and patch["api"] == {"host": "127.0.0.1", "api_key": None,
+                                                                       "port": 8765}
+    assert "api_port" in settings_patch({**values, "api_port": "http"})[1]
+
+
+def test_printable_keeps_text_and_neutralises_controls():
+    assert printable("a\tb\nc") == "a\tb\nc"
+    assert printable("\x1b[2J\x07\x00") == "\u241b[2J\u2407\u2400"
+    assert printable("\x9b") == "\ufffd"
+
+
+def test_bundled_model_comes_first(monkeypatch, tmp_path):
+    monkeypatch.setattr("studio.tui.app.bundled_models_dir", lambda: tmp_path / "bundled")
+    models = [ModelInfo(id="a", path="/x/a", format="hf"), ModelInfo(id="d", path=str(tmp_path / "bundled" / "d"),
+                                                                  format="hf")]
+    assert [m.id for m in order_models(models)] == ["d", "a"]
+
+
+# the SSE client -----------------------------------------------------------------------------------
+
+
+def sse(*chunks) -> bytes:
+    return b"".join(b"data: " + (c if isinstance(c, bytes) else json.dumps(c).encode()) + b"\n\n" for c in chunks)
+
+
+def delta(text, finish=None):
+    return {"seed": 7, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+
+
+async def serve(handler):
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def collect(server):
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        return [p async for p in stream_chat(session, str(server.make_url("")).rstrip("/"), {"messages": []})]
+
+
+async def test_stream_chat_yields_each_piece():
+    async def handler(request):
+        assert (await request.json())["stream"] is True
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(sse(delta("Hel"), delta("lo"), delta("", "stop"), b"[DONE]"))
+        return resp
+
+    server = await serve(handler)
+    try:
+        pieces = await collect(server)
+    finally:
+        await server.close()
+    assert [p.text for p in pieces] == ["Hel", "lo", ""] and pieces[-1].finish_reason == "stop"
+    assert pieces[0].seed == 7
+
+
+async def test_stream_chat_reports_the_engine_error():
+    async def handler(request):
+        return web.json_response({"error": {"code": 400, "type": "invalid_request_error",
+                                            "message": "'max_tokens' must be positive"}}, status=400)
+
+    server = await serve(handler)
+    try:
+        with pytest.raises(ChatError, match="max_tokens' must be positive.*HTTP 400"):
+            await collect(server)
+    finally:
+        await server.close()
+
+
+async def test_stream_chat_reports_an_error_event():
+    async def handler(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(sse(delta("a"), {"error": {"type": "server_error", "message": "slot died"}}))
+        return resp
+
+    server = await serve(handler)
+    try:
+        with pytest.raises(ChatError, match="slot died"):
+            await collect(server)
+    finally:
+        await server.close()
+
+
+# the app without an engine ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline_app(tmp_path):
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([], include_bundled=False), env={},
+                          logs=tmp_path / "logs")
+    return LockstepApp(manager, api=False)
+
+
+async def wait(pilot, predicate, what, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+async def test_empty_catalog_shows_the_hint(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await wait(pilot, lambda: offline_app.models is not None, "the scan")
+        hint = offline_app.screen.query_one("#catalog-hint")
+        assert hint.display and "No models found" in str(hint.render())
+
+
+async def test_chat_without_a_model_says_so_inline(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("4", *"hi", "enter")
+        screen = offline_app.screen
+        await wait(pilot, lambda: bool(screen.query(".-error")), "the inline error")
+        error = screen.query(".-error").last(ChatMessage)
+        assert "No model is loaded" in error.text
+        assert screen.conversation == [] and not screen.query(".-assistant")
+
+
+async def test_exactness_check_without_a_model_says_so(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("5", "r")
+        summary = offline_app.screen.query_one("#exactness-summary")
+        await wait(pilot, lambda: summary.has_class("-bad"), "the verdict")
+        assert "load a model first" in str(summary.render())
+
+
+async def test_load_form_refuses_an_owned_flag_live(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        screen = offline_app.screen
+        screen.query_one("#field-extra_args").value = "--port 9000"
+        await pilot.pause()
+        assert "may not set --port" in str(screen.query_one("#help-extra_args").render())
+        assert screen.query_one("#load-button").disabled
+
+
+async def test_settings_are_saved_through_the_store(offline_app, tmp_path):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        screen = offline_app.screen
+        screen.query_one("#set-exact").value = "on"
+        screen.query_one("#set-folders").text = str(tmp_path / "more-models")
+        await pilot.press("ctrl+s")
+        store_file = tmp_path / "config" / "settings.json"
+        await wait(pilot, lambda: store_file.exists() and '"on"' in store_file.read_text(), "the saved file")
+        saved = json.loads(store_file.read_text())
+        assert saved["exact_concurrency"] == "on" and saved["model_folders"] == [str(tmp_path / "more-models")]
+        assert "in effect: on" in str(screen.query_one("#help-exact").render())
+
+
+async def test_settings_refuse_a_bad_port(offline_app, tmp_path):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        screen = offline_app.screen
+        screen.query_one("#set-api_port").value = "99999"
+        await pilot.press("ctrl+s")
+        error = screen.query_one("#settings-error")
+        await wait(pilot, lambda: error.display, "the inline refusal")
+        assert "port" in str(error.render())
+        assert not (tmp_path / "config" / "settings.json").exists()
