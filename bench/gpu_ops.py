@@ -1,0 +1,284 @@
+"""CUDA op micro-benchmarks on the device: matmul bandwidth at decode widths, prefill throughput,
+attention, and a whole decode step of the 1B and 8B shapes replayed from CUDA graphs.
+
+Every timing is the median of CUDA-event-timed graph replays (launch overhead excluded), over
+weight copies rotated so the L2 cache cannot serve them. Writes JSON (--out) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import cupy as cp
+import numpy as np
+
+from kernels.cuda import plan
+from kernels.cuda.modules import kernel
+from kernels.cuda.ops import CudaOps
+from kernels.cuda.weights import CudaWeight
+
+SHAPES_1B = {"qo": (2048, 2048), "kv": (512, 2048), "gate_up": (8192, 2048), "down": (2048, 8192),
+             "lm_head": (128256, 2048)}
+SHAPES_8B = {"qo": (4096, 4096), "kv": (1024, 4096), "gate_up": (14336, 4096), "down": (4096, 14336),
+             "lm_head": (128256, 4096)}
+ROTATE_BYTES = 1 << 30  # weight copies per timed graph: well past the 60 MB L2
+
+
+def timed(fn, reps: int = 7, graph: bool = True) -> float:
+    """Median seconds of one call of `fn` (which launches work on the current stream): replays of
+    a graph captured from it, or (graph=False: cuBLAS refuses capture) plain calls between events."""
+    stream = cp.cuda.Stream(non_blocking=False)
+    with stream:
+        fn()
+        stream.synchronize()
+        if graph:
+            stream.begin_capture()
+            fn()
+            g = stream.end_capture()
+            g.launch(stream)
+            stream.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            if graph:
+                g.launch(stream)
+            else:
+                fn()
+            b.record(stream)
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
+    return float(np.median(times))
+
+
+def guarded(results: list, fn, **label) -> None:
+    """Runs one benchmark; a failure is recorded with its label instead of ending the run."""
+    try:
+        out = fn()
+    except Exception as e:  # report every failure, keep measuring the rest
+        results.append({**label, "error": f"{type(e).__name__}: {e}"[:500]})
+        print("FAILED", label, e, flush=True)
+        return
+    for r in out if isinstance(out, list) else [out]:
+        results.append({**label, **r})
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device memcpy of 4 GiB, bytes read plus bytes written."""
+    src = cp.ones(1 << 30, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    t = timed(lambda: dst.data.copy_from_device_async(src.data, src.nbytes))
+    return 2 * src.nbytes / t
+
+
+def random_weight(n: int, k: int, dtype: str) -> CudaWeight:
+    np_, kp = plan.padded_shape(n, k)
+    x = cp.random.standard_normal((np_, kp), dtype=cp.float32) * np.float32(k**-0.5)
+    if dtype == "f16":
+        return CudaWeight("f16", (n, k), x.astype(cp.float16).view(cp.uint16))
+    if dtype == "bf16":
+        return CudaWeight("bf16", (n, k), (x.view(cp.uint32) >> 16).astype(cp.uint16))
+    if dtype == "f32":
+        return CudaWeight("f32", (n, k), x)
+    scales = (cp.abs(x).reshape(np_, kp // 32, 32).max(axis=2) / 127).astype(cp.float16)
+    q = cp.rint(x / scales.astype(cp.float32).repeat(32, axis=1)).astype(cp.int8)
+    return CudaWeight("q8_0", (n, k), q, scales.view(cp.uint16))
+
+
+def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | None = None) -> dict:
+    w0 = random_weight(n, k, dtype)
+    copies = max(1, min(16, ROTATE_BYTES // w0.nbytes))
+    ws = [w0] + [random_weight(n, k, dtype) for _ in range(copies - 1)]
+    x = cp.random.standard_normal((m, k), dtype=cp.float32)
+    if split is None:
+        def run():
+            for w in ws:
+                ops.matmul(x, w)
+    else:
+        launch = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
+        fn = kernel("matmul.cu", launch.kernel)
+        out = cp.empty((m, n), cp.float32)
+        args = lambda w: (w.data, w.scales if w.scales is not None else out, x, out, out,  # noqa: E731
+                          np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]), np.int32(0))
+
+        def run():
+            for w in ws:
+                fn(launch.grid, launch.block, args(w), shared_mem=launch.shared)
+    t = timed(run, graph=ops.exact or m < 65) / len(ws)
+    return {"n": n, "k": k, "m": m, "dtype": dtype, "exact": ops.exact, "split": split or plan.split_k(n, k, ops.sm_count),
+            "us": t * 1e6, "weight_GBps": w0.nbytes / t / 1e9, "TFLOPs": 2 * m * n * k / t / 1e12}
+
+
+def bench_attention(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, hd: int, prefill: bool) -> dict:
+    pages_per_seq = -(-ctx // 256)
+    n_seq = 1 if prefill else rows
+    layer = ops.kv_alloc(n_seq * pages_per_seq, n_kv, hd, "f16")
+    layer.k[...] = cp.random.standard_normal(layer.k.shape, dtype=cp.float32).astype(cp.float16)
+    layer.v[...] = cp.random.standard_normal(layer.v.shape, dtype=cp.float32).astype(cp.float16)
+    tables = cp.arange(n_seq * pages_per_seq, dtype=cp.int32).reshape(n_seq, pages_per_seq)
+    if prefill:
+        positions, seq = cp.arange(ctx - rows, ctx, dtype=cp.int32), cp.zeros(rows, cp.int32)
+    else:
+        positions, seq = cp.full(rows, ctx - 1, cp.int32), cp.arange(rows, dtype=cp.int32)
+    from kernels.base import PagedRows
+
+    pr = PagedRows(positions, seq, tables, cp.zeros(rows, cp.int64))
+    q = cp.random.standard_normal((rows, n_heads, hd), dtype=cp.float32)
+    t = timed(lambda: ops.attention(q, layer, pr, hd**-0.5))
+    kv_bytes = (n_seq if not prefill else 1) * ctx * n_kv * hd * 2 * 2
+    return {"rows": rows, "ctx": ctx, "heads": n_heads, "kv_heads": n_kv, "head_dim": hd, "prefill": prefill,
+            "us": t * 1e6, "kv_GBps": kv_bytes / t / 1e9}
+
+
+class _BenchOps(CudaOps):
+    """Random f16 weights made on the device (no host copies of gigabytes)."""
+
+    def upload(self, w):
+        if w.data.ndim == 1:
+            return cp.ones(w.shape, cp.float32)
+        return random_weight(int(w.shape[0]), int(w.shape[1]), "f16")
+
+
+def _fake_weights(cfg) -> dict:
+    from engine.models.llama import expected_shapes
+    from kernels.weights import Weight
+
+    stub = np.zeros(1, np.float16)
+    return {name: Weight(np.lib.stride_tricks.as_strided(stub, shape, (0,) * len(shape)), "f16")
+            for name, shape in expected_shapes(cfg).items()}
+
+
+def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int) -> list[dict]:
+    from engine.config import ModelConfig
+    from engine.kv_cache import PagePool
+    from engine.models.llama import LlamaModel
+
+    big = shape == "8B"
+    cfg = ModelConfig(arch="llama", vocab_size=128256, hidden=4096 if big else 2048, n_layers=32 if big else 16,
+                      n_heads=32, n_kv_heads=8, head_dim=128 if big else 64, ffn=14336 if big else 8192)
+    ops = _BenchOps(exact=exact)
+    pages_per_seq = -(-(ctx + 1) // 256)
+    model = LlamaModel(cfg, _fake_weights(cfg), ops, pages_per_seq * 256)
+    pool = PagePool(ops, cfg.n_layers, max(batches) * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
+    weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
+    weight_bytes += model.lm_head.nbytes
+    graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
+                               tuple(batches))
+    out = []
+    for b in batches:
+        tables = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
+        positions = np.full(b, ctx, np.int32)
+        slots = tables[:, ctx // 256].astype(np.int64) * 256 + ctx % 256
+        tokens = np.arange(b, dtype=np.int32)
+        graphs(tokens, positions, tables, slots)  # capture
+        cp.cuda.get_current_stream().synchronize()
+        g = graphs._graphs[b]
+        times = []
+        for _ in range(9):
+            a, e = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            g.graph.launch()
+            e.record()
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, e) / 1e3)
+        t_graph = float(np.median(times))
+        host = []
+        for _ in range(5):  # what a runner sees: inputs up, replay, logits down to the host
+            t0 = time.perf_counter()
+            cp.asnumpy(graphs(tokens, positions, tables, slots))
+            host.append(time.perf_counter() - t0)
+        kv_read = b * (ctx + 1) * cfg.n_kv_heads * cfg.head_dim * 2 * 2 * cfg.n_layers
+        out.append({"shape": shape, "exact": exact, "batch": b, "ctx": ctx, "step_ms": t_graph * 1e3,
+                    "tok_s": b / t_graph, "step_with_host_logits_ms": float(np.median(host)) * 1e3,
+                    "weight_bytes": weight_bytes, "bandwidth_TBps": (weight_bytes + kv_read) / t_graph / 1e12})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gpu-ops.json")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+                 "sm_count": props["multiProcessorCount"]}
+    t0 = time.time()
+    res["copy_TBps"] = copy_bandwidth() / 1e12
+    bw = res["copy_TBps"] * 1e12
+    ex, off = CudaOps(exact=True), CudaOps(exact=False)
+
+    res["split_sweep"] = []
+    for name, (n, k) in [("1B qo", SHAPES_1B["qo"]), ("1B gate_up", SHAPES_1B["gate_up"]),
+                         ("1B down", SHAPES_1B["down"]), ("8B kv", SHAPES_8B["kv"]),
+                         ("8B gate_up", SHAPES_8B["gate_up"]), ("8B down", SHAPES_8B["down"])]:
+        for s in (1, 2, 4, 8, 16, 32):
+            if s <= plan.ceil_div(k, 32):
+                guarded(res["split_sweep"], lambda n=n, k=k, s=s: bench_matmul(ex, n, k, 1, "f16", split=s), name=name)
+
+    res["matmul"] = []
+    for label, shapes in (("1B", SHAPES_1B), ("8B", SHAPES_8B)):
+        for name, (n, k) in shapes.items():
+            for m in (1, 16, 64):
+                guarded(res["matmul"], lambda n=n, k=k, m=m: bench_matmul(ex, n, k, m, "f16"), name=f"{label} {name}")
+    for dtype in ("bf16", "q8_0", "f32"):
+        for name in ("qo", "gate_up"):
+            n, k = SHAPES_8B[name]
+            guarded(res["matmul"], lambda n=n, k=k, dtype=dtype: bench_matmul(ex, n, k, 1, dtype), name=f"8B {name}")
+    res["prefill_matmul"] = []
+    for name in ("qo", "gate_up", "down"):
+        n, k = SHAPES_8B[name]
+        for ops in (ex, off):
+            guarded(res["prefill_matmul"], lambda n=n, k=k, ops=ops: bench_matmul(ops, n, k, 512, "f16"),
+                    name=f"8B {name}")
+
+    res["attention"] = []
+    for n_heads, n_kv, hd in ((32, 8, 64), (32, 8, 128)):
+        for rows, ctx in ((1, 640), (16, 640), (1, 4096), (16, 4096)):
+            guarded(res["attention"], lambda a=(rows, ctx, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=False))
+        guarded(res["attention"], lambda a=(512, 512, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=True))
+
+    res["decode_step"] = []
+    for shape in ("1B", "8B"):
+        for exact in (True, False):
+            guarded(res["decode_step"], lambda shape=shape, exact=exact: bench_decode_step(exact, shape, [1, 16], 600))
+            cp.get_default_memory_pool().free_all_blocks()  # the model of the last call is gone
+    res["seconds"] = time.time() - t0
+
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print_table(res, bw)
+
+
+def print_table(res: dict, bw: float) -> None:
+    for key in ("split_sweep", "matmul", "prefill_matmul", "attention", "decode_step"):
+        for r in res[key]:
+            if "error" in r:
+                print(f"ERROR {key}: {r}")
+        res = {**res, key: [r for r in res[key] if "error" not in r]}
+    print(f"\n== {res['device']}, {res['sm_count']} SMs, copy bandwidth {res['copy_TBps']:.2f} TB/s")
+    print("\nsplit sweep, f16, M=1 (us, fraction of copy bandwidth)")
+    for r in res["split_sweep"]:
+        print(f"  {r['name']:<12} S={r['split']:<3} {r['us']:8.1f} us  {r['weight_GBps'] * 1e9 / bw:6.1%}")
+    print("\nmatmul, exact (f16 unless named)")
+    for r in res["matmul"]:
+        print(f"  {r['name']:<12} {r['dtype']:<5} M={r['m']:<3} S={r['split']:<3} {r['us']:8.1f} us"
+              f"  {r['weight_GBps']:7.0f} GB/s  {r['weight_GBps'] * 1e9 / bw:6.1%}")
+    print("\nprefill matmul M=512, f16")
+    for r in res["prefill_matmul"]:
+        print(f"  {r['name']:<12} exact={r['exact']!s:<5} {r['us']:8.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
+    print("\nattention, f16 KV")
+    for r in res["attention"]:
+        kind = "prefill" if r["prefill"] else "decode"
+        print(f"  {kind:<7} rows={r['rows']:<4} ctx={r['ctx']:<5} d={r['head_dim']:<4} {r['us']:8.1f} us"
+              f"  {r['kv_GBps']:7.0f} GB/s")
+    print("\ndecode step (graph replay; forward only, then with logits copied to the host)")
+    for r in res["decode_step"]:
+        print(f"  {r['shape']} exact={r['exact']!s:<5} batch={r['batch']:<3} {r['step_ms']:7.3f} ms"
+              f"  {r['tok_s']:8.0f} tok/s  host {r['step_with_host_logits_ms']:7.3f} ms"
+              f"  {r['bandwidth_TBps'] * 1e12 / bw:6.1%} of copy bw")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+// Device functions shared by every kernel whose arithmetic must agree with another kernel's.
+//
+// NVRTC compiles these sources without the CUDA headers, so 16-bit floats are carried as raw
+// `unsigned short` and converted with PTX; no <cuda_fp16.h>, no <cstdint>.
+// Every kernel is compiled with -fmad=false as well; the exact paths still spell their roundings
+// with __fmul_rn/__fadd_rn/__fmaf_rn so that no compiler choice can contract them differently.
+#pragma once
+
+#define PAGE 256     // KV cells per page; attention chunks are pages in logical order
+#define NEG_INF __int_as_float(0xff800000)
+
+typedef unsigned short u16;
+typedef long long i64;
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// ---- 16-bit float conversions (round to nearest even, as NumPy and torch do)
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 b) {
+    return __uint_as_float(((unsigned)b) << 16);
+}
+
+// The same integer rounding as kernels.weights.f32_to_bf16, so GPU and CPU caches hold equal bits.
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    unsigned bits = __float_as_uint(f);
+    unsigned rounding = ((bits >> 16) & 1u) + 0x7fffu;
+    return (u16)((bits + rounding) >> 16);
+}
+
+// Two floats to a packed pair for an MMA operand: `lo` lands in bits 0..15 (the lower k index).
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ---- storage types: load one element as float, store a float with the cache's rounding
+
+struct F32 {
+    typedef float T;
+    static __device__ __forceinline__ float load(const float* p, i64 i) { return p[i]; }
+    static __device__ __forceinline__ void store(float* p, i64 i, float v) { p[i] = v; }
+};
+struct F16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float load(const u16* p, i64 i) { return f16_to_f32(p[i]); }
+    static __device__ __forceinline__ void store(u16* p, i64 i, float v) { p[i] = f32_to_f16(v); }
+    static __device__ __forceinline__ void pair(unsigned w, float& lo, float& hi) {
+        lo = f16_to_f32((u16)(w & 0xffffu));
+        hi = f16_to_f32((u16)(w >> 16));
+    }
+};
+struct BF16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float load(const u16* p, i64 i) { return bf16_to_f32(p[i]); }
+    static __device__ __forceinline__ void store(u16* p, i64 i, float v) { p[i] = f32_to_bf16(v); }
+    static __device__ __forceinline__ void pair(unsigned w, float& lo, float& hi) {
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xffff0000u);
+    }
+};
+
+// ---- fixed-order reductions: a warp's xor butterfly, then warps in index order.
+// a + b == b + a bit for bit, so every lane of the butterfly ends with the same sum.
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// Sum over a block of `nwarps` warps; `scratch` holds nwarps floats. Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch, int nwarps) {
+    v = warp_sum(v);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float s = scratch[0];
+    for (int w = 1; w < nwarps; ++w) s = __fadd_rn(s, scratch[w]);
+    return s;
+}
+
+// ---- the one merge of two softmax partials (running state and a later chunk), in ascending order.
+// Attention kernels and the CPU reference merge chunks exactly this way.
+
+__device__ __forceinline__ void merge_coeffs(float m, float m_c, float& a, float& b, float& m_new) {
+    m_new = fmaxf(m, m_c);
+    a = expf(__fsub_rn(m, m_new));
+    b = expf(__fsub_rn(m_c, m_new));
+}
+
+__device__ __forceinline__ float merge_add(float x, float a, float y, float b) {
+    return __fadd_rn(__fmul_rn(x, a), __fmul_rn(y, b));
+}

@@ -1,0 +1,88 @@
+"""Decode steps as CUDA graph replays, one graph per batch-size bucket.
+
+A decode step (one new token per sequence) launches a few hundred small kernels; launched from
+Python each costs microseconds of host time, replayed from a graph well under one. A step of n
+sequences runs the graph of the smallest bucket >= n; the rows past n are padding: token 0 at
+position 0, their own all-zero block-table row, and slot -1, which the KV write skips. Under row
+invariance the real rows get the same bits as an uncaptured step of n rows.
+
+Inputs live in static device buffers that each replay refreshes with one host-to-device copy from
+pinned memory. The graphs' own temporaries come from a private memory pool so that nothing
+allocated outside a graph can ever sit in memory a replay overwrites.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import cupy as cp
+import cupyx
+import numpy as np
+
+from kernels.base import PagedRows
+from kernels.cuda.graph_inputs import DEFAULT_BUCKETS, bucket_for, pack_inputs
+
+
+@dataclass
+class _Graph:
+    bucket: int
+    ints: Any  # device int32 [3 * bucket + bucket * width]
+    slots: Any  # device int64 [bucket]
+    logit_rows: Any  # device int64 [bucket]; the graph reads it on every replay, so it must stay alive
+    host: np.ndarray  # pinned staging of `ints`
+    slots_host: np.ndarray
+    graph: Any
+    logits: Any  # device [bucket, vocab], written by every replay
+
+
+class DecodeGraphs:
+    def __init__(self, forward: Callable[[Any, PagedRows, Any], Any], max_pages: int,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS):
+        self.forward, self.width, self.buckets = forward, int(max_pages), tuple(sorted(buckets))
+        self._graphs: dict[int, _Graph] = {}
+        self._pool = cp.cuda.MemoryPool()
+        self._stream = cp.cuda.Stream(non_blocking=False)
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def __call__(self, tokens, positions, block_tables, slots):
+        """Logits [n, vocab] on the device for n sequences' next tokens (one row each)."""
+        n = len(tokens)
+        b = bucket_for(n, self.buckets)
+        if b is None:
+            raise ValueError(f"{n} rows exceed the largest decode graph ({self.max_batch})")
+        g = self._graphs.get(b) or self._capture(b)
+        pack_inputs(g.host, g.slots_host, b, self.width, tokens, positions, block_tables, slots)
+        stream = cp.cuda.get_current_stream()
+        g.ints.data.copy_from_host_async(ctypes.c_void_p(g.host.ctypes.data), g.host.nbytes, stream)
+        g.slots.data.copy_from_host_async(ctypes.c_void_p(g.slots_host.ctypes.data), g.slots_host.nbytes, stream)
+        g.graph.launch(stream)
+        return g.logits[:n]
+
+    def _capture(self, b: int) -> _Graph:
+        w = self.width
+        host = cupyx.empty_pinned(3 * b + b * w, dtype=np.int32)
+        slots_host = cupyx.empty_pinned(b, dtype=np.int64)
+        pack_inputs(host, slots_host, b, w, [], [], np.zeros((0, 0), np.int32), [])
+        ints, slots = cp.asarray(host), cp.asarray(slots_host)
+        rows = PagedRows(positions=ints[b : 2 * b], seq=ints[2 * b : 3 * b],
+                         block_tables=ints[3 * b :].reshape(b, w), slots=slots)
+        ids, logit_rows = ints[:b], cp.arange(b, dtype=cp.int64)
+        with cp.cuda.using_allocator(self._pool.malloc), self._stream:
+            self.forward(ids, rows, logit_rows)  # compiles kernels and sizes the pool outside the capture
+            self._stream.synchronize()
+            self._stream.begin_capture()
+            try:
+                logits = self.forward(ids, rows, logit_rows)
+            finally:
+                graph = self._stream.end_capture()
+        graph.upload(self._stream)
+        self._stream.synchronize()
+        g = _Graph(b, ints, slots, logit_rows, host, slots_host, graph, logits)
+        self._graphs[b] = g
+        return g

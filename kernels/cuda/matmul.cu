@@ -1,0 +1,267 @@
+// out[M, N] = x[M, K] @ w[N, K]^T (+ bias), float32 accumulation, row invariant.
+//
+// Tensor-core path (f16, bf16, q8_0 weights): one `mma.sync m16n8k16` family for every M. Weights
+// are the 16-side (A: 16 output features), tokens the 8-side (B: 8 token rows), so decode (M = 1)
+// and prefill run the same instruction on the same operands for a given token. The reduction over
+// K for an output element is fixed by (N, K) alone:
+//   * K is cut into chunks of 32 (weights padded with zeros to a multiple of 32);
+//   * a block's S warps split the chunks into S contiguous ranges, each accumulated in ascending
+//     chunk order through the MMA accumulator;
+//   * the S partial sums are added in slice order: ((p0 + p1) + p2) + ... .
+// S comes from (N, K) and the device (kernels/cuda/plan.py); the number of token tiles a block
+// carries (TM) only decides which columns ride along, never how one column is summed.
+//
+// Inside a chunk each lane loads 8 consecutive k of its weight row (one 16-byte load) and its
+// token's 8 matching activations; the 32 k of a chunk are fed to two MMAs in a permuted k order
+// that is the same for A and B, so the dot product is unchanged and every load is 16 bytes wide.
+#include "common.cuh"
+
+#define WT_F16 0
+#define WT_BF16 1
+#define WT_Q8 2
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                        unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int WT>
+__device__ __forceinline__ unsigned pack_act(float lo, float hi) {
+    return WT == WT_BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+}
+
+// Two int8 weights (bytes 0/1 or 2/3 of `q` by `shift`) as an exact f16 pair.
+__device__ __forceinline__ unsigned q8_pair(unsigned q, int shift) {
+    float lo = (float)(int)(signed char)((q >> shift) & 0xffu);
+    float hi = (float)(int)(signed char)((q >> (shift + 8)) & 0xffu);
+    return pack_f16x2(lo, hi);
+}
+
+// A token's 8 activations x[m][k0 .. k0+7] as four packed pairs; zeros past K or past M.
+template <int WT>
+__device__ __forceinline__ void load_act(const float* __restrict__ x, int m, int M, int K, int k0, bool vec,
+                                         unsigned (&b)[4]) {
+    float v[8];
+    if (m < M && vec) {
+        if (k0 < K) {
+            const float4* p = reinterpret_cast<const float4*>(x + (i64)m * K + k0);
+            float4 lo = p[0], hi = p[1];
+            v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+            v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = 0.f;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = (m < M && k0 + i < K) ? x[(i64)m * K + k0 + i] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b[i] = pack_act<WT>(v[2 * i], v[2 * i + 1]);
+}
+
+template <int WT, int TM, int U>
+__device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
+                                      const float* __restrict__ x, const float* __restrict__ bias,
+                                      float* __restrict__ out, int M, int N, int K, int Kp, int has_bias) {
+    extern __shared__ float red[];
+    const int S = blockDim.x >> 5;
+    const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16;
+    const int m_base = blockIdx.y * (8 * TM);
+    const int C = Kp >> 5;
+    const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
+    const bool vec = (K & 7) == 0;
+
+    float acc[TM][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    // uint4 (16-bit weights) or uint2 (int8 weights) per row and chunk: lane t holds k 8t .. 8t+7.
+    const i64 row_a = (i64)(n0 + g) * Kp, row_b = (i64)(n0 + g + 8) * Kp;
+
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+        uint4 wa[U], wb[U];
+        float da[U], db[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u;
+            if (c < c_end) {
+                if (WT == WT_Q8) {
+                    const signed char* q = reinterpret_cast<const signed char*>(w);
+                    uint2 qa = *reinterpret_cast<const uint2*>(q + row_a + c * 32 + 8 * t);
+                    uint2 qb = *reinterpret_cast<const uint2*>(q + row_b + c * 32 + 8 * t);
+                    wa[u] = make_uint4(qa.x, qa.y, 0u, 0u);
+                    wb[u] = make_uint4(qb.x, qb.y, 0u, 0u);
+                    da[u] = f16_to_f32(scales[(i64)(n0 + g) * C + c]);
+                    db[u] = f16_to_f32(scales[(i64)(n0 + g + 8) * C + c]);
+                } else {
+                    const u16* h = reinterpret_cast<const u16*>(w);
+                    wa[u] = *reinterpret_cast<const uint4*>(h + row_a + c * 32 + 8 * t);
+                    wb[u] = *reinterpret_cast<const uint4*>(h + row_b + c * 32 + 8 * t);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u;
+            if (c >= c_end) continue;
+            unsigned a1[4], a2[4];
+            if (WT == WT_Q8) {
+                // wa.x holds k 8t..8t+3, wa.y holds 8t+4..8t+7 (one byte each)
+                a1[0] = q8_pair(wa[u].x, 0);  a1[1] = q8_pair(wb[u].x, 0);
+                a1[2] = q8_pair(wa[u].x, 16); a1[3] = q8_pair(wb[u].x, 16);
+                a2[0] = q8_pair(wa[u].y, 0);  a2[1] = q8_pair(wb[u].y, 0);
+                a2[2] = q8_pair(wa[u].y, 16); a2[3] = q8_pair(wb[u].y, 16);
+            } else {
+                a1[0] = wa[u].x; a1[1] = wb[u].x; a1[2] = wa[u].y; a1[3] = wb[u].y;
+                a2[0] = wa[u].z; a2[1] = wb[u].z; a2[2] = wa[u].w; a2[3] = wb[u].w;
+            }
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm) {
+                if (m_base + tm * 8 >= M) break;  // warp-uniform: the whole tile is padding
+                unsigned b[4];
+                load_act<WT>(x, m_base + tm * 8 + g, M, K, c * 32 + 8 * t, vec, b);
+                if (WT == WT_Q8) {
+                    float p[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b[0], b[1]);
+                    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b[2], b[3]);
+                    acc[tm][0] = __fmaf_rn(da[u], p[0], acc[tm][0]);
+                    acc[tm][1] = __fmaf_rn(da[u], p[1], acc[tm][1]);
+                    acc[tm][2] = __fmaf_rn(db[u], p[2], acc[tm][2]);
+                    acc[tm][3] = __fmaf_rn(db[u], p[3], acc[tm][3]);
+                } else if (WT == WT_BF16) {
+                    mma_bf16(acc[tm], a1[0], a1[1], a1[2], a1[3], b[0], b[1]);
+                    mma_bf16(acc[tm], a2[0], a2[1], a2[2], a2[3], b[2], b[3]);
+                } else {
+                    mma_f16(acc[tm], a1[0], a1[1], a1[2], a1[3], b[0], b[1]);
+                    mma_f16(acc[tm], a2[0], a2[1], a2[2], a2[3], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    // The fixed combine: warp 0 adds the S partial sums in slice order, p0 + p1 + ... + p(S-1).
+    // (Sequential, so a kernel that walks the slices one after another can reproduce it.)
+    if (S > 1) {
+        if (s > 0) {
+            float* dst = red + ((s - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) dst[tm * 4 + i] = acc[tm][i];
+        }
+        __syncthreads();
+        if (s != 0) return;
+        for (int p = 1; p < S; ++p) {
+            const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
+        }
+    }
+
+    // c0, c1: feature n0+g, tokens 2t, 2t+1; c2, c3: feature n0+g+8.
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+        const int m = m_base + tm * 8 + 2 * t;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = n0 + g + ((i & 2) ? 8 : 0);
+            const int mm = m + (i & 1);
+            if (n < N && mm < M) {
+                float v = acc[tm][i];
+                if (has_bias) v = __fadd_rn(v, bias[n]);
+                out[(i64)mm * N + n] = v;
+            }
+        }
+    }
+}
+
+// Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) so the bounds hold and the
+// accumulators stay in registers.
+#define MM_TC(NAME, WT, TM, U)                                                                           \
+    extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
+        const void* w, const u16* scales, const float* x, const float* bias, float* out, int M, int N,  \
+        int K, int Kp, int has_bias) {                                                                   \
+        mm_tc<WT, TM, U>(w, scales, x, bias, out, M, N, K, Kp, has_bias);                                 \
+    }
+
+MM_TC(mm_f16_tm1, WT_F16, 1, 4)
+MM_TC(mm_f16_tm2, WT_F16, 2, 2)
+MM_TC(mm_f16_tm4, WT_F16, 4, 2)
+MM_TC(mm_f16_tm8, WT_F16, 8, 1)
+MM_TC(mm_bf16_tm1, WT_BF16, 1, 4)
+MM_TC(mm_bf16_tm2, WT_BF16, 2, 2)
+MM_TC(mm_bf16_tm4, WT_BF16, 4, 2)
+MM_TC(mm_bf16_tm8, WT_BF16, 8, 1)
+MM_TC(mm_q8_tm1, WT_Q8, 1, 4)
+MM_TC(mm_q8_tm2, WT_Q8, 2, 2)
+MM_TC(mm_q8_tm4, WT_Q8, 4, 2)
+MM_TC(mm_q8_tm8, WT_Q8, 8, 1)
+
+// Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
+// ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with
+// the same per-row arithmetic, so M never changes a row's bits.
+#define F32_TOKENS 4
+extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict__ w, const float* __restrict__ x,
+                                                         const float* __restrict__ bias, float* __restrict__ out,
+                                                         int M, int N, int K, int Kp, int has_bias, int rows_per_y) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * 8 + warp;
+    if (n >= N) return;  // no block-wide barrier below
+    const float* wr = w + (i64)n * Kp;
+    const int m_first = blockIdx.y * rows_per_y;
+    const int m_last = imin(M, m_first + rows_per_y);
+    for (int m0 = m_first; m0 < m_last; m0 += F32_TOKENS) {
+        float acc[F32_TOKENS];
+#pragma unroll
+        for (int i = 0; i < F32_TOKENS; ++i) acc[i] = 0.f;
+        for (int k = lane * 4; k < Kp; k += 128) {
+            const float4 wv = *reinterpret_cast<const float4*>(wr + k);
+            const float wk[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+            for (int i = 0; i < F32_TOKENS; ++i) {
+                const int m = m0 + i;
+                if (m >= m_last) break;
+                const float* xr = x + (i64)m * K;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float xv = (k + j < K) ? xr[k + j] : 0.f;
+                    acc[i] = __fmaf_rn(wk[j], xv, acc[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < F32_TOKENS; ++i) {
+            const float v = warp_sum(acc[i]);
+            const int m = m0 + i;
+            if (lane == 0 && m < m_last) out[(i64)m * N + n] = has_bias ? __fadd_rn(v, bias[n]) : v;
+        }
+    }
+}
+
+// Activations to 16-bit, zero-padded to Kp columns, for the cuBLAS path (exact mode off only).
+extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restrict__ y, int M, int K, int Kp,
+                                     int bf16) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)M * Kp) return;
+    const int m = (int)(i / Kp), k = (int)(i % Kp);
+    const float v = k < K ? x[(i64)m * K + k] : 0.f;
+    y[i] = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+}

@@ -1,0 +1,37 @@
+"""The `.cu` sources beside this file, compiled by NVRTC through CuPy, once per set of defines."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+HERE = Path(__file__).parent
+COMMON = "common.cuh"
+# No fast math anywhere: exact paths depend on IEEE division, square root and expf, and on FMA
+# contraction being off unless a kernel asks for __fmaf_rn.
+OPTIONS = ("-std=c++17", "-fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
+
+
+def source(name: str) -> str:
+    """A kernel source with common.cuh pasted in: CuPy's cache keys on the text it compiles, so
+    an edit of the header must change that text."""
+    text = (HERE / name).read_text()
+    header = (HERE / COMMON).read_text()
+    return text.replace(f'#include "{COMMON}"', header)
+
+
+def sources() -> list[Path]:
+    return sorted(HERE.glob("*.cu"))
+
+
+@functools.cache
+def module(name: str, defines: tuple[tuple[str, int], ...] = ()):
+    import cupy
+
+    opts = OPTIONS + tuple(f"-D{k}={v}" for k, v in defines)
+    return cupy.RawModule(code=source(name), options=opts)
+
+
+@functools.cache
+def kernel(name: str, function: str, defines: tuple[tuple[str, int], ...] = ()):
+    return module(name, defines).get_function(function)

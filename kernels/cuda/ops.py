@@ -1,0 +1,251 @@
+"""CUDA backend: the op interface of kernels/base.py on CuPy arrays, kernels from the `.cu` sources.
+
+Exact mode keeps every rule of shared/DESIGN.md "How: row invariance": matmuls sum each output
+element in an order fixed by the weight shape (plan.split_k), attention walks a row's pages in
+logical order and merges chunks ascending, row reductions use one fixed thread layout. Exact mode
+off sends wide matmuls (prefill) to cuBLAS, which picks its kernels by batch width; narrower ones
+run the same kernels as exact mode, which are the fastest we have there.
+
+Every op launches on CuPy's current stream and never synchronises with the host, so a decode step
+can be captured into a CUDA graph (kernels/cuda/graphs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from kernels.base import PAGE_SIZE, PagedRows, RopeTable
+from kernels.cuda import plan
+from kernels.cuda.blas import gemm_16bit
+from kernels.cuda.modules import kernel
+from kernels.cuda.weights import CudaWeight, pad_host
+from kernels.weights import Weight
+
+# Exact mode off: batches at least this wide go to cuBLAS. Decode buckets stay narrower, so a
+# captured decode graph never holds a cuBLAS call.
+CUBLAS_MIN_ROWS = 65
+KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
+KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+
+
+@dataclass
+class CudaKVLayer:
+    kv_type: str
+    k: Any  # [n_pages, PAGE_SIZE, n_kv_heads, head_dim]
+    v: Any
+
+
+def _i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def _rows(x) -> Any:
+    """float32, C-contiguous, 16-byte aligned (the matmul reads rows 16 bytes at a time)."""
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
+    return x if x.data.ptr % 16 == 0 else x.copy()
+
+
+def _index(a, dtype=cp.int32) -> Any:
+    return cp.ascontiguousarray(cp.asarray(a), dtype=dtype)
+
+
+class CudaOps:
+    name = "cuda"
+
+    def __init__(self, exact: bool = False, device: int = 0):
+        self.exact = exact
+        self.device = cp.cuda.Device(device)
+        self.device.use()
+        self.sm_count = int(self.device.attributes["MultiProcessorCount"])
+        self._dummy = cp.zeros(4, dtype=cp.float32)  # stands for an absent bias pointer
+
+    # --- data movement
+    def upload(self, w: Weight):
+        if w.data.ndim == 1:
+            return cp.asarray(np.ascontiguousarray(w.to_f32(), dtype=np.float32))
+        data, scales = pad_host(w)
+        return CudaWeight(w.dtype, (int(w.shape[0]), int(w.shape[1])), cp.asarray(data),
+                          None if scales is None else cp.asarray(scales))
+
+    def tensor(self, a: np.ndarray):
+        return cp.asarray(a)
+
+    def to_host(self, x) -> np.ndarray:
+        return cp.asnumpy(x)
+
+    # --- math
+    def embedding(self, table: CudaWeight, ids):
+        ids = _index(ids)
+        t = int(ids.shape[0])
+        k = table.shape[1]
+        kp = int(table.data.shape[1])
+        out = cp.empty((t, k), dtype=cp.float32)
+        if t == 0:
+            return out
+        grid, block = plan.elementwise_grid(t * k)
+        if table.dtype == "q8_0":
+            kernel("pointwise.cu", "embed_q8")(grid, block, (table.data, table.scales, ids, out,
+                                                             _i32(t), _i32(k), _i32(kp)))
+        else:
+            name = {"f32": "embed_f32", "f16": "embed_f16", "bf16": "embed_bf16"}[table.dtype]
+            kernel("pointwise.cu", name)(grid, block, (table.data, ids, out, _i32(t), _i32(k), _i32(kp)))
+        return out
+
+    def rms_norm(self, x, weight, eps: float):
+        x = _rows(x)
+        d = int(x.shape[-1])
+        y = cp.empty_like(x)
+        rows = x.size // d
+        if rows:
+            kernel("rows.cu", "rms_norm")((rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
+        return y
+
+    def matmul(self, x, w: CudaWeight, bias=None):
+        x = _rows(x)
+        t, k = (int(s) for s in x.shape)
+        n = w.shape[0]
+        if w.shape[1] != k:
+            raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
+        out = cp.empty((t, n), dtype=cp.float32)
+        if t == 0:
+            return out
+        if not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0":
+            return self._cublas(x, w, bias, out)
+        b = bias if bias is not None else self._dummy
+        has_bias = _i32(bias is not None)
+        kp = int(w.data.shape[1])
+        if w.dtype == "f32":
+            grid, block = plan.f32_matmul_grid(t, n)
+            kernel("matmul.cu", "mm_f32")(grid, block, (w.data, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp),
+                                                        has_bias, _i32(plan.F32_TOKENS_PER_Y)))
+            return out
+        launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
+        scales = w.scales if w.scales is not None else self._dummy
+        kernel("matmul.cu", launch.kernel)(
+            launch.grid, launch.block,
+            (w.data, scales, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp), has_bias),
+            shared_mem=launch.shared,
+        )
+        return out
+
+    def _cublas(self, x, w: CudaWeight, bias, out):
+        t, k = x.shape
+        n = w.shape[0]
+        if w.dtype == "f32":
+            cp.matmul(x, w.data[:n, :k].T, out=out)
+        else:
+            kp = int(w.data.shape[1])
+            x16 = cp.empty((t, kp), dtype=cp.uint16)
+            grid, block = plan.elementwise_grid(t * kp)
+            kernel("matmul.cu", "act_to_16")(grid, block, (x, x16, _i32(t), _i32(k), _i32(kp),
+                                                           _i32(w.dtype == "bf16")))
+            gemm_16bit(w.data, x16, out, n, t, kp, w.dtype)
+        if bias is not None:
+            out += bias
+        return out
+
+    def rope(self, x, positions, table: RopeTable):
+        x = _rows(x)
+        t, h, dh = (int(s) for s in x.shape)
+        y = cp.empty_like(x)
+        n = t * h * (dh // 2)
+        if n:
+            grid, block = plan.elementwise_grid(n)
+            kernel("pointwise.cu", "rope")(grid, block, (x, y, _index(positions), table.cos, table.sin,
+                                                         _i32(t), _i32(h), _i32(dh), _i32(table.neox)))
+        return y
+
+    def silu_mul(self, gate, up):
+        gate, up = _rows(gate), _rows(up)
+        y = cp.empty_like(gate)
+        if gate.size:
+            grid, block = plan.elementwise_grid(gate.size)
+            kernel("pointwise.cu", "silu_mul")(grid, block, (gate, up, y, np.int64(gate.size)))
+        return y
+
+    def add(self, a, b):
+        a, b = _rows(a), _rows(b)
+        y = cp.empty_like(a)
+        if a.size:
+            grid, block = plan.elementwise_grid(a.size)
+            kernel("pointwise.cu", "add")(grid, block, (a, b, y, np.int64(a.size)))
+        return y
+
+    def argmax(self, logits):
+        """Index of each row's largest logit (ties to the lowest index), int32 on the device."""
+        x = _rows(logits)
+        out = cp.empty(int(x.shape[0]), dtype=cp.int32)
+        if x.shape[0]:
+            kernel("rows.cu", "argmax_rows")((int(x.shape[0]),), (256,), (x, out, _i32(x.shape[1])))
+        return out
+
+    # --- paged KV cache and attention
+    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> CudaKVLayer:
+        if kv_type not in KV_CODES:
+            raise ValueError(f"KV cache type {kv_type!r} is not supported on CUDA (use f16, bf16 or f32)")
+        if head_dim % 8 or PAGE_SIZE % head_dim:
+            raise ValueError(f"head dim {head_dim} is not supported on CUDA (32, 64, 128 or 256)")
+        shape = (n_pages, PAGE_SIZE, n_kv_heads, head_dim)
+        dt = KV_DTYPES[kv_type]
+        return CudaKVLayer(kv_type, cp.zeros(shape, dtype=dt), cp.zeros(shape, dtype=dt))
+
+    def kv_write(self, layer: CudaKVLayer, k, v, slots) -> None:
+        k, v = _rows(k), _rows(v)
+        t = int(k.shape[0])
+        if not t:
+            return
+        hd = k.size // t
+        grid, block = plan.elementwise_grid(t * hd)
+        kernel("kv_cache.cu", f"kv_write_{layer.kv_type}")(
+            grid, block, (k, v, layer.k, layer.v, _index(slots, cp.int64), _i32(t), _i32(hd)))
+
+    def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):
+        q = _rows(q)
+        t, n_heads, d = (int(s) for s in q.shape)
+        n_kv = int(layer.k.shape[2])
+        out = cp.empty((t, n_heads * d), dtype=cp.float32)
+        if not t:
+            return out
+        positions, seq = _index(rows.positions), _index(rows.seq)
+        tables = _index(rows.block_tables)
+        width = int(tables.shape[1])
+        launch = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
+        defines = (("HEAD_DIM", d), ("GROUP_MAX", launch.gm), ("KV_T", KV_CODES[layer.kv_type]))
+        partial = kernel("attention.cu", "attn_partial", defines)
+        merge = kernel("attention.cu", "attn_merge", defines)
+        step = launch.row_slice
+        part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32)
+        for r0 in range(0, t, step):
+            r1 = min(t, r0 + step)
+            # Row slices only bound the scratch: rows are independent, so the bits are the same.
+            partial((r1 - r0, n_kv * launch.subgroups, launch.workers), (plan.ATTN_THREADS,),
+                    (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, part,
+                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale)))
+            merge((r1 - r0, n_heads), (d,), (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
+        return out
+
+    def kv_read_pages(self, layer: CudaKVLayer, pages) -> tuple[np.ndarray, ...]:
+        idx = _index(pages, cp.int64)
+        return cp.asnumpy(layer.k[idx]), cp.asnumpy(layer.v[idx])
+
+    def kv_write_pages(self, layer: CudaKVLayer, pages, data: tuple[np.ndarray, ...]) -> None:
+        idx = _index(pages, cp.int64)
+        layer.k[idx] = cp.asarray(data[0])
+        layer.v[idx] = cp.asarray(data[1])
+
+    def kv_copy_pages(self, layer: CudaKVLayer, src, dst) -> None:
+        s, d = _index(src, cp.int64), _index(dst, cp.int64)
+        layer.k[d] = layer.k[s]
+        layer.v[d] = layer.v[s]
+
+    # --- CUDA graphs
+    def decode_graphs(self, forward, max_pages: int, buckets=None):
+        """Replayed decode steps for `forward(ids, rows, logit_rows) -> logits` (see graphs.py)."""
+        from kernels.cuda.graph_inputs import DEFAULT_BUCKETS
+        from kernels.cuda.graphs import DecodeGraphs
+
+        return DecodeGraphs(forward, max_pages, buckets or DEFAULT_BUCKETS)

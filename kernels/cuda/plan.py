@@ -1,0 +1,121 @@
+"""Launch shapes of the CUDA kernels, as plain arithmetic (testable without a GPU).
+
+The exactness rule lives here: `split_k` — the only choice that changes how an output element of
+a matmul is summed — is a function of the weight shape (N, K) and the device alone. Everything
+that may depend on the number of rows M (`token_tiles`, grids, the attention worker count) only
+decides which rows share a launch, never a row's arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROW_TILE = 16  # weight rows per MMA tile (the 16-side)
+TOKEN_TILE = 8  # token rows per MMA tile (the 8-side)
+K_CHUNK = 32  # k per chunk: two m16n8k16 MMAs, one Q8_0 block
+MAX_SPLIT = 32  # warps per block
+WARPS_PER_SM = 16  # warps in flight per SM that keep its load units busy for a weight stream
+SMEM_LIMIT = 48 * 1024  # static + dynamic shared memory without an opt-in
+F32_ROWS_PER_BLOCK = 8  # weight rows of the float32 kernel (one warp each)
+F32_TOKENS_PER_Y = 32  # token rows per grid.y of the float32 kernel
+ATTN_THREADS = 256  # one thread per key of a page-sized chunk
+ATTN_PART_BYTES = 256 << 20  # scratch for chunk partials; larger batches run in row slices
+BLOCKS_PER_SM = 4  # attention blocks wanted per SM before chunks are spread over workers
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def padded_shape(n: int, k: int) -> tuple[int, int]:
+    """A 2-D weight as stored on the device: rows to whole 16-row tiles, columns to whole chunks."""
+    return round_up(n, ROW_TILE), round_up(k, K_CHUNK)
+
+
+def split_k(n: int, k: int, sm_count: int) -> int:
+    """Warps that split one row tile's K (a power of two): enough warps in flight to stream the
+    weights at full bandwidth, at least one chunk per warp. Never a function of M."""
+    tiles = ceil_div(n, ROW_TILE)
+    chunks = ceil_div(k, K_CHUNK)
+    s = 1
+    while s < MAX_SPLIT and tiles * s < WARPS_PER_SM * sm_count and 2 * s <= chunks:
+        s *= 2
+    return s
+
+
+def max_token_tiles(split: int) -> int:
+    """Token tiles a block may carry at this split (register bound of the kernel, shared memory of
+    the combine tree)."""
+    cap = 8 if split <= 8 else (4 if split <= 16 else 2)
+    while cap > 1 and combine_bytes(split, cap) > SMEM_LIMIT:
+        cap //= 2
+    return cap
+
+
+def combine_bytes(split: int, token_tiles: int) -> int:
+    """Shared memory of the combine: the partial sums of warps 1 .. S-1."""
+    return (split - 1) * 32 * token_tiles * 4 * 4
+
+
+@dataclass(frozen=True)
+class MatmulLaunch:
+    kernel: str  # e.g. "mm_f16_tm2"
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int  # dynamic shared memory bytes
+    split: int
+    token_tiles: int
+
+
+def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None) -> MatmulLaunch:
+    """The tensor-core launch for x[m, k] @ w[n, k]^T. `split` overrides split_k (benchmarks only:
+    a different split is a different summation order)."""
+    s = split_k(n, k, sm_count) if split is None else split
+    want = ceil_div(max(m, 1), TOKEN_TILE)
+    tm = 1
+    while tm < want and tm < max_token_tiles(s):
+        tm *= 2
+    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
+    grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
+    shared = combine_bytes(s, tm)
+    return MatmulLaunch(f"mm_{name}_tm{tm}", grid, (32 * s, 1, 1), shared, s, tm)
+
+
+def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    return (ceil_div(n, F32_ROWS_PER_BLOCK), ceil_div(max(m, 1), F32_TOKENS_PER_Y), 1), (256, 1, 1)
+
+
+def group_max(group: int) -> int:
+    """Query heads per attention block: the next power of two of the GQA group, at most 8 (larger
+    groups are cut into sub-groups; each head's arithmetic is its own)."""
+    g = 1
+    while g < group and g < 8:
+        g *= 2
+    return g
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    row_slice: int  # rows per launch (bounds the partials' scratch)
+    workers: int  # grid.z: blocks that share a row's chunks (bits do not depend on it)
+    subgroups: int
+    gm: int
+
+
+def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int) -> AttentionLaunch:
+    group = n_heads // n_kv
+    gm = group_max(group)
+    sub = ceil_div(group, gm)
+    per_row = n_heads * width * (head_dim + 2) * 4
+    row_slice = max(1, min(t, ATTN_PART_BYTES // per_row))
+    blocks = max(1, min(t, row_slice) * n_kv * sub)
+    workers = max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
+    return AttentionLaunch(row_slice, workers, sub, gm)
+
+
+def elementwise_grid(n: int, threads: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    return (max(1, ceil_div(n, threads)), 1, 1), (threads, 1, 1)

@@ -1,0 +1,57 @@
+"""Weights as the CUDA kernels read them: padded to whole row tiles and K chunks (zeros add nothing
+to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scales per 32."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels.cuda.plan import K_CHUNK, padded_shape
+from kernels.weights import Weight
+
+STORAGE = {"f32": np.float32, "f16": np.uint16, "bf16": np.uint16, "q8_0": np.int8}
+
+
+@dataclass
+class CudaWeight:
+    dtype: str
+    shape: tuple[int, int]  # logical (N, K)
+    data: Any  # device [Np, Kp]
+    scales: Any = None  # q8_0: device uint16 (f16 bits) [Np, Kp // 32]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes) + (int(self.scales.nbytes) if self.scales is not None else 0)
+
+
+def pad_host(w: Weight) -> tuple[np.ndarray, np.ndarray | None]:
+    """The stored arrays of a 2-D weight, padded; no copy when the shape is already whole."""
+    n, k = w.shape
+    np_, kp = padded_shape(n, k)
+    data = w.data.view(np.uint16) if w.dtype == "f16" else w.data
+    data = np.ascontiguousarray(data, dtype=STORAGE[w.dtype])
+    if (np_, kp) != (n, k):
+        full = np.zeros((np_, kp), dtype=data.dtype)
+        full[:n, :k] = data
+        data = full
+    scales = None
+    if w.dtype == "q8_0":
+        s = np.ascontiguousarray(w.scales, dtype=np.float16).view(np.uint16)
+        if s.shape != (np_, kp // K_CHUNK):
+            full = np.zeros((np_, kp // K_CHUNK), dtype=np.uint16)
+            full[:n, : s.shape[1]] = s
+            s = full
+        scales = s
+    return data, scales
+
+
+def device_bytes(w: Weight) -> int:
+    """Bytes a weight takes on the device (for sizing memory before a load)."""
+    if w.data.ndim == 1:
+        return w.data.size * 4
+    n, k = w.shape
+    np_, kp = padded_shape(n, k)
+    item = np.dtype(STORAGE[w.dtype]).itemsize
+    return np_ * kp * item + (np_ * (kp // K_CHUNK) * 2 if w.dtype == "q8_0" else 0)

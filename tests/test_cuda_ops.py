@@ -1,0 +1,205 @@
+"""CUDA ops against the NumPy reference, and row invariance bit for bit on the GPU.
+
+Tolerances (relative L2 error against the float32 CPU reference on the same stored weights):
+matmul f32 weights 1e-5 (float32 FMA); f16 and q8_0 weights 2e-3 (activations rounded to f16 for
+the tensor cores); bf16 weights 1e-2 (activations rounded to bf16); RMSNorm and SiLU 1e-6;
+RoPE, add, embedding and the KV cache contents equal bit for bit.
+"""
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from kernels.cpu.ops import CpuOps  # noqa: E402
+from kernels.cuda import available  # noqa: E402
+
+_OK, _WHY = available()
+if not _OK:
+    pytest.skip(_WHY, allow_module_level=True)
+
+from kernels.base import PAGE_SIZE, RopeTable  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+from kernels.weights import Weight  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+RNG = np.random.default_rng()  # fresh inputs every run; a failure prints what it needs
+MATMUL_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "bf16": 1e-2}
+MATMUL_SHAPES = [(96, 64), (40, 72), (37, 44), (2048, 2048), (512, 2048), (2048, 8192)]
+BATCHES = list(range(2, 65)) + [100, 512]
+
+
+def _rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _rel(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return CudaOps(exact=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_off():
+    return CudaOps(exact=False)
+
+
+def _weight(n, k, dtype):
+    return Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype)
+
+
+def _row_alone_and_inside(op, row, pool, batch):
+    """`row` computed alone, and as a random row of a batch of `batch` rows drawn from `pool`."""
+    idx = RNG.integers(0, len(pool), batch)
+    x = pool[idx].copy()
+    i = int(RNG.integers(batch))
+    x[i] = row
+    return cp.asnumpy(op(cp.asarray(row[None])))[0], cp.asnumpy(op(cp.asarray(x)))[i]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("shape", MATMUL_SHAPES, ids=str)
+def test_matmul_matches_cpu(gpu, gpu_off, dtype, shape):
+    n, k = shape
+    if dtype == "q8_0" and k % 32:
+        pytest.skip("Q8_0 rows are whole blocks of 32")
+    w = _weight(n, k, dtype)
+    bias = _rand(n)
+    dw, db = gpu.upload(w), gpu.tensor(bias)
+    for m in (1, 7, 64, 200):
+        x = _rand(m, k)
+        ref = CpuOps(exact=True).matmul(x, w, bias)
+        for ops in (gpu, gpu_off):
+            got = cp.asnumpy(ops.matmul(cp.asarray(x), dw, db))
+            assert got.shape == ref.shape and np.isfinite(got).all()
+            err = _rel(got, ref)
+            assert err < MATMUL_TOL[dtype], f"m={m} exact={ops.exact}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("shape", [(96, 64), (40, 72), (2048, 2048), (512, 2048), (2048, 8192)], ids=str)
+def test_matmul_row_invariant(gpu, dtype, shape):
+    n, k = shape
+    if dtype == "q8_0" and k % 32:
+        pytest.skip("Q8_0 rows are whole blocks of 32")
+    dw = gpu.upload(_weight(n, k, dtype))
+    db = gpu.tensor(_rand(n))
+    pool = _rand(1024, k)
+    row = _rand(k)
+    for b in BATCHES:
+        alone, inside = _row_alone_and_inside(lambda x: gpu.matmul(x, dw, db), row, pool, b)
+        assert alone.tobytes() == inside.tobytes(), f"batch {b}: max diff {np.abs(alone - inside).max()}"
+
+
+def test_exact_off_matmul_diverges_somewhere(gpu_off):
+    """The control: cuBLAS over a wide batch is not bound to a row's bits alone."""
+    dw = gpu_off.upload(_weight(2048, 2048, "f16"))
+    pool = _rand(1024, 2048)
+    row = _rand(2048)
+    diffs = 0
+    for b in (100, 256, 512):
+        alone, inside = _row_alone_and_inside(lambda x: gpu_off.matmul(x, dw), row, pool, b)
+        diffs += alone.tobytes() != inside.tobytes()
+    assert diffs > 0
+
+
+def _rope_table(n_pos, half, neox):
+    ang = np.outer(np.arange(n_pos), 1.0 / 10000 ** (np.arange(half) / half)).astype(np.float32)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32), neox
+
+
+def _pointwise_cases():
+    return {
+        "rms_norm_2048": (2048, lambda o, x: o.rms_norm(x, o.tensor(NORM_W2048), 1e-5), 1e-6),
+        "rms_norm_128": (128, lambda o, x: o.rms_norm(x, o.tensor(NORM_W128), 1e-6), 1e-6),
+        "silu_mul": (512, lambda o, x: o.silu_mul(x[:, :256], x[:, 256:]), 1e-6),
+        "add": (512, lambda o, x: o.add(x[:, :256], x[:, 256:]), 0.0),
+    }
+
+
+NORM_W2048 = _rand(2048)
+NORM_W128 = _rand(128)
+CASES = _pointwise_cases()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_row_ops_match_cpu_and_are_row_invariant(gpu, name):
+    width, op, tol = CASES[name]
+    cpu = CpuOps(exact=True)
+    x = _rand(77, width)
+    ref = op(cpu, x)
+    got = cp.asnumpy(op(gpu, cp.asarray(x)))
+    if tol == 0.0:
+        assert got.tobytes() == np.ascontiguousarray(ref, dtype=np.float32).tobytes()
+    else:
+        assert _rel(got, ref) < tol
+    pool = _rand(600, width)
+    row = _rand(width)
+    for b in BATCHES:
+        alone, inside = _row_alone_and_inside(lambda a: op(gpu, a), row, pool, b)
+        assert alone.tobytes() == inside.tobytes(), f"batch {b}"
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_rope_equals_cpu_bits(gpu, neox, head_dim):
+    cos, sin, _ = _rope_table(4096, head_dim // 2, neox)
+    cpu_t = RopeTable(cos, sin, neox)
+    gpu_t = RopeTable(gpu.tensor(cos), gpu.tensor(sin), neox)
+    for t in (1, 5, 512):
+        x = _rand(t, 8, head_dim)
+        pos = RNG.integers(0, 4096, t).astype(np.int32)
+        ref = CpuOps(exact=True).rope(x, pos, cpu_t)
+        got = cp.asnumpy(gpu.rope(cp.asarray(x), cp.asarray(pos), gpu_t))
+        assert got.tobytes() == np.ascontiguousarray(ref, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+def test_embedding_equals_cpu_bits(gpu, dtype):
+    table = Weight.from_f32(_rand(300, 96), dtype)
+    dt = gpu.upload(table)
+    ids = RNG.integers(0, 300, 700).astype(np.int32)
+    ref = CpuOps(exact=True).embedding(table, ids)
+    got = cp.asnumpy(gpu.embedding(dt, cp.asarray(ids)))
+    assert got.tobytes() == np.ascontiguousarray(ref, np.float32).tobytes()
+
+
+def test_argmax_ties_to_lowest(gpu):
+    x = _rand(9, 128256)
+    x[3, [7, 100, 5000]] = 50.0  # a three-way tie
+    x[5, :] = 1.0  # all equal
+    got = cp.asnumpy(gpu.argmax(cp.asarray(x)))
+    assert got.tolist() == np.argmax(x, axis=1).tolist()
+    assert got[3] == 7 and got[5] == 0
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "bf16"])
+def test_kv_write_equals_cpu_cache_bits(gpu, kv_type):
+    cpu = CpuOps(exact=True)
+    n_pages, n_kv, hd = 6, 4, 64
+    c_layer, g_layer = cpu.kv_alloc(n_pages, n_kv, hd, kv_type), gpu.kv_alloc(n_pages, n_kv, hd, kv_type)
+    slots = RNG.choice(n_pages * PAGE_SIZE, 300, replace=False).astype(np.int64)
+    k, v = _rand(300, n_kv, hd, scale=3.0), _rand(300, n_kv, hd, scale=3.0)
+    cpu.kv_write(c_layer, k, v, slots)
+    gpu.kv_write(g_layer, cp.asarray(k), cp.asarray(v), cp.asarray(slots))
+    gk, gv = gpu.kv_read_pages(g_layer, list(range(n_pages)))
+    assert gk.tobytes() == c_layer.k.tobytes() and gv.tobytes() == c_layer.v.tobytes()
+    # negative slots (graph padding rows) write nothing
+    gpu.kv_write(g_layer, cp.asarray(k[:2]), cp.asarray(v[:2]), cp.asarray(np.array([-1, -1], np.int64)))
+    assert gpu.kv_read_pages(g_layer, list(range(n_pages)))[0].tobytes() == c_layer.k.tobytes()
+
+
+def test_pages_park_restore_and_copy_keep_bits(gpu):
+    layer = gpu.kv_alloc(8, 2, 32, "bf16")
+    gpu.kv_write(layer, cp.asarray(_rand(2048, 2, 32)), cp.asarray(_rand(2048, 2, 32)),
+                 cp.arange(2048, dtype=cp.int64))
+    parked = gpu.kv_read_pages(layer, [1, 2])
+    gpu.kv_write_pages(layer, [6, 7], parked)
+    assert gpu.kv_read_pages(layer, [6, 7])[0].tobytes() == parked[0].tobytes()
+    gpu.kv_copy_pages(layer, [1], [0])
+    assert gpu.kv_read_pages(layer, [0])[1].tobytes() == parked[1][:1].tobytes()

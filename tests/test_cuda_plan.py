@@ -1,0 +1,81 @@
+"""The CUDA backend's launch planning and host-side layouts, checked without a GPU."""
+
+import numpy as np
+import pytest
+
+from kernels.cuda import available, plan
+from kernels.cuda.graph_inputs import bucket_for, pack_inputs
+from kernels.cuda.weights import device_bytes, pad_host
+from kernels.weights import Weight
+
+SHAPES = [(96, 64), (40, 72), (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (128256, 2048),
+          (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
+ROWS = [1, 2, 3, 8, 9, 16, 17, 33, 64, 65, 128, 512, 4096]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_split_is_a_function_of_the_weight_shape_only(shape):
+    n, k = shape
+    for dtype in ("f16", "bf16", "q8_0"):
+        splits = {plan.matmul_launch(dtype, m, n, k, 132).split for m in ROWS}
+        assert splits == {plan.split_k(n, k, 132)}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_launches_respect_the_kernel_limits(shape):
+    n, k = shape
+    for m in ROWS:
+        launch = plan.matmul_launch("f16", m, n, k, 132)
+        s, tm = launch.split, launch.token_tiles
+        assert s & (s - 1) == 0 and 1 <= s <= 32
+        assert s <= plan.ceil_div(k, plan.K_CHUNK)  # every warp owns at least one chunk
+        assert launch.block[0] * max(1, tm // 2) <= 1024  # the __launch_bounds__ of mm_tc
+        assert launch.shared <= plan.SMEM_LIMIT
+        assert launch.grid[0] * 16 >= n and launch.grid[1] * 8 * tm >= m
+        assert launch.kernel == f"mm_f16_tm{tm}"
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 7, 8, 16])
+def test_attention_groups(group):
+    launch = plan.attention_launch(5, 4 * group, 4, 128, 3, 132)
+    assert launch.gm * launch.subgroups >= group and launch.gm <= 8
+    assert launch.gm & (launch.gm - 1) == 0
+
+
+def test_attention_scratch_is_bounded():
+    launch = plan.attention_launch(100_000, 32, 8, 128, 128, 132)
+    assert launch.row_slice * 32 * 128 * 130 * 4 <= plan.ATTN_PART_BYTES
+    assert 1 <= launch.workers <= 128
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+def test_padding_keeps_values_and_adds_zeros(dtype):
+    rng = np.random.default_rng(0)
+    w = Weight.from_f32(rng.standard_normal((40, 96)).astype(np.float32), dtype)
+    data, scales = pad_host(w)
+    assert data.shape == (48, 96)
+    assert data.nbytes + (scales.nbytes if scales is not None else 0) == device_bytes(w)
+    raw = w.data.view(np.uint16) if dtype == "f16" else w.data
+    assert np.array_equal(data[:40], raw) and not data[40:].any()
+    if dtype == "q8_0":
+        assert np.array_equal(scales[:40], w.scales.view(np.uint16)) and not scales[40:].any()
+
+
+def test_graph_inputs_pad_rows_harmlessly():
+    b, width = 4, 3
+    host = np.full(3 * b + b * width, 7, dtype=np.int32)
+    slots = np.full(b, 7, dtype=np.int64)
+    pack_inputs(host, slots, b, width, [11, 12], [300, 5], np.array([[4, 9], [2, 0]]), [9 * 256 + 44, 517])
+    assert host[:b].tolist() == [11, 12, 0, 0]
+    assert host[b : 2 * b].tolist() == [300, 5, 0, 0]
+    assert host[2 * b : 3 * b].tolist() == [0, 1, 2, 3]
+    assert host[3 * b :].reshape(b, width).tolist() == [[4, 9, 0], [2, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert slots.tolist() == [9 * 256 + 44, 517, -1, -1]
+    with pytest.raises(ValueError):
+        pack_inputs(host, slots, b, width, [1], [0], np.zeros((1, 4), np.int32), [0])
+    assert bucket_for(3, (1, 2, 4, 8)) == 4 and bucket_for(9, (1, 2, 4, 8)) is None
+
+
+def test_available_answers_with_a_reason():
+    ok, why = available()
+    assert isinstance(ok, bool) and why
