@@ -133,7 +133,7 @@ class Scheduler:
         self.spec_n_max = spec_n_max
         self.slots_ = [_Slot(i) for i in range(n_slots)]
         self._waiting: deque[tuple[int, Request, Callable]] = deque()
-        self._cancel: set[int] = set()
+        self._cancel: set[tuple[int, int | None]] = set()
         self._running: list[_Seq] = []
         self._parked: deque[_Seq] = deque()
         self._parked_bytes = 0
@@ -174,9 +174,10 @@ class Scheduler:
             self._cv.notify_all()
         return rid
 
-    def cancel(self, request_id: int) -> None:
+    def cancel(self, request_id: int, index: int | None = None) -> None:
+        """Aborts a request, or only its completion `index` (n > 1: one choice hit a stop string)."""
         with self._cv:
-            self._cancel.add(request_id)
+            self._cancel.add((request_id, index))
             self._cv.notify_all()
 
     def stats(self) -> dict:
@@ -229,11 +230,13 @@ class Scheduler:
     def _apply_cancels(self) -> None:
         if not self._cancel:
             return
-        for seq in [s for s in self._running + list(self._parked) if s.req_id in self._cancel]:
-            self._finish(seq, "abort")
+        whole = {rid for rid, index in self._cancel if index is None}
+        for seq in self._running + list(self._parked):
+            if seq.req_id in whole or (seq.req_id, seq.index) in self._cancel:
+                self._finish(seq, "abort")
         kept = deque()
         for item in self._waiting:
-            if item[0] in self._cancel:
+            if item[0] in whole:
                 for j in range(item[1].n):
                     item[2](DoneEvent(j, "abort", len(item[1].prompt), 0, 0, 0, 0, {}))
             else:
@@ -454,6 +457,9 @@ class Scheduler:
         return children
 
     def _emit_token(self, seq: _Seq, row: np.ndarray) -> int:
+        if seq.req.max_tokens == 0:  # the prompt is evaluated (and cached), nothing is generated
+            self._finish(seq, "length")
+            return -1
         if seq.generated == 0:
             seq.t_first = time.perf_counter()
         tok = sample(row, seq.params, seq.tokens, seq.generated)
@@ -483,13 +489,14 @@ class Scheduler:
             if seq.parked is not None:
                 self._parked_bytes -= self.pool.park_bytes(len(seq.parked[0][0]))
         seq.done = True
-        for other in self.slots_:
-            if other.reserved == seq.req_id:  # ended before its n > 1 fork
-                other.reserved = 0
+        unforked = [other for other in self.slots_ if other.reserved == seq.req_id]
+        for j, other in enumerate(unforked, start=1):  # ended before its n > 1 fork
+            other.reserved = 0
+            seq.on_event(DoneEvent(j, reason, seq.n_prompt, 0, 0, 0, 0, {}, error))
         slot = self.slots_[seq.slot]
         slot.seq = None
         slot.last_used = next(self._admit_order)
-        if seq.req.cache_prompt and reason != "error" and seq.pages:
+        if seq.req.cache_prompt and reason not in ("error", "abort") and seq.pages:
             # KV exists for tokens[:n_computed]; keep it for the next request's common prefix
             slot.cache_tokens, slot.cache_pages = seq.tokens[: seq.n_computed], seq.pages
         else:

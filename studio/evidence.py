@@ -35,6 +35,13 @@ class Sample:
     tokens: list[int]
     logprobs: list[float]
 
+    def first_token_difference(self, other: Sample) -> int | None:
+        """Index of the first differing token id (logprobs ignored); None when the ids agree."""
+        for i, (a, b) in enumerate(zip(self.tokens, other.tokens, strict=False)):
+            if a != b:
+                return i
+        return None if len(self.tokens) == len(other.tokens) else min(len(self.tokens), len(other.tokens))
+
     def first_difference(self, other: Sample) -> int | None:
         """Index of the first token whose id or logprob bits differ; None when identical."""
         for i, (a, b) in enumerate(zip(self.tokens, other.tokens, strict=False)):
@@ -50,7 +57,8 @@ class Cell:
     name: str
     description: str
     identical: bool
-    first_diff: int | None
+    first_diff: int | None  # first token whose id or logprob bits differ
+    first_token_diff: int | None  # first token whose id differs
     n_tokens: int
 
 
@@ -72,10 +80,12 @@ class Report:
         return json.dumps({**asdict(self), "all_identical": self.all_identical}, indent=2)
 
     def table(self) -> str:
-        rows = [f"{'cell':<28} {'result':<22} description", "-" * 90]
+        rows = [f"{'cell':<18} {'result':<34} description", "-" * 100]
         for c in self.cells:
             res = "identical" if c.identical else f"differs at token {c.first_diff}"
-            rows.append(f"{c.name:<28} {res:<22} {c.description}")
+            if not c.identical:
+                res += " (logprob only)" if c.first_token_diff is None else f" (ids from {c.first_token_diff})"
+            rows.append(f"{c.name:<18} {res:<34} {c.description}")
         return "\n".join(rows)
 
 
@@ -182,7 +192,8 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
 
     def cell(name: str, description: str, ref: Sample, got: Sample) -> None:
         diff = ref.first_difference(got)
-        report.cells.append(Cell(name, description, diff is None, diff, len(got.tokens)))
+        report.cells.append(Cell(name, description, diff is None, diff, ref.first_token_difference(got),
+                                 len(got.tokens)))
         say(f"{name}: {'identical' if diff is None else f'differs at token {diff}'}")
 
     async def server(session, flags=(), env=None) -> EngineServer:
@@ -228,6 +239,8 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
                 ("parallel_2", "--parallel 2", ("--parallel", "2"), None, 0),
                 ("ctx_1024", "--ctx-size 1024", ("--ctx-size", "1024"), None, 0),
                 ("ubatch_16", "-ub 16: other prompt chunking, beside 3", ("--ubatch-size", "16"), None, 3),
+                ("speculation_4", "n-gram drafts up to 4 tokens, beside 3",
+                 ("--spec-type", "ngram", "--spec-draft-n-max", "4"), None, 3),
             ]
             for name, desc, flags, env, k in variants:
                 say(f"starting a server for {name}")

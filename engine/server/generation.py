@@ -66,9 +66,6 @@ class Generation:
         self._cancelled = False
 
     def start(self) -> None:
-        if self.request.max_tokens == 0:
-            self._end_without_tokens()
-            return
         loop = asyncio.get_running_loop()
         put = self._queue.put_nowait
 
@@ -83,16 +80,6 @@ class Generation:
         except ValueError as e:
             kind = "exceed_context_size_error" if "context" in str(e) else None
             raise ApiError(400, str(e), kind) from None
-
-    def _end_without_tokens(self) -> None:
-        """max_tokens 0: nothing to generate, so the scheduler is not asked (it samples at least one)."""
-        n_prompt = len(self.request.prompt)
-        if n_prompt >= self.scheduler.n_ctx_seq:
-            raise ApiError(400, f"the prompt has {n_prompt} tokens; the context holds {self.scheduler.n_ctx_seq} "
-                                "per sequence (raise --ctx-size)", "exceed_context_size_error")
-        for c in self.choices:
-            c.done = DoneEvent(c.index, "length", n_prompt, 0, 0, 0, 0, {})
-            c.finish_reason, c.stop_type = "length", "limit"
 
     @property
     def finished(self) -> bool:
@@ -128,6 +115,8 @@ class Generation:
             delta.finish_reason = "stop"
             if all(c.finish_reason is not None for c in self.choices):
                 self.close()
+            elif self.request_id is not None:
+                self.scheduler.cancel(self.request_id, choice.index)
         return delta if delta.text or delta.tokens or delta.finish_reason else None
 
     def _on_done(self, choice: Choice, event: DoneEvent) -> list[Delta]:
@@ -138,19 +127,6 @@ class Generation:
             delta = self._delta(choice, choice.stream.finish())
             delta.finish_reason = event.finish_reason
             out.append(delta)
-        if event.index == 0 and event.finish_reason in ("abort", "error"):
-            out += self._end_unforked(event)
-        return out
-
-    def _end_unforked(self, event: DoneEvent) -> list[Delta]:
-        """Completions 1..n-1 are forked from completion 0 at its first token. When 0 ends before that
-        (aborted, failed), the others never existed: end them with the same reason so nobody waits."""
-        out = []
-        for c in self.choices[1:]:
-            if not c.seen_event and c.done is None:
-                c.done = DoneEvent(c.index, event.finish_reason, event.prompt_tokens, 0, 0, 0, 0, {}, event.error)
-                c.finish_reason, c.stop_type = event.finish_reason, STOP_TYPES[event.finish_reason]
-                out.append(Delta(c.index, "", [], event.finish_reason))
         return out
 
     def _delta(self, choice: Choice, released) -> Delta:

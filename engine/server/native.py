@@ -13,6 +13,7 @@ from engine.server.chat import check_messages, render
 from engine.server.errors import ApiError, bad_request
 from engine.server.generation import Choice, Generation, TokenOut
 from engine.server.params import (
+    MAX_N,
     MAX_TOP_LOGPROBS,
     Fields,
     max_tokens,
@@ -92,7 +93,7 @@ def _summary(state: EngineState, gen: Generation, choice: Choice, body: dict, st
     timings = dict(done.timings) if done and done.timings else {}
     timings["cache_n"] = done.cached_tokens if done else 0
     out = {
-        "index": 0,
+        "index": choice.index,
         "content": "" if stream else choice.text,
         "tokens": [] if stream else [t.id for t in choice.tokens],
         "id_slot": req.id_slot,
@@ -133,8 +134,11 @@ async def completion(request: web.Request) -> web.StreamResponse:
         logprobs=n_probs if n_probs > 0 else -1,
         cache_prompt=f.bool("cache_prompt", True),
         id_slot=f.int("id_slot", -1, -1, state.opts.parallel - 1),
+        n=f.int("n", 1, 1, MAX_N),
     )
     stream = f.bool("stream", False)
+    if stream and req.n > 1:
+        raise bad_request("'n' > 1 is not supported with 'stream' on /completion; use /v1/completions")
     prompt_text = f.raw("prompt") if isinstance(f.raw("prompt"), str) else tok.decode(prompt, skip_special=False)
     body = {"stop": stops, "prompt_text": prompt_text}
     async with generation(state, req, stops) as gen:
@@ -143,7 +147,10 @@ async def completion(request: web.Request) -> web.StreamResponse:
                 pass
             if err := failure(gen):
                 raise err
-            return web.json_response(_summary(state, gen, gen.choices[0], body, stream=False))
+            if req.n == 1:
+                return web.json_response(_summary(state, gen, gen.choices[0], body, stream=False))
+            # a Lockstep extension: n completions of one prompt, as a list in index order
+            return web.json_response([_summary(state, gen, c, body, stream=False) for c in gen.choices])
         sse = EventStream(request)
         await sse.open()
         async for d in gen.deltas():
