@@ -11,6 +11,13 @@ def pages_for(n_tokens: int) -> int:
     return -(-n_tokens // PAGE_SIZE)
 
 
+def seq_context(n_ctx: int, n_slots: int, kv_unified: bool, pool_tokens: int) -> int:
+    """Most positions one sequence may use: the whole context with a unified KV pool, else its share
+    of it in whole pages (as llama-server splits n_ctx across slots); never more than the pool."""
+    per_seq = n_ctx if kv_unified else max(PAGE_SIZE, (n_ctx // n_slots) // PAGE_SIZE * PAGE_SIZE)
+    return min(per_seq, pool_tokens)
+
+
 class PagePool:
     def __init__(self, ops: Ops, n_layers: int, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str):
         self.ops, self.n_pages, self.kv_type = ops, n_pages, kv_type

@@ -39,7 +39,8 @@ def pool_pages(ctx_size: int, config: ModelConfig) -> int:
     return max(1, pages_for(ctx_size or config.max_position))
 
 
-def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str) -> Runner:
+def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
+                 max_pages_per_seq: int = 0) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the pool cannot fit in free memory."""
     c = loaded.config
     need = int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * 2 * _BYTES[kv_type])
@@ -47,7 +48,7 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if need > free:
         raise out_of_memory(need, free)
     try:
-        return Runner(loaded, make_ops(backend, exact), n_pages, kv_type)
+        return Runner(loaded, make_ops(backend, exact), n_pages, kv_type, max_pages_per_seq)
     except Exception as e:
         if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError
             raise out_of_memory(need, free_memory(backend)) from None

@@ -14,24 +14,47 @@ from kernels.base import PAGE_SIZE, Ops, PagedRows
 
 @dataclass
 class StepEntry:
-    """A sequence's part of a step: `tokens` at positions start.. written into its `pages`."""
+    """A sequence's part of a step: `tokens` at positions start.. written into its `pages`.
+
+    `full_rows` asks for the logits rows on the host; without it the argmax of each row is enough
+    (greedy decoding without logprobs), which saves copying a vocabulary-wide row per token."""
 
     pages: list[int]
     tokens: list[int]
     start: int
     logits: str = "last"  # "last", "all" or "none"
+    full_rows: bool = True
+
+
+@dataclass
+class RowsOut:
+    """An entry's logits rows: their argmax always, the rows themselves when asked for."""
+
+    argmax: np.ndarray  # [k] int
+    logits: np.ndarray | None  # [k, vocab] float32 on the host
+
+    def row(self, i: int) -> tuple[np.ndarray | None, int]:
+        return (None if self.logits is None else self.logits[i]), int(self.argmax[i])
 
 
 class Runner:
-    def __init__(self, loaded: LoadedModel, ops: Ops, n_pages: int, kv_type: str):
+    def __init__(self, loaded: LoadedModel, ops: Ops, n_pages: int, kv_type: str, max_pages_per_seq: int = 0):
         c = loaded.config
         self.ops, self.config = ops, c
         self.max_positions = n_pages * PAGE_SIZE
         self.model = LlamaModel(c, loaded.weights, ops, self.max_positions)
         self.pool = PagePool(ops, c.n_layers, n_pages, c.n_kv_heads, c.head_dim, kv_type)
+        self.graphs = None
+        if hasattr(ops, "decode_graphs") and max_pages_per_seq:
+            # decode steps (one token per sequence) replay a captured graph per batch bucket
+            self.graphs = ops.decode_graphs(
+                lambda ids, rows, lr: self.model.forward(ids, rows, self.pool.layers, lr),
+                max_pages=max_pages_per_seq)
 
-    def step(self, entries: list[StepEntry]) -> list[np.ndarray | None]:
-        """Runs one batch; returns per entry its logits rows ([k, vocab] float32 on the host) or None."""
+    def step(self, entries: list[StepEntry]) -> list[RowsOut | None]:
+        """Runs one batch; returns per entry its logits rows (argmax, and the rows when asked) or None."""
+        if self._graphable(entries):
+            return self._graph_step(entries)
         tokens, positions, seq, slots, logit_rows = [], [], [], [], []
         width = max(len(e.pages) for e in entries)
         tables = np.zeros((len(entries), width), dtype=np.int32)
@@ -64,9 +87,39 @@ class Runner:
         if not logit_rows:
             self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.zeros(0, dtype=np.int64)))
             return [None] * len(entries)
-        logits = ops.to_host(self.model.forward(ids, rows, self.pool.layers,
-                                                ops.tensor(np.asarray(logit_rows, dtype=np.int64))))
-        return [logits[a:b] if b > a else None for a, b in spans]
+        logits = self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.asarray(logit_rows, dtype=np.int64)))
+        return self._outputs(entries, logits, spans)
+
+    def _graphable(self, entries: list[StepEntry]) -> bool:
+        g = self.graphs
+        return (g is not None and len(entries) <= g.max_batch
+                and all(len(e.tokens) == 1 and e.logits == "last" and len(e.pages) <= g.width for e in entries))
+
+    def _graph_step(self, entries: list[StepEntry]) -> list[RowsOut | None]:
+        tables = np.zeros((len(entries), max(len(e.pages) for e in entries)), np.int32)
+        for i, e in enumerate(entries):
+            tables[i, : len(e.pages)] = e.pages
+        positions = [e.start for e in entries]
+        slots = [e.pages[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for e, p in zip(entries, positions, strict=True)]
+        logits = self.graphs([e.tokens[0] for e in entries], positions, tables, slots)
+        return self._outputs(entries, logits, [(i, i + 1) for i in range(len(entries))])
+
+    def _outputs(self, entries: list[StepEntry], logits, spans) -> list[RowsOut | None]:
+        """One device argmax for all rows; host copies of only the rows whose entries need them."""
+        ops = self.ops
+        am = ops.to_host(ops.argmax(logits))
+        wanted = [r for e, (a, b) in zip(entries, spans, strict=True) if e.full_rows for r in range(a, b)]
+        host = ops.to_host(logits[ops.tensor(np.asarray(wanted, dtype=np.int64))]) if wanted else None
+        out, at = [], 0
+        for e, (a, b) in zip(entries, spans, strict=True):
+            if b == a:
+                out.append(None)
+                continue
+            rows = None
+            if e.full_rows:
+                rows, at = host[at : at + b - a], at + b - a
+            out.append(RowsOut(am[a:b], rows))
+        return out
 
 
 def make_ops(device: str, exact: bool) -> Ops:
@@ -86,5 +139,6 @@ def prompt_logits(loaded: LoadedModel, tokens: list[int], exact: bool = False, k
     runner = Runner(loaded, make_ops("cpu", exact), n_pages, kv_type)
     pages = runner.pool.alloc(n_pages)
     step = chunk or len(tokens)
-    out = [runner.step([StepEntry(pages, tokens[i : i + step], i, "all")])[0] for i in range(0, len(tokens), step)]
+    out = [runner.step([StepEntry(pages, tokens[i : i + step], i, "all")])[0].logits
+           for i in range(0, len(tokens), step)]
     return np.concatenate(out)

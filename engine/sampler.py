@@ -45,6 +45,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+def needs_logits(p: SamplingParams, logprobs: int) -> bool:
+    """False when the row's argmax alone decides the token: greedy, no penalties, no logprobs."""
+    penalized = p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    return not p.greedy or penalized or logprobs >= 0
+
+
 def _penalize(logits: np.ndarray, p: SamplingParams, history: list[int]) -> np.ndarray:
     if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
         return logits

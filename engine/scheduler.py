@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from engine.kv_cache import pages_for
-from engine.runner import Runner, StepEntry
-from engine.sampler import SamplingParams, log_softmax, sample, top_logprobs
+from engine.kv_cache import pages_for, seq_context
+from engine.runner import RowsOut, Runner, StepEntry
+from engine.sampler import SamplingParams, log_softmax, needs_logits, sample, top_logprobs
 from engine.speculative import DraftState, lookup
 from engine.tokenizer import TextTokenizer
 from kernels.base import PAGE_SIZE
@@ -66,6 +66,7 @@ class QueueFullError(Exception):
 
 
 Event = TokenEvent | DoneEvent
+Row = tuple[np.ndarray | None, int]  # a logits row on the host (when the sampler needs it) and its argmax
 
 
 @dataclass(eq=False)
@@ -123,9 +124,7 @@ class Scheduler:
                  n_ubatch: int, kv_unified: bool, preempt_ram_bytes: int, preempt_every: int = 0,
                  max_queue: int = 64, spec_n_max: int = 0):
         self.runner, self.tokenizer, self.pool = runner, tokenizer, runner.pool
-        pool_tokens = self.pool.n_pages * PAGE_SIZE
-        per_seq = n_ctx if kv_unified else max(PAGE_SIZE, (n_ctx // n_slots) // PAGE_SIZE * PAGE_SIZE)
-        self.n_ctx_seq = min(per_seq, pool_tokens)
+        self.n_ctx_seq = seq_context(n_ctx, n_slots, kv_unified, self.pool.n_pages * PAGE_SIZE)
         self.budget = max(1, min(n_batch, n_ubatch))
         self.preempt_ram_bytes = preempt_ram_bytes
         self.preempt_every = preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0)
@@ -367,7 +366,7 @@ class Scheduler:
                     continue
                 seq.n_computed += len(entry.tokens)
                 if logits is not None and not seq.done:
-                    self._on_logits(seq, logits[-1])
+                    self._on_logits(seq, logits.row(-1))
 
     def _plan(self) -> list[tuple[_Seq, StepEntry]]:
         budget = self.budget
@@ -395,10 +394,11 @@ class Scheduler:
         return [(s, self._entry(s, n)) for s, n in plan]
 
     def _entry(self, s: _Seq, n: int) -> StepEntry:
+        full = needs_logits(s.params, s.req.logprobs)
         if s.draft:
-            return StepEntry(s.pages, [s.tokens[-1], *s.draft], s.n_computed, "all")
+            return StepEntry(s.pages, [s.tokens[-1], *s.draft], s.n_computed, "all", full)
         return StepEntry(s.pages, s.tokens[s.n_computed : s.n_computed + n], s.n_computed,
-                         "last" if s.n_computed + n == len(s.tokens) else "none")
+                         "last" if s.n_computed + n == len(s.tokens) else "none", full)
 
     def _draft(self, seq: _Seq, budget: int) -> list[int]:
         if not self.spec_n_max or seq.generated == 0:  # the first token comes from the prompt step
@@ -410,14 +410,14 @@ class Scheduler:
             room = min(room, seq.req.max_tokens - seq.generated - 1)
         return lookup(seq.tokens, room)
 
-    def _verify(self, seq: _Seq, logits: np.ndarray) -> None:
+    def _verify(self, seq: _Seq, logits: RowsOut) -> None:
         """Row i predicts the token after draft[i - 1]; keep drafts while they equal the samples."""
         draft, seq.draft = seq.draft, []
         start = seq.n_computed
         accepted = 0
         for i in range(len(draft) + 1):
             seq.n_computed = start + i + 1  # KV is valid through the row that produced this sample
-            tok = self._emit_token(seq, logits[i])
+            tok = self._emit_token(seq, logits.row(i))
             if seq.done or seq not in self._running or i == len(draft) or tok != draft[i]:
                 break
             accepted += 1
@@ -425,7 +425,7 @@ class Scheduler:
         self.counters["drafted_total"] += len(draft)
         self.counters["draft_accepted_total"] += accepted
 
-    def _on_logits(self, seq: _Seq, row: np.ndarray) -> None:
+    def _on_logits(self, seq: _Seq, row: Row) -> None:
         if seq.generated == 0 and seq.index == 0 and seq.req.n > 1:
             # the children sample their first token from the prompt's logits, like the parent
             for child in self._fork(seq):
@@ -456,16 +456,17 @@ class Scheduler:
             self._running.append(child)
         return children
 
-    def _emit_token(self, seq: _Seq, row: np.ndarray) -> int:
+    def _emit_token(self, seq: _Seq, row: Row) -> int:
         if seq.req.max_tokens == 0:  # the prompt is evaluated (and cached), nothing is generated
             self._finish(seq, "length")
             return -1
         if seq.generated == 0:
             seq.t_first = time.perf_counter()
-        tok = sample(row, seq.params, seq.tokens, seq.generated)
+        logits, best = row
+        tok = best if logits is None else sample(logits, seq.params, seq.tokens, seq.generated)
         lp = top = None
         if seq.req.logprobs >= 0:
-            lps = log_softmax(row)
+            lps = log_softmax(logits)
             lp = float(lps[tok])
             top = top_logprobs(lps, seq.req.logprobs) if seq.req.logprobs > 0 else None
         if self.tokenizer.is_eog(tok):

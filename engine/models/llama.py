@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from kernels.base import Ops, PagedRows, RopeTable
@@ -54,21 +56,24 @@ def check_weights(c: ModelConfig, weights: dict[str, Weight]) -> None:
             raise ModelLoadError(f"tensor {name}: shape {tuple(w.shape)} does not match the config's {shape}")
 
 
+def concat_rows(parts: list[Weight]) -> Weight:
+    """One weight whose output rows are the parts' rows in order: one matmul instead of several
+    (small matrices are launch-bound on a GPU). The split depends on the fused shape, never on M."""
+    scales = [w.scales for w in parts]
+    return Weight(np.concatenate([w.data for w in parts]), parts[0].dtype,
+                  None if scales[0] is None else np.concatenate(scales))
+
+
 @dataclass
 class _Layer:
     attn_norm: Any
-    wq: Any
-    wk: Any
-    wv: Any
+    w_qkv: Any  # q | k | v rows
+    b_qkv: Any
     wo: Any
-    bq: Any
-    bk: Any
-    bv: Any
     q_norm: Any
     k_norm: Any
     ffn_norm: Any
-    w_gate: Any
-    w_up: Any
+    w_gate_up: Any  # gate | up rows
     w_down: Any
 
 
@@ -81,6 +86,12 @@ class LlamaModel:
         def opt(name: str):
             return up(weights[name]) if name in weights else None
 
+        def fused(*names: str):
+            parts = [weights[n] for n in names]
+            if len({w.dtype for w in parts}) > 1:
+                raise ModelLoadError(f"tensors {', '.join(names)} have different types")
+            return up(concat_rows(parts))
+
         self.embed = up(weights["model.embed_tokens.weight"])
         self.norm = up(weights["model.norm.weight"])
         self.lm_head = self.embed if config.tie_embeddings else up(weights["lm_head.weight"])
@@ -88,14 +99,16 @@ class LlamaModel:
         for i in range(config.n_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
+            bias = None
+            if config.qkv_bias:
+                bias = up(Weight(np.concatenate([weights[a + f"{x}_proj.bias"].to_f32() for x in "qkv"]), "f32"))
             self.layers.append(_Layer(
                 up(weights[p + "input_layernorm.weight"]),
-                up(weights[a + "q_proj.weight"]), up(weights[a + "k_proj.weight"]),
-                up(weights[a + "v_proj.weight"]), up(weights[a + "o_proj.weight"]),
-                opt(a + "q_proj.bias"), opt(a + "k_proj.bias"), opt(a + "v_proj.bias"),
+                fused(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), bias,
+                up(weights[a + "o_proj.weight"]),
                 opt(a + "q_norm.weight"), opt(a + "k_norm.weight"),
                 up(weights[p + "post_attention_layernorm.weight"]),
-                up(weights[m + "gate_proj.weight"]), up(weights[m + "up_proj.weight"]),
+                fused(m + "gate_proj.weight", m + "up_proj.weight"),
                 up(weights[m + "down_proj.weight"]),
             ))
         cos, sin = config.rope_tables(max_positions)
@@ -106,12 +119,14 @@ class LlamaModel:
         """One step over a batch of token rows; returns float32 logits for `logit_rows` only."""
         c, ops = self.config, self.ops
         t = len(tokens)
+        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         x = ops.embedding(self.embed, tokens)
         for layer, cache in zip(self.layers, kv, strict=True):
             h = ops.rms_norm(x, layer.attn_norm, c.rms_eps)
-            q = ops.matmul(h, layer.wq, layer.bq).reshape(t, c.n_heads, c.head_dim)
-            k = ops.matmul(h, layer.wk, layer.bk).reshape(t, c.n_kv_heads, c.head_dim)
-            v = ops.matmul(h, layer.wv, layer.bv).reshape(t, c.n_kv_heads, c.head_dim)
+            qkv = ops.matmul(h, layer.w_qkv, layer.b_qkv)
+            q = qkv[:, :nq].reshape(t, c.n_heads, c.head_dim)
+            k = qkv[:, nq : nq + nkv].reshape(t, c.n_kv_heads, c.head_dim)
+            v = qkv[:, nq + nkv :].reshape(t, c.n_kv_heads, c.head_dim)
             if layer.q_norm is not None:
                 q = ops.rms_norm(q.reshape(-1, c.head_dim), layer.q_norm, c.rms_eps).reshape(q.shape)
                 k = ops.rms_norm(k.reshape(-1, c.head_dim), layer.k_norm, c.rms_eps).reshape(k.shape)
@@ -121,7 +136,8 @@ class LlamaModel:
             attn = ops.attention(q, cache, rows, self.scale)
             x = ops.add(x, ops.matmul(attn, layer.wo))
             h = ops.rms_norm(x, layer.ffn_norm, c.rms_eps)
-            g = ops.silu_mul(ops.matmul(h, layer.w_gate), ops.matmul(h, layer.w_up))
+            gu = ops.matmul(h, layer.w_gate_up)
+            g = ops.silu_mul(gu[:, : c.ffn], gu[:, c.ffn :])
             x = ops.add(x, ops.matmul(g, layer.w_down))
         x = x[logit_rows]
         return ops.matmul(ops.rms_norm(x, self.norm, c.rms_eps), self.lm_head)

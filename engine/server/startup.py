@@ -19,6 +19,7 @@ from engine.cli import check_supported
 from engine.device import resolve_device
 from engine.exact import ExactStatus, check_launch, check_model, disable_inexact_features, exact_requested
 from engine.exits import CANNOT_BIND, Fatal, bad_flag
+from engine.kv_cache import pages_for, seq_context
 from engine.launch import build_runner, gpu_layers, pool_pages, read_model
 from engine.scheduler import Scheduler
 from engine.server.app import build_app
@@ -138,7 +139,8 @@ def _load(state: EngineState) -> None:
         raise bad_flag(f"-ngl {opts.n_gpu_layers}: partial GPU offload ({layers} layers) is not supported "
                        "yet; use -ngl all, or -ngl 0 for the CPU backend")
     n_pages = pool_pages(opts.ctx_size, config)
-    runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k)
+    seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
+    runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages)
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,

@@ -131,6 +131,9 @@ class CpuOps:
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
 
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        return np.argmax(logits, axis=-1).astype(np.int32)  # first maximum: ties go to the lowest id
+
     # --- paged KV cache and attention
     def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> CpuKVLayer:
         if kv_type not in KV_TYPES:
