@@ -1,0 +1,78 @@
+"""The benchmark model shapes of DESIGN.md, written as F16 GGUF files of random weights from a seed.
+
+Random weights do not change speed; the vocabulary is synthetic (the benchmarks send token ids).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.tiny_models import write_gguf_file  # noqa: E402
+
+SHAPES = {
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256),
+    "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256),
+    "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=256, vocab=512),
+}
+
+
+def _vocab(n: int) -> dict:
+    from gguf import TokenType
+
+    base = [chr(c) for c in range(33, 127)] + ["Ġ" + chr(c) for c in range(97, 123)]
+    tokens = base + [f"t{i}" for i in range(n - len(base) - 2)] + ["<|begin|>", "<|end|>"]
+    types = [int(TokenType.NORMAL)] * (n - 2) + [int(TokenType.CONTROL)] * 2
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": ["Ġ a"],
+            "tokenizer.ggml.add_bos_token": False}  # no end token: every run generates its full length
+
+
+def write_shape(path: Path, shape: str, seed: int = 0) -> Path:
+    from gguf import GGMLQuantizationType as Q
+
+    s = SHAPES[shape]
+    rng = np.random.default_rng(seed)
+    h, f, v = s["hidden"], s["ffn"], s["vocab"]
+    q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+
+    def mat(n: int, k: int) -> np.ndarray:
+        out = np.empty((n, k), np.float16)
+        for i in range(0, n, 4096):  # in slices: a float32 copy of the whole matrix would double memory
+            out[i : i + 4096] = rng.standard_normal((min(4096, n - i), k), dtype=np.float32) * np.float32(0.02)
+        return out
+
+    ones = np.ones(h, np.float32)
+    tensors = [("token_embd.weight", mat(v, h), Q.F16), ("output_norm.weight", ones, None),
+               ("output.weight", mat(v, h), Q.F16)]
+    for i in range(s["layers"]):
+        b = f"blk.{i}."
+        tensors += [(b + "attn_norm.weight", ones, None), (b + "ffn_norm.weight", ones, None),
+                    (b + "attn_q.weight", mat(q, h), Q.F16), (b + "attn_k.weight", mat(kv, h), Q.F16),
+                    (b + "attn_v.weight", mat(kv, h), Q.F16), (b + "attn_output.weight", mat(h, q), Q.F16),
+                    (b + "ffn_gate.weight", mat(f, h), Q.F16), (b + "ffn_up.weight", mat(f, h), Q.F16),
+                    (b + "ffn_down.weight", mat(h, f), Q.F16)]
+    meta = {"llama.context_length": 131072, "llama.embedding_length": h, "llama.block_count": s["layers"],
+            "llama.feed_forward_length": f, "llama.rope.dimension_count": s["head_dim"],
+            "llama.attention.head_count": s["heads"], "llama.attention.head_count_kv": s["kv_heads"],
+            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.freq_base": 500000.0,
+            "llama.vocab_size": v, "general.name": f"lockstep-bench-{shape}", **_vocab(v)}
+    return write_gguf_file(path, "llama", meta, tensors)
+
+
+def weight_bytes(shape: str) -> int:
+    """Bytes a decode step reads from the weights (every matrix once; embedding rows are negligible)."""
+    s = SHAPES[shape]
+    h, f, v = s["hidden"], s["ffn"], s["vocab"]
+    q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * f
+    return 2 * (s["layers"] * per_layer + v * h)
+
+
+def kv_bytes_per_token(shape: str) -> int:
+    s = SHAPES[shape]
+    return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2  # K and V, f16

@@ -1,0 +1,222 @@
+"""Decode and prefill throughput of the real engine: solo and concurrent chats, exact on and off.
+
+    python bench/throughput.py --shape 1b --device cuda      # on a GPU machine
+    python bench/throughput.py --shape tiny --device cpu --cells 1,2 --gen 16   # plumbing check
+
+Each cell sends C streamed /completion requests at once (random 512-token prompts, greedy, no prompt
+cache) to an engine started here; exact on and off run as two engines side by side and the cells
+alternate between them, so drift in the machine hits both alike. Aggregate decode tok/s is the sum
+of the requests' own decode rates (tokens after the first over the time since the first); medians of
+--repeats runs. Writes JSON and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from shapes import SHAPES, kv_bytes_per_token, weight_bytes, write_shape  # noqa: E402
+
+from studio.evidence import EngineServer  # noqa: E402
+
+COPY_BANDWIDTH = 4.28e12  # bytes/s, measured on the H200 (DESIGN.md)
+
+
+async def one_request(session, url: str, prompt: list[int], n_predict: int) -> dict:
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False, "stream": True}
+    t0 = time.perf_counter()
+    ttft = None
+    final = None
+    async with session.post(url + "/completion", json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = json.loads(line[5:])
+            if ttft is None and data.get("tokens"):
+                ttft = time.perf_counter() - t0
+            if data.get("stop"):
+                final = data
+    t = final["timings"]
+    return {"ttft_s": ttft, "decode_tps": t["predicted_per_second"], "prefill_tps": t["prompt_per_second"],
+            "generated": t["predicted_n"], "wall_s": time.perf_counter() - t0}
+
+
+async def cell(session, url: str, prompts: list[list[int]], n_predict: int) -> dict:
+    results = await asyncio.gather(*(one_request(session, url, p, n_predict) for p in prompts))
+    return {"decode_tps": sum(r["decode_tps"] for r in results),
+            "ttft_s": statistics.median(r["ttft_s"] for r in results),
+            "prefill_tps": statistics.median(r["prefill_tps"] for r in results),
+            "generated": sum(r["generated"] for r in results)}
+
+
+async def metrics(session, url: str) -> dict:
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name.split(":")[-1]] = float(value)
+    return out
+
+
+def gpu_memory_mib(pids: set[int]) -> int | None:
+    try:
+        rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    used = [int(m) for p, m in (r.split(",") for r in rows.strip().splitlines() if "," in r) if int(p) in pids]
+    return max(used) if used else None
+
+
+def prompts_for(n: int, length: int, vocab: int, rng: random.Random, repetitive: bool = False) -> list[list[int]]:
+    if repetitive:  # a span repeated: answers that copy it are what n-gram drafts predict
+        return [[rng.randrange(vocab - 2) for _ in range(64)] * (length // 64) for _ in range(n)]
+    return [[rng.randrange(vocab - 2) for _ in range(length)] for _ in range(n)]
+
+
+async def run(args) -> dict:
+    model = args.model
+    tmp = tempfile.TemporaryDirectory()
+    if not model:
+        t = time.perf_counter()
+        model = str(write_shape(Path(tmp.name) / f"{args.shape}.gguf", args.shape, args.seed))
+        print(f"wrote the {args.shape} shape in {time.perf_counter() - t:.1f} s", flush=True)
+    cells = [int(c) for c in args.cells.split(",")]
+    ctx = max(cells) * (args.prompt + args.gen + 256)
+    base = ["--parallel", str(max(cells)), "--ctx-size", str(ctx), "--kv-unified", "--device", args.device,
+            "--metrics"]
+    servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
+    if args.spec:
+        servers["spec"] = EngineServer(model, [*base, "--exact-concurrency", "on", "--spec-type", "ngram",
+                                               "--spec-draft-n-max", str(args.spec)])
+    rng = random.Random(args.seed)
+    vocab = SHAPES[args.shape]["vocab"] if not args.model else args.vocab
+    raw: dict = {m: {c: [] for c in cells} for m in servers if m != "spec"}
+    spec_raw: dict = {"plain_repetitive": [], "spec_repetitive": [], "plain_random": [], "spec_random": []}
+    peak: dict = {}
+    timeout = aiohttp.ClientTimeout(total=1800)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for s in servers.values():
+                await s.start(session, timeout=900)
+            print("servers ready", flush=True)
+            for s in servers.values():  # warm-up: kernels compiled, graphs captured for every bucket
+                for c in cells:
+                    await cell(session, s.url, prompts_for(c, args.prompt, vocab, rng), 8)
+            for rep in range(args.repeats):
+                for c in cells:
+                    for m in raw:
+                        got = await cell(session, servers[m].url, prompts_for(c, args.prompt, vocab, rng), args.gen)
+                        raw[m][c].append(got)
+                        print(f"rep {rep} cell {c:>2} exact {m:<3} decode {got['decode_tps']:8.1f} tok/s  "
+                              f"ttft {got['ttft_s'] * 1000:7.1f} ms  prefill {got['prefill_tps']:8.1f} tok/s",
+                              flush=True)
+                if args.spec:
+                    for kind in ("repetitive", "random"):
+                        ps = prompts_for(1, args.prompt, vocab, rng, repetitive=kind == "repetitive")
+                        for which, m in (("plain", "on"), ("spec", "spec")):
+                            spec_raw[f"{which}_{kind}"].append(await cell(session, servers[m].url, ps, args.gen))
+            peak = {m: gpu_memory_mib({s.proc.pid}) for m, s in servers.items()}
+            spec_metrics = await metrics(session, servers["spec"].url) if args.spec else {}
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
+        tmp.cleanup()
+    return summarize(args, raw, spec_raw, spec_metrics, peak, [s.describe() for s in servers.values()])
+
+
+def _med(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows) if rows else float("nan")
+
+
+def summarize(args, raw, spec_raw, spec_metrics, peak, servers) -> dict:
+    wbytes = weight_bytes(args.shape)
+    kvt = kv_bytes_per_token(args.shape)
+    table = []
+    for c in next(iter(raw.values())):
+        row = {"chats": c}
+        for m in raw:
+            tps = _med(raw[m][c], "decode_tps")
+            step_bytes = wbytes + c * (args.prompt + args.gen / 2) * kvt
+            row[m] = {"decode_tps": round(tps, 1), "ttft_ms": round(_med(raw[m][c], "ttft_s") * 1000, 1),
+                      "prefill_tps": round(_med(raw[m][c], "prefill_tps"), 1),
+                      "bandwidth_fraction": round(step_bytes * tps / c / COPY_BANDWIDTH, 3),
+                      "runs": [round(r["decode_tps"], 1) for r in raw[m][c]]}
+        if "on" in row and "off" in row:
+            row["on_over_off_decode"] = round(row["on"]["decode_tps"] / row["off"]["decode_tps"], 3)
+            row["on_over_off_prefill"] = round(row["on"]["prefill_tps"] / row["off"]["prefill_tps"], 3)
+        table.append(row)
+    out = {"shape": args.shape, "device": args.device, "prompt": args.prompt, "generated": args.gen,
+           "repeats": args.repeats, "weight_bytes": wbytes, "peak_gpu_mib": peak, "cells": table,
+           "servers": servers}
+    if spec_raw["plain_repetitive"]:
+        out["speculation"] = {
+            k: round(_med(v, "decode_tps"), 1) for k, v in spec_raw.items()
+        } | {"speedup_repetitive": round(_med(spec_raw["spec_repetitive"], "decode_tps")
+                                         / _med(spec_raw["plain_repetitive"], "decode_tps"), 3),
+             "speedup_random": round(_med(spec_raw["spec_random"], "decode_tps")
+                                     / _med(spec_raw["plain_random"], "decode_tps"), 3),
+             "drafted": spec_metrics.get("drafted_total"), "accepted": spec_metrics.get("draft_accepted_total")}
+    return out
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Throughput: {r['shape']} shape on {r['device']} ({r['prompt']}-token prompts, "
+             f"{r['generated']} generated, median of {r['repeats']})", "",
+             "| chats | exact on tok/s | exact off tok/s | on/off | TTFT on ms | prefill on tok/s | BW on |",
+             "|---|---|---|---|---|---|---|"]
+    for row in r["cells"]:
+        on, off = row.get("on", {}), row.get("off", {})
+        lines.append(f"| {row['chats']} | {on.get('decode_tps')} | {off.get('decode_tps')} | "
+                     f"{row.get('on_over_off_decode')} | {on.get('ttft_ms')} | {on.get('prefill_tps')} | "
+                     f"{on.get('bandwidth_fraction')} |")
+    if "speculation" in r:
+        lines += ["", "Speculation (1 chat, exact on): " + json.dumps(r["speculation"])]
+    lines += ["", f"Peak GPU memory (MiB): {json.dumps(r['peak_gpu_mib'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    ap.add_argument("-m", "--model", help="an existing model instead of a generated shape (give --vocab)")
+    ap.add_argument("--vocab", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cells", default="1,4,8,16")
+    ap.add_argument("--modes", default="on,off")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spec", type=int, default=0, help="also measure n-gram speculation with this draft max")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput"))
+    args = ap.parse_args(argv)
+    result = asyncio.run(run(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
