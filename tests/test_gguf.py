@@ -224,3 +224,15 @@ def test_shape_that_contradicts_metadata_is_named(llama_dir, tmp_path):
     path = write_gguf_file(tmp_path / "ffn.gguf", "llama", kv, tensors)
     with pytest.raises(ModelLoadError, match=r"tensor blk\.0\.ffn_gate\.weight has shape \(128, 64\).*\(96, 64\)"):
         load_model(path)
+
+
+def test_tensor_type_unknown_to_the_gguf_package_is_unsupported(tmp_path):
+    import struct
+
+    path = write_gguf_file(tmp_path / "newtype.gguf", "llama", {}, [("x.weight", np.zeros((2, 32), np.float32), None)])
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"x.weight") + len(b"x.weight") + 4 + 2 * 8  # after the name, n_dims and dims: the type
+    struct.pack_into("<I", raw, at, 250)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UnsupportedError, match=r"newtype\.gguf: unsupported tensor type .*250"):
+        load_model(path)

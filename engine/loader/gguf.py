@@ -73,6 +73,8 @@ class GGUFFile:
         try:
             self.reader = GGUFReader(self.path)
         except (ValueError, IndexError, KeyError, OverflowError, TypeError, UnicodeDecodeError, OSError) as e:
+            if "GGMLQuantizationType" in str(e):  # a type id newer than the gguf package
+                raise UnsupportedError(f"{self.name}: unsupported tensor type ({e})") from e
             # The reader reads past a short file into short arrays and fails later on their shapes.
             raise ModelLoadError(f"{self.name}: truncated or damaged GGUF file ({e})") from e
         if self.reader.byte_order != "I":
