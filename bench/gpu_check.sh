@@ -19,7 +19,9 @@ if [ "$mode" != "--bench-only" ]; then
   # --noconftest: the GPU tests build their own fixtures; the suite's conftest may import packages
   # (pydantic, textual, ...) that the device image lacks.
   python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=8 \
+    --junitxml="$OUT/pytest-gpu.xml" \
     tests/test_cuda_ops.py tests/test_cuda_attention.py tests/test_cuda_graphs.py 2>&1 | tee "$OUT/pytest-gpu.txt"
+  python3 bench/gpu_summary.py --tests "$OUT/pytest-gpu.xml" "$OUT/gpu-tests.json"
   python3 -m pytest --noconftest -p no:cacheprovider -q tests/test_cuda_compile.py tests/test_cuda_plan.py \
     2>&1 | tee "$OUT/pytest-cpu-side.txt"
 fi

@@ -132,6 +132,53 @@ def bench_attention(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, 
             "us": t * 1e6, "kv_GBps": kv_bytes / t / 1e9}
 
 
+def bench_accuracy() -> list[dict]:
+    """Relative L2 error of each op against the NumPy reference on fresh random inputs."""
+    from kernels.base import PagedRows, RopeTable
+    from kernels.cpu.ops import CpuKVLayer, CpuOps
+    from kernels.weights import Weight
+
+    rng = np.random.default_rng()
+    cpu, gpu = CpuOps(exact=False), CudaOps(exact=True)
+
+    def rel(got, ref):
+        got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+        return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+    out = []
+    for dtype in ("f32", "f16", "bf16", "q8_0"):
+        w = Weight.from_f32((rng.standard_normal((2048, 2048)) / 45).astype(np.float32), dtype)
+        for m in (1, 512):
+            x = rng.standard_normal((m, 2048)).astype(np.float32)
+            got = cp.asnumpy(gpu.matmul(cp.asarray(x), gpu.upload(w)))
+            out.append({"op": f"matmul {dtype} 2048x2048 M={m}", "rel_err": rel(got, cpu.matmul(x, w))})
+    x = rng.standard_normal((64, 4096)).astype(np.float32)
+    nw = rng.standard_normal(4096).astype(np.float32)
+    out.append({"op": "rms_norm 4096", "rel_err": rel(cp.asnumpy(gpu.rms_norm(cp.asarray(x), cp.asarray(nw), 1e-5)),
+                                                     cpu.rms_norm(x, nw, 1e-5))})
+    out.append({"op": "silu_mul", "rel_err": rel(cp.asnumpy(gpu.silu_mul(cp.asarray(x), cp.asarray(x[::-1]))),
+                                                 cpu.silu_mul(x, x[::-1]))})
+    cos, sin = np.cos(x[:, :64]), np.sin(x[:, :64])
+    q = rng.standard_normal((64, 8, 128)).astype(np.float32)
+    pos = np.arange(64, dtype=np.int32)
+    got = gpu.rope(cp.asarray(q), cp.asarray(pos), RopeTable(cp.asarray(cos), cp.asarray(sin)))
+    out.append({"op": "rope neox", "rel_err": rel(cp.asnumpy(got), cpu.rope(q, pos, RopeTable(cos, sin)))})
+    for kv_type in ("f16", "bf16", "f32"):
+        layer = gpu.kv_alloc(8, 8, 128, kv_type)
+        kv = rng.standard_normal((2, 2000, 8, 128)).astype(np.float32)
+        gpu.kv_write(layer, cp.asarray(kv[0]), cp.asarray(kv[1]), cp.arange(2000, dtype=cp.int64))
+        tables = np.arange(8, dtype=np.int32)[None]
+        positions = rng.integers(0, 2000, 48).astype(np.int32)
+        q = rng.standard_normal((48, 32, 128)).astype(np.float32)
+        got = cp.asnumpy(gpu.attention(cp.asarray(q), layer, PagedRows(cp.asarray(positions), cp.zeros(48, cp.int32),
+                                                                      cp.asarray(tables), None), 128**-0.5))
+        k, v = gpu.kv_read_pages(layer, list(range(8)))
+        ref = cpu.attention(q, CpuKVLayer(kv_type, k, v), PagedRows(positions, np.zeros(48, np.int32), tables, None),
+                            128**-0.5)
+        out.append({"op": f"attention {kv_type} KV, d=128, GQA 4", "rel_err": rel(got, ref)})
+    return out
+
+
 class _BenchOps(CudaOps):
     """Random f16 weights made on the device (no host copies of gigabytes)."""
 
@@ -209,6 +256,8 @@ def main() -> None:
     bw = res["copy_TBps"] * 1e12
     ex, off = CudaOps(exact=True), CudaOps(exact=False)
 
+    res["accuracy"] = []
+    guarded(res["accuracy"], bench_accuracy)
     res["split_sweep"] = []
     for name, (n, k) in [("1B qo", SHAPES_1B["qo"]), ("1B gate_up", SHAPES_1B["gate_up"]),
                          ("1B down", SHAPES_1B["down"]), ("8B kv", SHAPES_8B["kv"]),
@@ -252,12 +301,15 @@ def main() -> None:
 
 
 def print_table(res: dict, bw: float) -> None:
-    for key in ("split_sweep", "matmul", "prefill_matmul", "attention", "decode_step"):
+    for key in ("accuracy", "split_sweep", "matmul", "prefill_matmul", "attention", "decode_step"):
         for r in res[key]:
             if "error" in r:
                 print(f"ERROR {key}: {r}")
         res = {**res, key: [r for r in res[key] if "error" not in r]}
     print(f"\n== {res['device']}, {res['sm_count']} SMs, copy bandwidth {res['copy_TBps']:.2f} TB/s")
+    print("\naccuracy against the NumPy reference (relative L2 error)")
+    for r in res["accuracy"]:
+        print(f"  {r['op']:<34} {r['rel_err']:.2e}")
     print("\nsplit sweep, f16, M=1 (us, fraction of copy bandwidth)")
     for r in res["split_sweep"]:
         print(f"  {r['name']:<12} S={r['split']:<3} {r['us']:8.1f} us  {r['weight_GBps'] * 1e9 / bw:6.1%}")

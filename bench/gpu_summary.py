@@ -6,6 +6,22 @@ import json
 import sys
 
 
+def junit_to_json(xml_path: str, json_path: str) -> None:
+    """pytest's junit XML as JSON: counts and every test with its outcome and seconds."""
+    import xml.etree.ElementTree as ET
+
+    tests = []
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+        tests.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                      "seconds": float(case.get("time", 0))})
+    counts = {k: sum(t["outcome"] == k for t in tests) for k in ("passed", "failed", "error", "skipped")}
+    json.dump({**counts, "tests": tests}, open(json_path, "w"), indent=1)
+
+
 def main(path: str) -> None:
     r = json.load(open(path))
     for key in ("matmul", "prefill_matmul", "decode_step"):
@@ -23,4 +39,7 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--tests":
+        junit_to_json(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

@@ -96,6 +96,24 @@ def test_matmul_row_invariant(gpu, dtype, shape):
         assert alone.tobytes() == inside.tobytes(), f"batch {b}: max diff {np.abs(alone - inside).max()}"
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("shape", [(96, 64), (1000, 2048), (2048, 8192), (200, 4096)], ids=str)
+def test_tiled_kernel_gives_the_streaming_kernels_bits(dtype, shape, monkeypatch):
+    """Wide batches take the shared-memory tiled kernel; every element must equal the streaming
+    kernel's (the one decode uses), so a row's bits cannot depend on which kernel its batch got."""
+    n, k = shape
+    from kernels.cuda import plan
+
+    monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)  # tile even where streaming would be faster
+    tiled, streaming = CudaOps(exact=True), CudaOps(exact=True)
+    streaming.tiled = False
+    dw, db = tiled.upload(_weight(n, k, dtype)), tiled.tensor(_rand(n))
+    for m in (33, 64, 100, 512):
+        x = cp.asarray(_rand(m, k))
+        a, b = cp.asnumpy(tiled.matmul(x, dw, db)), cp.asnumpy(streaming.matmul(x, dw, db))
+        assert a.tobytes() == b.tobytes(), f"m={m}: {np.count_nonzero(a != b)} elements differ"
+
+
 def test_exact_off_matmul_diverges_somewhere(gpu_off):
     """The control: cuBLAS over a wide batch is not bound to a row's bits alone."""
     dw = gpu_off.upload(_weight(2048, 2048, "f16"))

@@ -35,6 +35,18 @@ def test_launches_respect_the_kernel_limits(shape):
         assert launch.kernel == f"mm_f16_tm{tm}"
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_tiled_launch_uses_the_same_split(shape):
+    n, k = shape
+    for m in ROWS:
+        tiled = plan.tile_launch("f16", m, n, k, 132)
+        blocks = plan.ceil_div(n, plan.TILE_N) * plan.ceil_div(m, plan.TILE_M)
+        assert (tiled is None) == (m < plan.TILE_MIN_ROWS or k % 8 != 0 or blocks < 0.75 * 132)
+        if tiled:
+            assert tiled.split == plan.split_k(n, k, 132)
+            assert tiled.grid[0] * plan.TILE_N >= n and tiled.grid[1] * plan.TILE_M >= m
+
+
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 7, 8, 16])
 def test_attention_groups(group):
     launch = plan.attention_launch(5, 4 * group, 4, 128, 3, 132)

@@ -30,6 +30,7 @@
 #define D HEAD_DIM
 #define GM GROUP_MAX
 #define PARTS (PAGE / D)  // key ranges of the value pass
+#define VBATCH (GM > 4 ? 16 : 32)  // value loads issued before their FMAs (latency, not order)
 
 #if KV_T == 0
 typedef F32 KV;
@@ -91,7 +92,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         for (int g = 0; g < GM; ++g) s[g] = 0.f;
         if (tid < n) {
             const kv_t* kr = kpage + tid * cell_stride;
-#pragma unroll 4
+#pragma unroll
             for (int d0 = 0; d0 < D; d0 += 8) {
                 float kv[8];
                 load8(kr + d0, kv);
@@ -135,12 +136,12 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         const int j1 = imin(n, pt * D + D);
         const kv_t* vcol = vpage + d;
         int j = pt * D;
-        for (; j + 8 <= j1; j += 8) {  // 8 loads in flight, then the same ascending FMA chain
-            float v[8];
+        for (; j + VBATCH <= j1; j += VBATCH) {  // VBATCH loads in flight, then the same ascending FMA chain
+            float v[VBATCH];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = KV::load(vcol, (i64)(j + u) * cell_stride);
+            for (int u = 0; u < VBATCH; ++u) v[u] = KV::load(vcol, (i64)(j + u) * cell_stride);
 #pragma unroll
-            for (int u = 0; u < 8; ++u)
+            for (int u = 0; u < VBATCH; ++u)
 #pragma unroll
                 for (int g = 0; g < GM; ++g) acc[g] = __fmaf_rn(sc[g][j + u], v[u], acc[g]);
         }

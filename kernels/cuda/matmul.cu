@@ -167,6 +167,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
         __syncthreads();
         if (s != 0) return;
+#pragma unroll 4
         for (int p = 1; p < S; ++p) {
             const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
 #pragma unroll
@@ -265,3 +266,165 @@ extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restric
     const float v = k < K ? x[(i64)m * K + k] : 0.f;
     y[i] = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
 }
+
+// ---- the tiled kernel for wide batches (prefill): the same sums as mm_tc, element for element.
+// A block computes 64 weight rows x 64 tokens with 4 warps (each 32 x 32: 2 row tiles x 4 token
+// tiles), staging each 32-k chunk of weights and activations in shared memory through a 3-deep
+// cp.async pipeline. It walks the chunks in ascending order; at the end of each of the S slices
+// (the same bounds s*C/S as mm_tc) the slice's partial joins the total exactly as mm_tc's warp 0
+// adds the slices: total = p0, then total + p1, ... . Fragments are built with the same permuted
+// k order, so every MMA sees the operands mm_tc gives it.
+#define TILE_N 64
+#define TILE_M 64
+#define STAGES 3
+#define XS_STRIDE 36  // floats per token row in shared memory: 32 + 4 keeps 16-byte reads conflict-free
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2)); }
+
+template <int WT>
+__device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* __restrict__ scales,
+                                        const float* __restrict__ x, const float* __restrict__ bias,
+                                        float* __restrict__ out, int M, int N, int K, int Kp, int Np,
+                                        int has_bias, int S) {
+    constexpr int WB = WT == WT_Q8 ? 32 : 64;  // bytes of one weight row in one chunk
+    __shared__ __align__(16) unsigned char ws[STAGES][TILE_N * WB];
+    __shared__ __align__(16) float xs[STAGES][TILE_M * XS_STRIDE];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wn = warp & 1, wm = warp >> 1;
+    const int n0 = blockIdx.x * TILE_N, m0 = blockIdx.y * TILE_M;
+    const int C = Kp >> 5;
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w);
+    const i64 row_bytes = (i64)Kp * (WB / 32);
+
+    auto load_chunk = [&](int c, int stage) {
+        for (int i = tid; i < TILE_N * WB / 16; i += 128) {
+            const int r = i / (WB / 16), seg = i % (WB / 16);
+            const int row = n0 + r;
+            const bool ok = row < Np;
+            cp_async16(&ws[stage][r * WB + seg * 16], ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
+        }
+        for (int i = tid; i < TILE_M * 8; i += 128) {
+            const int r = i >> 3, seg = i & 7;
+            const int m = m0 + r, k = c * 32 + seg * 4;
+            const bool ok = m < M && k < K;
+            cp_async16(&xs[stage][r * XS_STRIDE + seg * 4], ok ? x + (i64)m * K + k : x, ok ? 16 : 0);
+        }
+    };
+
+    float total[2][4][4], part[2][4][4];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) total[a][b][i] = part[a][b][i] = 0.f;
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < C) load_chunk(st, st);
+        cp_async_commit();
+    }
+    int s = 0, slice_end = (int)((i64)C / S);
+    for (int c = 0; c < C; ++c) {
+        cp_async_wait_one();
+        __syncthreads();
+        if (c + STAGES - 1 < C) load_chunk(c + STAGES - 1, (c + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const unsigned char* wst = ws[c % STAGES];
+        const float* xst = xs[c % STAGES];
+
+        unsigned b1[4][2], b2[4][2];
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+            const float* xr = xst + (wm * 32 + tt * 8 + g) * XS_STRIDE + 8 * t;
+            const float4 lo = *reinterpret_cast<const float4*>(xr), hi = *reinterpret_cast<const float4*>(xr + 4);
+            b1[tt][0] = pack_act<WT>(lo.x, lo.y);
+            b1[tt][1] = pack_act<WT>(lo.z, lo.w);
+            b2[tt][0] = pack_act<WT>(hi.x, hi.y);
+            b2[tt][1] = pack_act<WT>(hi.z, hi.w);
+        }
+#pragma unroll
+        for (int rt = 0; rt < 2; ++rt) {
+            const int ra = wn * 32 + rt * 16 + g;
+            unsigned a1[4], a2[4];
+            float da = 0.f, db = 0.f;
+            if (WT == WT_Q8) {
+                const uint2 qa = *reinterpret_cast<const uint2*>(wst + ra * WB + 8 * t);
+                const uint2 qb = *reinterpret_cast<const uint2*>(wst + (ra + 8) * WB + 8 * t);
+                a1[0] = q8_pair(qa.x, 0);  a1[1] = q8_pair(qb.x, 0);
+                a1[2] = q8_pair(qa.x, 16); a1[3] = q8_pair(qb.x, 16);
+                a2[0] = q8_pair(qa.y, 0);  a2[1] = q8_pair(qb.y, 0);
+                a2[2] = q8_pair(qa.y, 16); a2[3] = q8_pair(qb.y, 16);
+                if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
+                if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
+            } else {
+                const uint4 qa = *reinterpret_cast<const uint4*>(wst + ra * WB + 16 * t);
+                const uint4 qb = *reinterpret_cast<const uint4*>(wst + (ra + 8) * WB + 16 * t);
+                a1[0] = qa.x; a1[1] = qb.x; a1[2] = qa.y; a1[3] = qb.y;
+                a2[0] = qa.z; a2[1] = qb.z; a2[2] = qa.w; a2[3] = qb.w;
+            }
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt) {
+                if (WT == WT_Q8) {
+                    float p[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                    part[rt][tt][0] = __fmaf_rn(da, p[0], part[rt][tt][0]);
+                    part[rt][tt][1] = __fmaf_rn(da, p[1], part[rt][tt][1]);
+                    part[rt][tt][2] = __fmaf_rn(db, p[2], part[rt][tt][2]);
+                    part[rt][tt][3] = __fmaf_rn(db, p[3], part[rt][tt][3]);
+                } else if (WT == WT_BF16) {
+                    mma_bf16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                    mma_bf16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                } else {
+                    mma_f16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                    mma_f16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                }
+            }
+        }
+        if (c + 1 == slice_end) {  // the slice is complete: join it to the total in slice order
+#pragma unroll
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        total[a][b][i] = s == 0 ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
+                        part[a][b][i] = 0.f;
+                    }
+            ++s;
+            slice_end = (int)(((i64)(s + 1) * C) / S);
+        }
+    }
+
+#pragma unroll
+    for (int rt = 0; rt < 2; ++rt)
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = n0 + wn * 32 + rt * 16 + g + ((i & 2) ? 8 : 0);
+                const int m = m0 + wm * 32 + tt * 8 + 2 * t + (i & 1);
+                if (n < N && m < M) {
+                    float v = total[rt][tt][i];
+                    if (has_bias) v = __fadd_rn(v, bias[n]);
+                    out[(i64)m * N + n] = v;
+                }
+            }
+}
+
+#define MM_TILE(NAME, WT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const void* w, const u16* scales, const float* x, \
+                                                           const float* bias, float* out, int M, int N, int K, \
+                                                           int Kp, int Np, int has_bias, int S) {          \
+        mm_tile<WT>(w, scales, x, bias, out, M, N, K, Kp, Np, has_bias, S);                               \
+    }
+
+MM_TILE(mm_tile_f16, WT_F16)
+MM_TILE(mm_tile_bf16, WT_BF16)
+MM_TILE(mm_tile_q8, WT_Q8)

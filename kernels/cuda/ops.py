@@ -62,6 +62,7 @@ class CudaOps:
         self.device.use()
         self.sm_count = int(self.device.attributes["MultiProcessorCount"])
         self._dummy = cp.zeros(4, dtype=cp.float32)  # stands for an absent bias pointer
+        self.tiled = True  # tests turn it off to compare the two matmul kernels bit for bit
 
     # --- data movement
     def upload(self, w: Weight):
@@ -123,8 +124,15 @@ class CudaOps:
             kernel("matmul.cu", "mm_f32")(grid, block, (w.data, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp),
                                                         has_bias, _i32(plan.F32_TOKENS_PER_Y)))
             return out
-        launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
         scales = w.scales if w.scales is not None else self._dummy
+        tiled = plan.tile_launch(w.dtype, t, n, k, self.sm_count) if self.tiled else None
+        if tiled is not None:  # wide batches: same sums, weights staged through shared memory
+            kernel("matmul.cu", tiled.kernel)(
+                tiled.grid, tiled.block,
+                (w.data, scales, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
+                 has_bias, _i32(tiled.split)))
+            return out
+        launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
         kernel("matmul.cu", launch.kernel)(
             launch.grid, launch.block,
             (w.data, scales, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp), has_bias),

@@ -85,6 +85,23 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     return MatmulLaunch(f"mm_{name}_tm{tm}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
+TILE_N = 64  # weight rows per block of the tiled kernel (mm_tile_*)
+TILE_M = 64  # token rows per block of the tiled kernel
+TILE_MIN_ROWS = 33  # from this many rows the tiled kernel can beat the streaming one (same bits)
+TILE_MIN_BLOCKS_PER_SM = 0.75  # fewer tiles than this leave the device idle: stream instead (H200: 64
+# rows x 2048x2048 took 57 us tiled over 32 blocks, 21 us streaming; 14336x4096 122 us vs 275 us)
+
+
+def tile_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
+    """The tiled launch for wide batches, or None where it does not apply (narrow batches, too few
+    tiles to fill the device, or rows of activations that are not whole 16-byte groups)."""
+    if m < TILE_MIN_ROWS or k % 8 or ceil_div(n, TILE_N) * ceil_div(m, TILE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
+        return None
+    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
+    grid = (ceil_div(n, TILE_N), ceil_div(m, TILE_M), 1)
+    return MatmulLaunch(f"mm_tile_{name}", grid, (128, 1, 1), 0, split_k(n, k, sm_count), TILE_M // TOKEN_TILE)
+
+
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return (ceil_div(n, F32_ROWS_PER_BLOCK), ceil_div(max(m, 1), F32_TOKENS_PER_Y), 1), (256, 1, 1)
 
