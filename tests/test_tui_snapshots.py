@@ -229,8 +229,11 @@ def test_exactness_screen_report(snap_compare):
     cells = [("solo_twice", "P0 alone, run again"), ("beside_3", "P0 beside 3 neighbours"),
              ("beside_7", "P0 beside 7 neighbours"), ("prompt_cache_hit", "P0 after its prefix was cached"),
              ("forced_parks_7", "parked and restored every 7 tokens, beside 3")]
-    report = Report("lockstep-pycode-13m", "on", 24, 8, [Cell(n, d, True, None, 24) for n, d in cells], [], 41.0)
-    report.cells.append(Cell("ctx_1024", "--ctx-size 1024", False, 17, 24))
+    report = Report("lockstep-pycode-13m", "on", 24, 8, [
+        Cell(name=n, description=d, identical=True, first_diff=None, first_token_diff=None, n_tokens=24)
+        for n, d in cells], [], 41.0)
+    report.cells.append(Cell(name="ctx_1024", description="--ctx-size 1024", identical=False, first_diff=17,
+                             first_token_diff=19, n_tokens=24))
 
     async def run_before(pilot):
         await settle(pilot)

@@ -75,7 +75,7 @@ def test_environment_override_is_shown():
 
 def test_stored_exact_is_the_default_choice():
     result = check(stored="auto")
-    assert result.exact.value == "auto" and "stored default" in result.exact_text()
+    assert result.exact.value == "auto" and "stored in Settings" in result.exact_text()
 
 
 def test_bad_environment_value_is_an_error():
@@ -267,3 +267,25 @@ async def test_settings_refuse_a_bad_port(offline_app, tmp_path):
         await wait(pilot, lambda: error.display, "the inline refusal")
         assert "port" in str(error.render())
         assert not (tmp_path / "config" / "settings.json").exists()
+
+
+async def test_returning_to_chat_focuses_the_prompt(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        assert offline_app.focused.id == "prompt"
+        await pilot.press("tab", "3")
+        assert offline_app.current_mode == "status"
+        await pilot.press("4")
+        assert offline_app.focused.id == "prompt"
+        await pilot.press("escape", "1")
+        assert offline_app.current_mode == "models"
+
+
+async def test_escape_leaves_a_form_field_so_number_keys_switch_screens(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        offline_app.screen.query_one("#field-extra_args").focus()
+        await pilot.press("3")
+        assert offline_app.current_mode == "load"  # typed into the field
+        await pilot.press("escape", "3")
+        assert offline_app.current_mode == "status"

@@ -22,7 +22,7 @@ DEFAULT = "default"  # the exact selector's "take the stored setting" choice
 _SOURCE_TEXT = {
     "env": "from LOCKSTEP_EXACT_CONCURRENCY in the studio's environment",
     "request": "chosen here",
-    "store": "the stored default (Settings)",
+    "store": "the default stored in Settings",
     "inherited": "inherited LOCKSTEP_EXACT=1",
     "default": "built-in default",
 }

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import Footer, Input, Select, TextArea
 
 from studio.tui.widgets.nav_bar import NavBar
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 
 class StudioScreen(Screen):
     MODE: ClassVar[str] = ""
+    # Typing fields swallow the number keys; Escape hands them back to screen switching.
+    BINDINGS = [Binding("escape", "leave_field", "Leave field")]
 
     @property
     def studio(self) -> LockstepApp:
@@ -28,3 +31,20 @@ class StudioScreen(Screen):
 
     def compose_body(self) -> ComposeResult:
         yield from ()
+
+    def _in_field(self) -> bool:
+        return isinstance(self.focused, (Input, Select, TextArea))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "leave_field":
+            return self._in_field()
+        return True
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()
+
+    def on_descendant_blur(self) -> None:
+        self.refresh_bindings()
+
+    def action_leave_field(self) -> None:
+        self.set_focus(None)

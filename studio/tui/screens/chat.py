@@ -57,7 +57,7 @@ class ChatScreen(StudioScreen):
             yield Label("temperature")
             yield Input("", placeholder="engine default", id="opt-temperature", compact=True)
             yield Label("max tokens")
-            yield Input("256", id="opt-max-tokens", compact=True)
+            yield Input("128", id="opt-max-tokens", compact=True)
             yield Label("seed")
             yield Input("", placeholder="random", id="opt-seed", compact=True)
         yield Input(placeholder="Message (Enter sends)", id="prompt")
@@ -67,6 +67,10 @@ class ChatScreen(StudioScreen):
         self._reply: ChatMessage | None = None
         self._pending: dict[str, str] | None = None
         self._turn = 0  # late messages from a stopped reply must not land in the next one
+
+    def on_screen_resume(self) -> None:
+        # Coming to Chat means coming to type, whatever had focus when the user left.
+        self.query_one("#prompt", Input).focus()
 
     @property
     def streaming(self) -> bool:

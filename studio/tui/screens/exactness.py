@@ -29,10 +29,15 @@ INTRO = (
 )
 
 
-def result_cell(identical: bool, first_diff: int | None) -> Content:
+def result_cell(identical: bool, first_diff: int | None, first_token_diff: int | None = None,
+                known_ids: bool = False) -> Content:
+    """`known_ids`: whether `first_token_diff` was reported, so None there means only logprobs differ."""
     if identical:
         return Content.from_markup("[b $success]✔ identical[/]")
-    return Content.from_markup("[b $error]✖ differs at token $at[/]", at=str(first_diff))
+    detail = ""
+    if known_ids:
+        detail = " (logprob only)" if first_token_diff is None else f" (ids from {first_token_diff})"
+    return Content.from_markup("[b $error]✖ differs at token $at[/]$detail", at=str(first_diff), detail=detail)
 
 
 class ExactnessScreen(StudioScreen):
@@ -56,7 +61,7 @@ class ExactnessScreen(StudioScreen):
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_column("cell", key="cell", width=20)
-        table.add_column("result", key="result", width=24)
+        table.add_column("result", key="result", width=38)
         table.add_column("condition", key="description")
         self.query_one("#exactness-progress").display = False
         self._checking = False
@@ -134,7 +139,9 @@ class ExactnessScreen(StudioScreen):
         table = self.query_one(DataTable)
         table.clear()
         for cell in report.cells:
-            table.add_row(cell.name, result_cell(cell.identical, cell.first_diff), cell.description, key=cell.name)
+            known = hasattr(cell, "first_token_diff")
+            result = result_cell(cell.identical, cell.first_diff, getattr(cell, "first_token_diff", None), known)
+            table.add_row(cell.name, result, cell.description, key=cell.name)
         bar = self.query_one("#exactness-progress", ProgressBar)
         bar.update(total=len(report.cells), progress=len(report.cells))
         bar.display = True
