@@ -20,7 +20,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import Worker
 
-from settings import EnvOverrideError, LoadRequest, SettingsStore
+from settings import EnvOverrideError, LoadRequest, SettingsStore, resolve_exact
 from studio.catalog import ModelInfo, bundled_models_dir
 from studio.errors import StudioError
 from studio.manager import LoadManager
@@ -169,9 +169,10 @@ class LockstepApp(App[int]):
             self.notify(f"{self.loading.model} is still loading", severity="warning")
             return False
         try:
-            exact = self.manager.prepare(request)[1].exact_mode
-        except StudioError as exc:
-            self.load_outcome = LoadOutcome(origin, request.model, False, exc.message, exc.type)
+            exact = resolve_exact(request.exact_concurrency, self.manager.store.settings.exact_concurrency,
+                                  self.manager.env).value
+        except EnvOverrideError as exc:
+            self.load_outcome = LoadOutcome(origin, request.model, False, str(exc), "invalid_environment")
             return False
         self.load_outcome = None
         self.loading = LoadProgress(origin, request.model, exact, time.monotonic())
