@@ -61,6 +61,8 @@ class ModelConfig:
             smoothed = (1 - smooth) * scaled / factor + smooth * scaled
             medium = (wavelen >= high_wl) & (wavelen <= low_wl)
             return np.where(medium, smoothed, scaled)
+        if kind == "freq_factors":  # a GGUF rope_freqs tensor that no llama3 formula reproduces
+            return inv / np.asarray(sc["factors"], dtype=np.float64)
         raise UnsupportedError(f"unsupported rope scaling {kind!r}")
 
     def rope_tables(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:

@@ -65,6 +65,11 @@ class QueueFullError(Exception):
     pass
 
 
+def call_each(batch: list[tuple[Callable, object]]) -> None:
+    for callback, event in batch:
+        callback(event)
+
+
 Event = TokenEvent | DoneEvent
 Row = tuple[np.ndarray | None, int]  # a logits row on the host (when the sampler needs it) and its argmax
 
@@ -122,7 +127,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: TextTokenizer, *, n_slots: int, n_ctx: int, n_batch: int,
                  n_ubatch: int, kv_unified: bool, preempt_ram_bytes: int, preempt_every: int = 0,
-                 max_queue: int = 64, spec_n_max: int = 0):
+                 max_queue: int = 64, spec_n_max: int = 0,
+                 dispatch: Callable[[list[tuple[Callable, Event]]], None] = call_each):
+        """`dispatch` receives each step's events at once, on the compute thread: a server hands the
+        whole batch to its event loop with one wake-up instead of one per token."""
         self.runner, self.tokenizer, self.pool = runner, tokenizer, runner.pool
         self.n_ctx_seq = seq_context(n_ctx, n_slots, kv_unified, self.pool.n_pages * PAGE_SIZE)
         self.budget = max(1, min(n_batch, n_ubatch))
@@ -130,6 +138,8 @@ class Scheduler:
         self.preempt_every = preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0)
         self.max_queue = max_queue
         self.spec_n_max = spec_n_max
+        self.dispatch = dispatch
+        self._outbox: list[tuple[Callable, Event]] = []
         self.slots_ = [_Slot(i) for i in range(n_slots)]
         self._waiting: deque[tuple[int, Request, Callable]] = deque()
         self._cancel: set[tuple[int, int | None]] = set()
@@ -222,6 +232,10 @@ class Scheduler:
                 with self._cv:
                     for seq in list(self._running) + list(self._parked):
                         self._finish(seq, "error", error=str(e))
+            with self._cv:
+                batch, self._outbox = self._outbox, []
+            if batch:
+                self.dispatch(batch)
 
     def _has_work(self) -> bool:
         return bool(self._running or self._parked or self._waiting or self._cancel)
@@ -237,7 +251,7 @@ class Scheduler:
         for item in self._waiting:
             if item[0] in whole:
                 for j in range(item[1].n):
-                    item[2](DoneEvent(j, "abort", len(item[1].prompt), 0, 0, 0, 0, {}))
+                    self._outbox.append((item[2], DoneEvent(j, "abort", len(item[1].prompt), 0, 0, 0, 0, {})))
             else:
                 kept.append(item)
         self._waiting = kept
@@ -475,7 +489,7 @@ class Scheduler:
         seq.tokens.append(tok)
         seq.generated += 1
         self.counters["tokens_predicted_total"] += 1
-        seq.on_event(TokenEvent(seq.index, tok, lp, top))
+        self._outbox.append((seq.on_event, TokenEvent(seq.index, tok, lp, top)))
         if seq.generated >= seq.req.max_tokens >= 0 or len(seq.tokens) >= self.n_ctx_seq:
             self._finish(seq, "length")
         elif self.preempt_every and seq.generated % self.preempt_every == 0 and seq in self._running:
@@ -493,7 +507,7 @@ class Scheduler:
         unforked = [other for other in self.slots_ if other.reserved == seq.req_id]
         for j, other in enumerate(unforked, start=1):  # ended before its n > 1 fork
             other.reserved = 0
-            seq.on_event(DoneEvent(j, reason, seq.n_prompt, 0, 0, 0, 0, {}, error))
+            self._outbox.append((seq.on_event, DoneEvent(j, reason, seq.n_prompt, 0, 0, 0, 0, {}, error)))
         slot = self.slots_[seq.slot]
         slot.seq = None
         slot.last_used = next(self._admit_order)
@@ -513,5 +527,5 @@ class Scheduler:
             "predicted_n": seq.generated, "predicted_ms": pred_ms,
             "predicted_per_second": seq.generated / (pred_ms / 1000) if pred_ms > 0 else 0.0,
         }
-        seq.on_event(DoneEvent(seq.index, reason, seq.n_prompt, seq.generated, seq.cached_tokens,
-                               seq.parks, seq.restores, timings, error))
+        self._outbox.append((seq.on_event, DoneEvent(seq.index, reason, seq.n_prompt, seq.generated,
+                                                     seq.cached_tokens, seq.parks, seq.restores, timings, error)))

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.scheduler import DoneEvent, QueueFullError, Request, TokenEvent
+from engine.scheduler import DoneEvent, QueueFullError, Request, TokenEvent, call_each
 from engine.server.errors import ApiError
 from engine.textstream import TextStream
 
@@ -57,6 +57,16 @@ class Choice:
         return {"parks": d.parks if d else 0, "restores": d.restores if d else 0}
 
 
+def loop_dispatch(loop: asyncio.AbstractEventLoop):
+    """The scheduler's dispatch for a server: a step's events reach the loop in one wake-up."""
+
+    def dispatch(batch) -> None:  # compute thread
+        with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody is listening
+            loop.call_soon_threadsafe(call_each, batch)
+
+    return dispatch
+
+
 class Generation:
     def __init__(self, scheduler, tokenizer, request: Request, stops: list[str]):
         self.scheduler, self.request = scheduler, request
@@ -66,15 +76,8 @@ class Generation:
         self._cancelled = False
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        put = self._queue.put_nowait
-
-        def on_event(event) -> None:  # compute thread
-            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody is listening
-                loop.call_soon_threadsafe(put, event)
-
-        try:
-            self.request_id = self.scheduler.submit(self.request, on_event)
+        try:  # events arrive on the event loop (the scheduler's dispatch is loop_dispatch)
+            self.request_id = self.scheduler.submit(self.request, self._queue.put_nowait)
         except QueueFullError as e:
             raise ApiError(503, f"server busy: {e}; retry later") from None
         except ValueError as e:

@@ -23,6 +23,7 @@ from engine.kv_cache import pages_for, seq_context
 from engine.launch import build_runner, gpu_layers, pool_pages, read_model
 from engine.scheduler import Scheduler
 from engine.server.app import build_app
+from engine.server.generation import loop_dispatch
 from engine.server.state import EngineState
 from kernels.base import PAGE_SIZE
 
@@ -109,7 +110,7 @@ async def _load_unless_stopped(state: EngineState, stop: asyncio.Event) -> bool:
 
     def work() -> None:
         try:
-            _load(state)
+            _load(state, loop)
             result = None
         except BaseException as e:  # handed to the loop, which raises it (a Fatal carries the exit code)
             result = e
@@ -127,7 +128,7 @@ async def _load_unless_stopped(state: EngineState, stop: asyncio.Event) -> bool:
     return True
 
 
-def _load(state: EngineState) -> None:
+def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     """Load-thread work: read the model, check what needs it, size the pool, start the scheduler."""
     opts = state.opts
     loaded = read_model(opts.model, opts.chat_template)
@@ -144,7 +145,8 @@ def _load(state: EngineState) -> None:
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
-                          spec_n_max=opts.spec_draft_n_max if opts.spec_type == "ngram" else 0)
+                          spec_n_max=opts.spec_draft_n_max if opts.spec_type == "ngram" else 0,
+                          dispatch=loop_dispatch(loop))
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on
