@@ -26,6 +26,12 @@ ENGINE_CMD: tuple[str, ...] = (sys.executable, "-m", "engine")
 BASE_FLAGS = ("--parallel", "8", "--ctx-size", "4096", "--kv-unified", "--exact-concurrency", "on")
 
 
+CELLS: tuple[str, ...] = (
+    "solo_twice", "beside_3", "beside_7", "prompt_cache_hit", "n2_first", "n2_second", "seeded_beside_7",
+    "forced_parks_7", "parallel_2", "ctx_1024", "ubatch_16", "speculation_4",
+)
+
+
 class EvidenceError(Exception):
     """The run could not produce a complete report."""
 

@@ -138,6 +138,9 @@ class LoadManager:
             raise StudioError(404, "model_not_found",
                               f"model {request.model!r} is neither a catalog id nor a model path")
         load = request.with_defaults(settings.load)
+        if request.ctx_size is None and info.native_context and load.ctx_size > info.native_context:
+            # an unasked-for default never runs a model past the positions it was trained on
+            load = load.model_copy(update={"ctx_size": info.native_context})
         try:
             exact = resolve_exact(request.exact_concurrency, settings.exact_concurrency, self.env)
             preempt = resolve_preempt(request.preempt_mode, settings.preempt_mode, self.env)
