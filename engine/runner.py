@@ -91,18 +91,28 @@ class Runner:
         return self._outputs(entries, logits, spans)
 
     def _graphable(self, entries: list[StepEntry]) -> bool:
+        """Decode rows and speculative verify rows (logits for every token) fit the decode graphs."""
         g = self.graphs
-        return (g is not None and len(entries) <= g.max_batch
-                and all(len(e.tokens) == 1 and e.logits == "last" and len(e.pages) <= g.width for e in entries))
+        return (g is not None and sum(len(e.tokens) for e in entries) <= g.max_batch
+                and all((e.logits == "all" or len(e.tokens) == 1 and e.logits == "last") and len(e.pages) <= g.width
+                        for e in entries))
 
     def _graph_step(self, entries: list[StepEntry]) -> list[RowsOut | None]:
-        tables = np.zeros((len(entries), max(len(e.pages) for e in entries)), np.int32)
-        for i, e in enumerate(entries):
-            tables[i, : len(e.pages)] = e.pages
-        positions = [e.start for e in entries]
-        slots = [e.pages[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for e, p in zip(entries, positions, strict=True)]
-        logits = self.graphs([e.tokens[0] for e in entries], positions, tables, slots)
-        return self._outputs(entries, logits, [(i, i + 1) for i in range(len(entries))])
+        # Each row gets its own copy of its sequence's page table, so a verify row sees the rows
+        # before it in the same step exactly as a decode row would see them in later steps.
+        n = sum(len(e.tokens) for e in entries)
+        tables = np.zeros((n, max(len(e.pages) for e in entries)), np.int32)
+        tokens, positions, slots, spans = [], [], [], []
+        for e in entries:
+            spans.append((len(tokens), len(tokens) + len(e.tokens)))
+            for j, tok in enumerate(e.tokens):
+                p = e.start + j
+                tables[len(tokens), : len(e.pages)] = e.pages
+                tokens.append(tok)
+                positions.append(p)
+                slots.append(e.pages[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE)
+        logits = self.graphs(tokens, positions, tables, slots)
+        return self._outputs(entries, logits, spans)
 
     def _outputs(self, entries: list[StepEntry], logits, spans) -> list[RowsOut | None]:
         """One device argmax for all rows; host copies of only the rows whose entries need them."""

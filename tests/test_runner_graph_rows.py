@@ -1,0 +1,68 @@
+"""The decode-graph row layout (one page-table row per token row) on the CPU.
+
+A CUDA graph cannot run here, so a stand-in with DecodeGraphs' call protocol runs the same rows
+uncaptured. It checks the runner's flattening of decode and speculative verify rows, not CUDA.
+"""
+
+import numpy as np
+import pytest
+
+from engine.loader import load_model
+from engine.runner import Runner, make_ops
+from kernels.base import PagedRows
+from tests.test_scheduler import GREEDY, run
+
+
+class RowsStandIn:
+    """Like kernels.cuda.graphs.DecodeGraphs: row i uses page-table row i, logits for every row."""
+
+    def __init__(self, runner: Runner, width: int, max_batch: int = 64):
+        self.runner, self.width, self.max_batch = runner, width, max_batch
+        self.calls = 0
+
+    def __call__(self, tokens, positions, tables, slots):
+        self.calls += 1
+        n = len(tokens)
+        rows = PagedRows(np.asarray(positions, np.int32), np.arange(n, dtype=np.int32), tables,
+                         np.asarray(slots, np.int64))
+        return self.runner.model.forward(np.asarray(tokens, np.int32), rows, self.runner.pool.layers,
+                                         np.arange(n, dtype=np.int64))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    loaded = load_model(tiny_llama)
+    loaded.tokenizer.eos_ids = set()
+    return loaded
+
+
+def test_graph_rows_give_the_same_output_for_decode_and_verify_steps(model, monkeypatch):
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(4, model.config.vocab_size, 12)] * 6 for _ in range(3)]
+    plain, _ = run(model, prompts, params=GREEDY, max_tokens=40)
+
+    stand_ins = []
+    real_init = Runner.__init__
+
+    def with_stand_in(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.graphs = RowsStandIn(self, width=self.pool.n_pages)
+        stand_ins.append(self.graphs)
+
+    monkeypatch.setattr(Runner, "__init__", with_stand_in)
+    graphed, stats = run(model, prompts, params=GREEDY, max_tokens=40, spec=3)
+    assert graphed == plain
+    assert stats["draft_accepted_total"] > 0
+    assert stand_ins[0].calls > 0
+
+
+def test_prefill_chunks_do_not_take_the_graph_path(model):
+    runner = Runner(model, make_ops("cpu", True), 2, "f32")
+    runner.graphs = RowsStandIn(runner, width=2)
+    from engine.runner import StepEntry
+
+    pages = runner.pool.alloc(1)
+    runner.step([StepEntry(pages, [5, 6, 7], 0, "last")])
+    assert runner.graphs.calls == 0
+    runner.step([StepEntry(pages, [8], 3, "last"), StepEntry(pages, [9, 10], 4, "all")])
+    assert runner.graphs.calls == 1
