@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine end to end on a GPU machine, in one go: the exactness matrix on CUDA (a tiny model with
 # exact on and off, the 1B shape with exact on), then bench/throughput.py on the 1B shape (exact on
-# and off interleaved, n-gram speculation at one chat). JSON and tables under $OUT; summary last.
+# and off interleaved), then bench/speculation.py on the bundled model. JSON under $OUT; summary last.
 # Needs the gguf wheel carried in .whl/ (the device image lacks it):
 #   bench/gpu_engine.sh [--quick]
 set -uo pipefail
@@ -34,4 +34,5 @@ PY
 python3 bench/exactness.py -m /tmp/shape-1b.gguf --device cuda --out "$OUT/exactness-cuda-1b" 2>&1 | tail -n 14
 python3 bench/throughput.py -m /tmp/shape-1b.gguf --shape 1b --vocab 128256 --device cuda --repeats $repeats \
   --spec 4 --out "$OUT/throughput-1b" 2>&1 | tee "$OUT/throughput-1b.log" | tail -n 20
+python3 bench/speculation.py --device cuda --out "$OUT/speculation-h200" 2>&1 | tail -n 22
 echo "== done in $(( $(date +%s) - start )) s"
