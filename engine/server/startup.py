@@ -147,6 +147,11 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
                           spec_n_max=opts.spec_draft_n_max if opts.spec_type == "ngram" else 0,
                           dispatch=loop_dispatch(loop))
+    if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
+        # the model code attends to every earlier position; within the window that is the same thing
+        log.warning("the model uses sliding-window attention (window %d), which the engine does not apply: "
+                    "each sequence is limited to %d positions", config.sliding_window, config.sliding_window)
+        scheduler.n_ctx_seq = config.sliding_window
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on
