@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The engine end to end on a GPU machine, in one go: the exactness matrix on CUDA (a tiny model with
-# exact on and off, the 1B shape with exact on), then bench/throughput.py on the 1B shape (exact on
-# and off interleaved), then bench/speculation.py on the bundled model. JSON under $OUT; summary last.
+# The engine end to end on a GPU machine, in one go: bench/throughput.py on the 1B shape (exact on and
+# off interleaved), bench/speculation.py on the bundled model, then the exactness matrix on CUDA (a tiny
+# model with exact on and off, the 1B shape with exact on). JSON under $OUT; summary last.
 # Needs the gguf wheel carried in .whl/ (the device image lacks it):
 #   bench/gpu_engine.sh [--quick]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-engine}
-mkdir -p "$OUT"
+work=/tmp/gpu-engine-work  # tables and logs; only the JSON reports go to $OUT (it takes 8 files)
+mkdir -p "$OUT" "$work"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -18,21 +19,22 @@ export PYTHONUNBUFFERED=1
 start=$(date +%s)
 repeats=3; [ "${1:-}" = "--quick" ] && repeats=1
 
-python3 - <<'PY' > "$OUT/tiny-model.txt" 2>&1
-import tempfile
-from tests.tiny_models import make_hf_model
-print(make_hf_model(tempfile.mkdtemp(), "llama", layers=4, hidden=128, heads=4, head_dim=64))
-PY
-tiny=$(tail -n 1 "$OUT/tiny-model.txt")
-python3 bench/exactness.py -m "$tiny" --device cuda --out "$OUT/exactness-cuda-tiny" 2>&1 | tail -n 14
-python3 bench/exactness.py -m "$tiny" --device cuda --exact off --out "$OUT/exactness-cuda-tiny-off" 2>&1 | tail -n 14
 python3 - <<'PY'
 import sys; sys.path.insert(0, "bench")
 from shapes import write_shape
 write_shape("/tmp/shape-1b.gguf", "1b", 0)
 PY
-python3 bench/exactness.py -m /tmp/shape-1b.gguf --device cuda --out "$OUT/exactness-cuda-1b" 2>&1 | tail -n 14
 python3 bench/throughput.py -m /tmp/shape-1b.gguf --shape 1b --vocab 128256 --device cuda --repeats $repeats \
-  --spec 4 --out "$OUT/throughput-1b" 2>&1 | tee "$OUT/throughput-1b.log" | tail -n 20
-python3 bench/speculation.py --device cuda --out "$OUT/speculation-h200" 2>&1 | tail -n 22
+  --out "$work/throughput-1b" 2>&1 | tee "$work/throughput-1b.log" | tail -n 20
+python3 bench/speculation.py --device cuda --out "$work/speculation-h200" 2>&1 | tail -n 22
+python3 - <<'PY' > "$work/tiny-model.txt" 2>&1
+import tempfile
+from tests.tiny_models import make_hf_model
+print(make_hf_model(tempfile.mkdtemp(), "llama", layers=4, hidden=128, heads=4, head_dim=64))
+PY
+tiny=$(tail -n 1 "$work/tiny-model.txt")
+python3 bench/exactness.py -m "$tiny" --device cuda --out "$work/exactness-cuda-tiny" 2>&1 | tail -n 14
+python3 bench/exactness.py -m "$tiny" --device cuda --exact off --out "$work/exactness-cuda-tiny-off" 2>&1 | tail -n 14
+python3 bench/exactness.py -m /tmp/shape-1b.gguf --device cuda --out "$work/exactness-cuda-1b" 2>&1 | tail -n 14
+cp "$work"/*.json "$OUT"/
 echo "== done in $(( $(date +%s) - start )) s"
