@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-engine}
 work=/tmp/gpu-engine-work  # tables and logs; only the JSON reports go to $OUT (it takes 8 files)
 mkdir -p "$OUT" "$work"
+save() { cp "$work"/*.json "$OUT"/ 2>/dev/null; }  # after each step: a run cut short keeps what it did
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -26,7 +27,9 @@ write_shape("/tmp/shape-1b.gguf", "1b", 0)
 PY
 python3 bench/throughput.py -m /tmp/shape-1b.gguf --shape 1b --vocab 128256 --device cuda --repeats $repeats \
   --out "$work/throughput-1b" 2>&1 | tee "$work/throughput-1b.log" | tail -n 20
+save
 python3 bench/speculation.py --device cuda --out "$work/speculation-h200" 2>&1 | tail -n 22
+save
 python3 - <<'PY' > "$work/tiny-model.txt" 2>&1
 import tempfile
 from tests.tiny_models import make_hf_model
@@ -34,7 +37,9 @@ print(make_hf_model(tempfile.mkdtemp(), "llama", layers=4, hidden=128, heads=4, 
 PY
 tiny=$(tail -n 1 "$work/tiny-model.txt")
 python3 bench/exactness.py -m "$tiny" --device cuda --out "$work/exactness-cuda-tiny" 2>&1 | tail -n 14
+save
 python3 bench/exactness.py -m "$tiny" --device cuda --exact off --out "$work/exactness-cuda-tiny-off" 2>&1 | tail -n 14
+save
 python3 bench/exactness.py -m /tmp/shape-1b.gguf --device cuda --out "$work/exactness-cuda-1b" 2>&1 | tail -n 14
-cp "$work"/*.json "$OUT"/
+save
 echo "== done in $(( $(date +%s) - start )) s"
