@@ -39,12 +39,38 @@ def pool_pages(ctx_size: int, config: ModelConfig) -> int:
     return max(1, pages_for(ctx_size or config.max_position))
 
 
-def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
-                 max_pages_per_seq: int = 0) -> Runner:
-    """The runner with its KV pool, refused up front (exit 5) when the pool cannot fit in free memory."""
+GRAPH_ROWS = 64  # the largest decode-graph bucket (kernels/cuda/graph_inputs.py)
+
+
+def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, ubatch: int = 512,
+                max_pages_per_seq: int = 0) -> dict[str, int]:
+    """Bytes a load takes on `backend`, by part. On the CPU the weights stay memory-mapped, so only the
+    KV pool counts; on CUDA the weights as the kernels store them, the pool and working memory."""
     c = loaded.config
-    need = int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * 2 * _BYTES[kv_type])
+    need = {"kv": int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * 2 * _BYTES[kv_type])}
+    if backend != "cuda":
+        return need
+    from kernels.cuda.weights import device_bytes
+
+    need["weights"] = sum(device_bytes(w) for w in loaded.weights.values())
+    pages = max_pages_per_seq or n_pages
+    rows = max(ubatch, GRAPH_ROWS)
+    # activations of the widest step (hidden, q|k|v, gate|up, with copies) and the attention scratch
+    need["work"] = 4 * rows * (6 * c.hidden + 3 * c.ffn + 3 * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
+    need["work"] += 4 * min(rows * c.n_heads * pages * (c.head_dim + 2), 256 << 20)
+    need["logits"] = 4 * rows * c.vocab_size
+    return need
+
+
+def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
+                 max_pages_per_seq: int = 0, ubatch: int = 512) -> Runner:
+    """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
+    before anything is uploaded."""
+    parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq)
+    need = sum(parts.values())
     free = free_memory(backend)
+    log.info("memory: needs %.2f GiB (%s), %.2f GiB free", need / 2**30,
+             ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items()), free / 2**30)
     if need > free:
         raise out_of_memory(need, free)
     try:

@@ -140,3 +140,17 @@ def test_sigterm_stops_a_ready_engine_cleanly(engine_factory, tiny_llama):
     eng.proc.terminate()
     assert eng.proc.wait(20) == 0
     assert "shutting down" in eng.output()
+
+
+def test_cuda_memory_plan_counts_weights_pool_and_work(tiny_llama):
+    from engine.launch import memory_need
+    from engine.loader import load_model
+    from kernels.cuda.weights import device_bytes
+
+    loaded = load_model(tiny_llama)
+    cpu = memory_need(loaded, "cpu", 4, "f16")
+    cuda = memory_need(loaded, "cuda", 4, "f16")
+    assert cpu == {"kv": cuda["kv"]}
+    assert cuda["weights"] == sum(device_bytes(w) for w in loaded.weights.values())
+    assert cuda["work"] > 0 and cuda["logits"] == 4 * 512 * loaded.config.vocab_size
+    assert memory_need(loaded, "cuda", 8, "f16")["kv"] == 2 * cuda["kv"]
