@@ -13,8 +13,9 @@ import sys
 from engine.device import resolve_device
 from engine.exact import exact_requested
 from engine.launch import build_runner, pool_pages, read_model
+from engine.requests import DoneEvent, Request
 from engine.sampler import SamplingParams, random_seed
-from engine.scheduler import DoneEvent, Request, Scheduler
+from engine.scheduler import Scheduler
 from engine.textstream import TextStream
 from kernels.base import PAGE_SIZE
 

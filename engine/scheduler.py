@@ -15,113 +15,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-
-import numpy as np
+from dataclasses import replace
 
 from engine.kv_cache import pages_for, seq_context
+from engine.requests import DoneEvent, Event, QueueFullError, Request, Row, TokenEvent, call_each
 from engine.runner import RowsOut, Runner, StepEntry
-from engine.sampler import SamplingParams, log_softmax, needs_logits, sample, top_logprobs
+from engine.sampler import log_softmax, needs_logits, sample, top_logprobs
+from engine.sequences import Seq, Slot, common_prefix
 from engine.speculative import DraftState, lookup
 from engine.tokenizer import TextTokenizer
 from kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.scheduler")
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    n: int = 1
-    logprobs: int = -1
-    cache_prompt: bool = True
-    id_slot: int = -1
-
-
-@dataclass
-class TokenEvent:
-    index: int
-    token: int
-    logprob: float | None
-    top: list[tuple[int, float]] | None
-
-
-@dataclass
-class DoneEvent:
-    index: int
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    parks: int
-    restores: int
-    timings: dict
-    error: str | None = None
-
-
-class QueueFullError(Exception):
-    pass
-
-
-def call_each(batch: list[tuple[Callable, object]]) -> None:
-    for callback, event in batch:
-        callback(event)
-
-
-Event = TokenEvent | DoneEvent
-Row = tuple[np.ndarray | None, int]  # a logits row on the host (when the sampler needs it) and its argmax
-
-
-@dataclass(eq=False)
-class _Seq:
-    req_id: int
-    index: int
-    req: Request
-    on_event: Callable[[Event], None]
-    params: SamplingParams
-    tokens: list[int]
-    n_prompt: int
-    admitted: int  # admission order; the newest running sequence is parked first
-    slot: int = -1
-    pages: list[int] = field(default_factory=list)
-    n_computed: int = 0
-    generated: int = 0
-    parked: list | None = None
-    is_parked: bool = False
-    parks: int = 0
-    restores: int = 0
-    cached_tokens: int = 0
-    done: bool = False
-    t_start: float = 0.0
-    t_first: float = 0.0
-    draft: list[int] = field(default_factory=list)
-    spec: DraftState | None = None
-
-    @property
-    def pending(self) -> int:
-        return len(self.tokens) - self.n_computed
-
-
-@dataclass
-class _Slot:
-    id: int
-    seq: _Seq | None = None
-    cache_tokens: list[int] = field(default_factory=list)  # prompt cache: KV of these sits in cache_pages
-    cache_pages: list[int] = field(default_factory=list)
-    n_preempt: int = 0
-    n_restore: int = 0
-    last_used: int = 0
-    reserved: int = 0  # a request id whose further n > 1 completions will take this slot
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 class Scheduler:
@@ -140,11 +45,11 @@ class Scheduler:
         self.spec_n_max = spec_n_max
         self.dispatch = dispatch
         self._outbox: list[tuple[Callable, Event]] = []
-        self.slots_ = [_Slot(i) for i in range(n_slots)]
+        self.slots_ = [Slot(i) for i in range(n_slots)]
         self._waiting: deque[tuple[int, Request, Callable]] = deque()
         self._cancel: set[tuple[int, int | None]] = set()
-        self._running: list[_Seq] = []
-        self._parked: deque[_Seq] = deque()
+        self._running: list[Seq] = []
+        self._parked: deque[Seq] = deque()
         self._parked_bytes = 0
         self._ids = itertools.count(1)
         self._admit_order = itertools.count()
@@ -258,7 +163,7 @@ class Scheduler:
         self._cancel.clear()
 
     # --- pages
-    def _alloc(self, n: int, exclude: _Seq | None = None, from_top: bool = False) -> list[int] | None:
+    def _alloc(self, n: int, exclude: Seq | None = None, from_top: bool = False) -> list[int] | None:
         """n pages, dropping idle slots' prompt caches and then parking the newest sequences if needed."""
         if n <= 0:
             return []
@@ -280,7 +185,7 @@ class Scheduler:
         slot.cache_pages, slot.cache_tokens = [], []
         return True
 
-    def _park(self, seq: _Seq) -> None:
+    def _park(self, seq: Seq) -> None:
         size = self.pool.park_bytes(len(seq.pages))
         if seq.pages and self._parked_bytes + size <= self.preempt_ram_bytes:
             seq.parked = self.pool.park(seq.pages)
@@ -339,7 +244,7 @@ class Scheduler:
             self._waiting.popleft()
             self.counters["requests_total"] += 1
             self.counters["prompt_tokens_total"] += len(req.prompt)
-            seq = _Seq(rid, 0, req, on_event, req.params, list(req.prompt), len(req.prompt),
+            seq = Seq(rid, 0, req, on_event, req.params, list(req.prompt), len(req.prompt),
                        next(self._admit_order), t_start=time.perf_counter())
             seq.slot = slot.id
             slot.seq = seq
@@ -353,17 +258,17 @@ class Scheduler:
             slot.cache_pages, slot.cache_tokens = [], []
             self._running.append(seq)
 
-    def _pick_slot(self, idle: list[_Slot], req: Request) -> tuple[_Slot, int]:
+    def _pick_slot(self, idle: list[Slot], req: Request) -> tuple[Slot, int]:
         if 0 <= req.id_slot < len(self.slots_) and self.slots_[req.id_slot].seq is None:
             slot = self.slots_[req.id_slot]
         elif req.cache_prompt:
-            slot = max(idle, key=lambda s: (_common_prefix(s.cache_tokens, req.prompt), -s.id))
+            slot = max(idle, key=lambda s: (common_prefix(s.cache_tokens, req.prompt), -s.id))
         else:
             slot = min(idle, key=lambda s: (len(s.cache_pages), s.last_used))
         reuse = 0
         if req.cache_prompt:
             # the last prompt token is always computed again: its logits start the generation
-            reuse = min(_common_prefix(slot.cache_tokens, req.prompt), len(req.prompt) - 1)
+            reuse = min(common_prefix(slot.cache_tokens, req.prompt), len(req.prompt) - 1)
         return slot, reuse
 
     # --- one step
@@ -382,7 +287,7 @@ class Scheduler:
                 if logits is not None and not seq.done:
                     self._on_logits(seq, logits.row(-1))
 
-    def _plan(self) -> list[tuple[_Seq, StepEntry]]:
+    def _plan(self) -> list[tuple[Seq, StepEntry]]:
         budget = self.budget
         plan = []
         order = sorted(self._running, key=lambda s: (s.pending > 1, s.admitted))  # decode rows first
@@ -407,14 +312,14 @@ class Scheduler:
         plan = [(s, n) for s, n in plan if s in self._running]
         return [(s, self._entry(s, n)) for s, n in plan]
 
-    def _entry(self, s: _Seq, n: int) -> StepEntry:
+    def _entry(self, s: Seq, n: int) -> StepEntry:
         full = needs_logits(s.params, s.req.logprobs)
         if s.draft:
             return StepEntry(s.pages, [s.tokens[-1], *s.draft], s.n_computed, "all", full)
         return StepEntry(s.pages, s.tokens[s.n_computed : s.n_computed + n], s.n_computed,
                          "last" if s.n_computed + n == len(s.tokens) else "none", full)
 
-    def _draft(self, seq: _Seq, budget: int) -> list[int]:
+    def _draft(self, seq: Seq, budget: int) -> list[int]:
         if not self.spec_n_max or seq.generated == 0:  # the first token comes from the prompt step
             return []
         if seq.spec is None:
@@ -424,7 +329,7 @@ class Scheduler:
             room = min(room, seq.req.max_tokens - seq.generated - 1)
         return lookup(seq.tokens, room)
 
-    def _verify(self, seq: _Seq, logits: RowsOut) -> None:
+    def _verify(self, seq: Seq, logits: RowsOut) -> None:
         """Row i predicts the token after draft[i - 1]; keep drafts while they equal the samples."""
         draft, seq.draft = seq.draft, []
         start = seq.n_computed
@@ -439,7 +344,7 @@ class Scheduler:
         self.counters["drafted_total"] += len(draft)
         self.counters["draft_accepted_total"] += accepted
 
-    def _on_logits(self, seq: _Seq, row: Row) -> None:
+    def _on_logits(self, seq: Seq, row: Row) -> None:
         if seq.generated == 0 and seq.index == 0 and seq.req.n > 1:
             # the children sample their first token from the prompt's logits, like the parent
             for child in self._fork(seq):
@@ -447,7 +352,7 @@ class Scheduler:
                     self._emit_token(child, row)
         self._emit_token(seq, row)
 
-    def _fork(self, seq: _Seq) -> list[_Seq]:
+    def _fork(self, seq: Seq) -> list[Seq]:
         """n > 1: each further completion gets a copy of the prompt's pages and its own slot."""
         reserved = [s for s in self.slots_ if s.reserved == seq.req_id]
         children = []
@@ -456,7 +361,7 @@ class Scheduler:
             self.pool.release(slot.cache_pages)
             slot.cache_pages, slot.cache_tokens = [], []
             params = replace(seq.params, seed=seq.params.seed + j)
-            child = _Seq(seq.req_id, j, seq.req, seq.on_event, params, list(seq.tokens), seq.n_prompt,
+            child = Seq(seq.req_id, j, seq.req, seq.on_event, params, list(seq.tokens), seq.n_prompt,
                          next(self._admit_order), t_start=seq.t_start)
             child.slot, slot.seq = slot.id, child
             children.append(child)
@@ -470,7 +375,7 @@ class Scheduler:
             self._running.append(child)
         return children
 
-    def _emit_token(self, seq: _Seq, row: Row) -> int:
+    def _emit_token(self, seq: Seq, row: Row) -> int:
         if seq.req.max_tokens == 0:  # the prompt is evaluated (and cached), nothing is generated
             self._finish(seq, "length")
             return -1
@@ -496,7 +401,7 @@ class Scheduler:
             self._park(seq)
         return tok
 
-    def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
+    def _finish(self, seq: Seq, reason: str, error: str | None = None) -> None:
         if seq in self._running:
             self._running.remove(seq)
         elif seq in self._parked:

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from engine.loader import load_model
+from engine.requests import DoneEvent, QueueFullError, Request, TokenEvent
 from engine.runner import Runner, make_ops
 from engine.sampler import SamplingParams
-from engine.scheduler import DoneEvent, Request, Scheduler, TokenEvent
+from engine.scheduler import Scheduler
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
@@ -155,7 +156,5 @@ def test_queue_bound_and_bad_requests(model):
         sched.submit(Request([5], GREEDY, 4, n=2), lambda ev: None)
     sched.submit(Request([5], GREEDY, 4), lambda ev: None)
     sched.submit(Request([5], GREEDY, 4), lambda ev: None)
-    from engine.scheduler import QueueFullError
-
     with pytest.raises(QueueFullError):
         sched.submit(Request([5], GREEDY, 4), lambda ev: None)

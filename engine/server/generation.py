@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.scheduler import DoneEvent, QueueFullError, Request, TokenEvent, call_each
+from engine.requests import DoneEvent, QueueFullError, Request, TokenEvent, call_each
 from engine.server.errors import ApiError
 from engine.textstream import TextStream
 

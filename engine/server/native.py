@@ -8,7 +8,7 @@ from dataclasses import asdict
 from aiohttp import web
 
 from engine import metrics as prom
-from engine.scheduler import Request
+from engine.requests import Request
 from engine.server.chat import check_messages, render
 from engine.server.errors import ApiError, bad_request
 from engine.server.generation import Choice, Generation, TokenOut

@@ -12,7 +12,7 @@ import time
 
 from aiohttp import web
 
-from engine.scheduler import Request
+from engine.requests import Request
 from engine.server.chat import chat_prompt, check_messages
 from engine.server.errors import bad_request
 from engine.server.generation import Choice, Delta, Generation, TokenOut

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from engine.scheduler import Request
+from engine.requests import Request
 from engine.server.errors import ApiError
 from engine.server.generation import Generation
 from engine.server.state import EngineState
