@@ -145,3 +145,15 @@ def test_attention_matches_dense_softmax():
     p /= p.sum(-1, keepdims=True)
     ref = np.einsum("hts,shd->thd", p, vv).reshape(n, -1)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_small_models_keep_float32_copies_large_ones_their_stored_form():
+    w = Weight.from_f32(_rand(64, 32), "f16")
+    small = CpuOps(exact=True)
+    small.plan_weights([w])
+    large = CpuOps(exact=True, f32_copy_limit=64 * 32 * 4 - 1)
+    large.plan_weights([w])
+    assert small.upload(w).dtype == "f32" and large.upload(w).dtype == "f16"
+    x = _rand(3, 32)
+    assert small.matmul(x, small.upload(w)).tobytes() == small.matmul(x, small.upload(w)).tobytes()
+    np.testing.assert_allclose(small.matmul(x, small.upload(w)), large.matmul(x, large.upload(w)), rtol=1e-6)

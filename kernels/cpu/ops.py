@@ -15,6 +15,10 @@ from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable
 from kernels.weights import QK8_0, Weight, bf16_to_f32, f32_to_bf16
 
 BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
+# Small models keep float32 copies of their 16-bit weights: converting every weight at every step would
+# dominate a decode step. Larger ones stay in their stored form, converted block by block. The limit
+# is fixed (not taken from free memory) so that one model always takes one path, restart after restart.
+F32_COPY_LIMIT = 1 << 30
 
 
 @dataclass
@@ -54,14 +58,22 @@ def _decode(data: np.ndarray, scale: np.ndarray | None, kv_type: str) -> np.ndar
 class CpuOps:
     name = "cpu"
 
-    def __init__(self, exact: bool = False):
+    def __init__(self, exact: bool = False, f32_copy_limit: int = F32_COPY_LIMIT):
         self.exact = exact
+        self.f32_copy_limit = f32_copy_limit
+        self._copy_f32 = False
         self._scratch: dict[int, np.ndarray] = {}
+
+    def plan_weights(self, weights: list[Weight]) -> None:
+        """Decides once per model whether its matrices get float32 copies (see F32_COPY_LIMIT)."""
+        self._copy_f32 = sum(w.data.size * 4 for w in weights if w.data.ndim == 2) <= self.f32_copy_limit
 
     # --- data movement
     def upload(self, w: Weight):
         if w.data.ndim == 1:
             return np.ascontiguousarray(w.to_f32())
+        if w.dtype != "f32" and self._copy_f32:
+            return Weight(np.ascontiguousarray(w.to_f32()), "f32")
         return w
 
     def tensor(self, a: np.ndarray) -> np.ndarray:
