@@ -28,7 +28,7 @@ BASE_FLAGS = ("--parallel", "8", "--ctx-size", "4096", "--kv-unified", "--exact-
 
 CELLS: tuple[str, ...] = (
     "solo_twice", "beside_3", "beside_7", "prompt_cache_hit", "n2_first", "n2_second", "seeded_beside_7",
-    "forced_parks_7", "parallel_2", "ctx_1024", "ubatch_16", "speculation_4",
+    "forced_parks_7", "parallel_2", "ctx_1024", "ubatch_16", "speculation_4", "speculation_2_parks",
 )
 
 
@@ -86,12 +86,12 @@ class Report:
         return json.dumps({**asdict(self), "all_identical": self.all_identical}, indent=2)
 
     def table(self) -> str:
-        rows = [f"{'cell':<18} {'result':<34} description", "-" * 100]
+        rows = [f"{'cell':<20} {'result':<34} description", "-" * 100]
         for c in self.cells:
             res = "identical" if c.identical else f"differs at token {c.first_diff}"
             if not c.identical:
                 res += " (logprob only)" if c.first_token_diff is None else f" (ids from {c.first_token_diff})"
-            rows.append(f"{c.name:<18} {res:<34} {c.description}")
+            rows.append(f"{c.name:<20} {res:<34} {c.description}")
         return "\n".join(rows)
 
 
@@ -247,6 +247,8 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
                 ("ubatch_16", "-ub 16: other prompt chunking, beside 3", ("--ubatch-size", "16"), None, 3),
                 ("speculation_4", "n-gram drafts up to 4 tokens, beside 3",
                  ("--spec-type", "ngram", "--spec-draft-n-max", "4"), None, 3),
+                ("speculation_2_parks", "drafts up to 2 tokens, parked every 7 tokens, beside 3",
+                 ("--spec-type", "ngram", "--spec-draft-n-max", "2"), {"LOCKSTEP_PREEMPT_EVERY": "7"}, 3),
             ]
             for name, desc, flags, env, k in variants:
                 say(f"starting a server for {name}")

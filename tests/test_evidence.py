@@ -31,7 +31,7 @@ def test_every_cell_identical_with_exact_on(tiny_llama, vocab):
     assert report.all_identical, report.table()
     assert all(c.n_tokens == 24 for c in report.cells)
     parks = [s for s in report.servers if s["inherited_env"].get("LOCKSTEP_PREEMPT_EVERY") == "7"]
-    assert len(parks) == 1, "the report records the environment the child really inherited"
+    assert len(parks) == 2, "the report records the environment the child really inherited"
     assert all("--exact-concurrency" in s["argv"] for s in report.servers)
     assert not _engine_children()
 
