@@ -137,7 +137,7 @@ def make_ops(device: str, exact: bool) -> Ops:
         from kernels.cpu.ops import CpuOps
 
         return CpuOps(exact=exact)
-    from kernels.cuda.ops import CudaOps  # noqa: PLC0415 - CuPy is optional
+    from kernels.cuda.ops import CudaOps  # imported only here: CuPy is optional
 
     return CudaOps(exact=exact)
 
