@@ -19,9 +19,10 @@ def seq_context(n_ctx: int, n_slots: int, kv_unified: bool, pool_tokens: int) ->
 
 
 class PagePool:
-    def __init__(self, ops: Ops, n_layers: int, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str):
+    def __init__(self, ops: Ops, n_layers: int, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str,
+                 v_type: str | None = None):
         self.ops, self.n_pages, self.kv_type = ops, n_pages, kv_type
-        self.layers = [ops.kv_alloc(n_pages, n_kv_heads, head_dim, kv_type) for _ in range(n_layers)]
+        self.layers = [ops.kv_alloc(n_pages, n_kv_heads, head_dim, kv_type, v_type) for _ in range(n_layers)]
         self._free = list(range(n_pages))  # a heap: lowest free page first, so placement is reproducible
         heapq.heapify(self._free)
 

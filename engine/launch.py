@@ -43,11 +43,12 @@ GRAPH_ROWS = 64  # the largest decode-graph bucket (kernels/cuda/graph_inputs.py
 
 
 def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, ubatch: int = 512,
-                max_pages_per_seq: int = 0) -> dict[str, int]:
+                max_pages_per_seq: int = 0, v_type: str | None = None) -> dict[str, int]:
     """Bytes a load takes on `backend`, by part. On the CPU the weights stay memory-mapped, so only the
     KV pool counts; on CUDA the weights as the kernels store them, the pool and working memory."""
     c = loaded.config
-    need = {"kv": int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * 2 * _BYTES[kv_type])}
+    per_cell = _BYTES[kv_type] + _BYTES[v_type or kv_type]
+    need = {"kv": int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * per_cell)}
     if backend != "cuda":
         return need
     from kernels.cuda.weights import device_bytes
@@ -63,10 +64,10 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
 
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
-                 max_pages_per_seq: int = 0, ubatch: int = 512) -> Runner:
+                 max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
     before anything is uploaded."""
-    parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq)
+    parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type)
     need = sum(parts.values())
     free = free_memory(backend)
     log.info("memory: needs %.2f GiB (%s), %.2f GiB free", need / 2**30,
@@ -74,7 +75,7 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if need > free:
         raise out_of_memory(need, free)
     try:
-        return Runner(loaded, make_ops(backend, exact), n_pages, kv_type, max_pages_per_seq)
+        return Runner(loaded, make_ops(backend, exact), n_pages, kv_type, max_pages_per_seq, v_type)
     except Exception as e:
         if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError
             raise out_of_memory(need, free_memory(backend)) from None

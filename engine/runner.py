@@ -38,12 +38,13 @@ class RowsOut:
 
 
 class Runner:
-    def __init__(self, loaded: LoadedModel, ops: Ops, n_pages: int, kv_type: str, max_pages_per_seq: int = 0):
+    def __init__(self, loaded: LoadedModel, ops: Ops, n_pages: int, kv_type: str, max_pages_per_seq: int = 0,
+                 v_type: str | None = None):
         c = loaded.config
         self.ops, self.config = ops, c
         self.max_positions = n_pages * PAGE_SIZE
         self.model = LlamaModel(c, loaded.weights, ops, self.max_positions)
-        self.pool = PagePool(ops, c.n_layers, n_pages, c.n_kv_heads, c.head_dim, kv_type)
+        self.pool = PagePool(ops, c.n_layers, n_pages, c.n_kv_heads, c.head_dim, kv_type, v_type)
         self.graphs = None
         if hasattr(ops, "decode_graphs") and max_pages_per_seq:
             # decode steps (one token per sequence) replay a captured graph per batch bucket

@@ -73,7 +73,9 @@ class Ops(Protocol):
         """int32 index of each row's largest value, ties to the lowest index."""
 
     # --- paged KV cache and attention
-    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> KVLayer: ...
+    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str,
+                 v_type: str | None = None) -> KVLayer:
+        """One layer's pages; V takes `v_type` when given, else K's type."""
     def kv_write(self, layer: KVLayer, k: Any, v: Any, slots: Any) -> None: ...
     def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
         """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""

@@ -157,3 +157,21 @@ def test_small_models_keep_float32_copies_large_ones_their_stored_form():
     x = _rand(3, 32)
     assert small.matmul(x, small.upload(w)).tobytes() == small.matmul(x, small.upload(w)).tobytes()
     np.testing.assert_allclose(small.matmul(x, small.upload(w)), large.matmul(x, large.upload(w)), rtol=1e-6)
+
+
+def test_k_and_v_may_have_different_types():
+    ops = CpuOps(exact=True)
+    mixed, same = ops.kv_alloc(2, 2, 32, "q8_0", "f16"), ops.kv_alloc(2, 2, 32, "q8_0")
+    k, v = _rand(300, 2, 32), _rand(300, 2, 32)
+    pos = np.arange(300)
+    for layer in (mixed, same):
+        ops.kv_write(layer, k, v, pos)
+    assert mixed.v.dtype == np.float16 and mixed.v_scale is None and same.v.dtype == np.int8
+    q = _rand(1, 4, 32)
+    rows = PagedRows(np.array([299]), np.zeros(1, np.int32), np.asarray([[0, 1]], np.int32), None)
+    exact_v = ops.attention(q, mixed, rows, 0.2)
+    np.testing.assert_allclose(exact_v, ops.attention(q, same, rows, 0.2), atol=0.05)
+    moved = ops.kv_alloc(2, 2, 32, "q8_0", "f16")
+    ops.kv_write_pages(moved, [1, 0], ops.kv_read_pages(mixed, [0, 1]))
+    rows_moved = PagedRows(np.array([299]), np.zeros(1, np.int32), np.asarray([[1, 0]], np.int32), None)
+    assert ops.attention(q, moved, rows_moved, 0.2).tobytes() == exact_v.tobytes()

@@ -55,8 +55,6 @@ def test_bad_command_lines_exit_2(tiny_llama, args, needle):
     (["-ctk", "q4_0"], "error: --cache-type-k q4_0 is not supported (supported: f32, f16, bf16, q8_0)"),
     (["-ctv", "iq4_nl"], "error: --cache-type-v iq4_nl is not supported (supported: f32, f16, bf16, q8_0)"),
     (["-ctk", "f8"], "error: --cache-type-k 'f8' is not a cache type (supported: f32, f16, bf16, q8_0)"),
-    (["-ctk", "f32", "-ctv", "f16"], "error: -ctk f32 with -ctv f16: different K and V cache types are not "
-                                     "supported yet"),
     (["-fa", "off"], "error: -fa off is not supported yet (the paged flash kernel is the only attention); "
                      "use -fa on or auto"),
     (["--context-shift"], "error: --context-shift is not supported yet"),

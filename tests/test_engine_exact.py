@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -110,8 +111,13 @@ def test_on_reports_granted_and_disables_shifting_with_warnings(tiny_llama, engi
 
 
 def test_flag_off_wins_over_the_environment(tiny_llama, engine_factory):
-    eng = engine_factory(tiny_llama, "--exact-concurrency", "off", "-ctk", "q8_0", "-ctv", "q8_0",
+    eng = engine_factory(tiny_llama, "--exact-concurrency", "off", "-ctk", "q8_0",
                          env={"LOCKSTEP_EXACT": "1"})
     ec = eng.get_json("/props")["exact_concurrency"]
     assert ec["requested"] is False and ec["granted"] is False and ec["reason"] == "not requested"
     assert "exact concurrency: off (not requested)" in eng.output()
+    # a q8_0 K cache beside an f16 V cache serves requests
+    body = json.dumps({"prompt": [5, 6, 7], "n_predict": 4, "temperature": 0}).encode()
+    req = urllib.request.Request(eng.base + "/completion", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert len(json.loads(r.read())["tokens"]) == 4

@@ -59,9 +59,9 @@ async def _serve(opts: argparse.Namespace) -> int:
     backend = resolve_backend(opts)
     exact = resolve_exact(opts, backend)
     check_supported(opts, backend)
-    if opts.cache_type_k != opts.cache_type_v:
+    if opts.cache_type_k != opts.cache_type_v and backend == "cuda":
         raise bad_flag(f"-ctk {opts.cache_type_k} with -ctv {opts.cache_type_v}: different K and V cache types "
-                       "are not supported yet")
+                       "are not supported on CUDA yet")
     if opts.ubatch_size > opts.batch_size:
         log.info("-ub %d is larger than -b %d: using -ub %d", opts.ubatch_size, opts.batch_size, opts.batch_size)
         opts.ubatch_size = opts.batch_size
@@ -142,7 +142,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     n_pages = pool_pages(opts.ctx_size, config)
     seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
-                          opts.ubatch_size)
+                          opts.ubatch_size, opts.cache_type_v)
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,

@@ -23,11 +23,22 @@ F32_COPY_LIMIT = 1 << 30
 
 @dataclass
 class CpuKVLayer:
-    kv_type: str
+    kv_type: str  # K's type
+    v_type: str
     k: np.ndarray
     v: np.ndarray
     k_scale: np.ndarray | None = None  # q8_0 only: f16 [pages, PAGE_SIZE, heads, head_dim // 32]
     v_scale: np.ndarray | None = None
+
+
+def _alloc(shape: tuple[int, ...], kv_type: str) -> tuple[np.ndarray, np.ndarray | None]:
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"unsupported KV cache type {kv_type!r}")
+    if kv_type == "q8_0":
+        if shape[-1] % QK8_0:
+            raise ValueError(f"KV cache type q8_0 needs a head dim divisible by {QK8_0}")
+        return np.zeros(shape, np.int8), np.zeros((*shape[:-1], shape[-1] // QK8_0), np.float16)
+    return np.zeros(shape, {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[kv_type]), None
 
 
 def _encode(x: np.ndarray, kv_type: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -147,24 +158,19 @@ class CpuOps:
         return np.argmax(logits, axis=-1).astype(np.int32)  # first maximum: ties go to the lowest id
 
     # --- paged KV cache and attention
-    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> CpuKVLayer:
-        if kv_type not in KV_TYPES:
-            raise ValueError(f"unsupported KV cache type {kv_type!r}")
+    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str,
+                 v_type: str | None = None) -> CpuKVLayer:
         shape = (n_pages, PAGE_SIZE, n_kv_heads, head_dim)
-        if kv_type == "q8_0":
-            if head_dim % QK8_0:
-                raise ValueError(f"KV cache type q8_0 needs a head dim divisible by {QK8_0}")
-            sshape = (*shape[:-1], head_dim // QK8_0)
-            return CpuKVLayer(kv_type, np.zeros(shape, np.int8), np.zeros(shape, np.int8),
-                              np.zeros(sshape, np.float16), np.zeros(sshape, np.float16))
-        dt = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[kv_type]
-        return CpuKVLayer(kv_type, np.zeros(shape, dt), np.zeros(shape, dt))
+        k, k_scale = _alloc(shape, kv_type)
+        v, v_scale = _alloc(shape, v_type or kv_type)
+        return CpuKVLayer(kv_type, v_type or kv_type, k, v, k_scale, v_scale)
 
     def kv_write(self, layer: CpuKVLayer, k: np.ndarray, v: np.ndarray, slots) -> None:
         slots = np.asarray(slots)
         pages, cells = slots // PAGE_SIZE, slots % PAGE_SIZE
-        for dst, dst_scale, src in ((layer.k, layer.k_scale, k), (layer.v, layer.v_scale, v)):
-            data, scale = _encode(np.asarray(src, dtype=np.float32), layer.kv_type)
+        for dst, dst_scale, src, kind in ((layer.k, layer.k_scale, k, layer.kv_type),
+                                          (layer.v, layer.v_scale, v, layer.v_type)):
+            data, scale = _encode(np.asarray(src, dtype=np.float32), kind)
             dst[pages, cells] = data
             if scale is not None:
                 dst_scale[pages, cells] = scale
@@ -173,7 +179,7 @@ class CpuOps:
         ks = layer.k_scale[page, :n] if layer.k_scale is not None else None
         vs = layer.v_scale[page, :n] if layer.v_scale is not None else None
         return (_decode(layer.k[page, :n], ks, layer.kv_type),
-                _decode(layer.v[page, :n], vs, layer.kv_type))
+                _decode(layer.v[page, :n], vs, layer.v_type))
 
     def attention(self, q: np.ndarray, layer: CpuKVLayer, rows: PagedRows, scale: float) -> np.ndarray:
         t, n_heads, hd = q.shape
@@ -210,16 +216,13 @@ class CpuOps:
 
     def kv_read_pages(self, layer: CpuKVLayer, pages) -> tuple[np.ndarray, ...]:
         pages = np.asarray(pages)
-        parts = [layer.k[pages].copy(), layer.v[pages].copy()]
-        if layer.k_scale is not None:
-            parts += [layer.k_scale[pages].copy(), layer.v_scale[pages].copy()]
-        return tuple(parts)
+        return tuple(a[pages].copy() for a in (layer.k, layer.v, layer.k_scale, layer.v_scale) if a is not None)
 
     def kv_write_pages(self, layer: CpuKVLayer, pages, data: tuple[np.ndarray, ...]) -> None:
         pages = np.asarray(pages)
-        layer.k[pages], layer.v[pages] = data[0], data[1]
-        if layer.k_scale is not None:
-            layer.k_scale[pages], layer.v_scale[pages] = data[2], data[3]
+        for a, d in zip([a for a in (layer.k, layer.v, layer.k_scale, layer.v_scale) if a is not None], data,
+                        strict=True):
+            a[pages] = d
 
     def kv_copy_pages(self, layer: CpuKVLayer, src, dst) -> None:
         self.kv_write_pages(layer, dst, self.kv_read_pages(layer, src))

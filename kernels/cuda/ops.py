@@ -195,7 +195,10 @@ class CudaOps:
         return out
 
     # --- paged KV cache and attention
-    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str) -> CudaKVLayer:
+    def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str,
+                 v_type: str | None = None) -> CudaKVLayer:
+        if v_type not in (None, kv_type):
+            raise ValueError(f"different K and V cache types ({kv_type}, {v_type}) are not supported on CUDA")
         if kv_type not in KV_CODES:
             raise ValueError(f"KV cache type {kv_type!r} is not supported on CUDA (use f16, bf16 or f32)")
         if head_dim % 8 or PAGE_SIZE % head_dim:
