@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,7 @@ class Launcher:
     host: str = "127.0.0.1"
     health_timeout_s: float = 180.0
     max_attempts: int = MAX_ATTEMPTS
+    on_attempt: Callable[[Attempt], None] | None = None  # told as each attempt starts (live progress)
 
     async def launch(self, plan: LaunchPlan) -> LaunchResult:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +192,8 @@ class Launcher:
         shown = redact_argv(argv)
         log_path = self.log_dir / f"engine-{load_id}-attempt{number}.log"
         attempt = Attempt(number, shown, exact, port, str(log_path), change)
+        if self.on_attempt is not None:
+            self.on_attempt(attempt)
         env = child_env(self.base_env, exact, plan.preempt_mode)
         with open(log_path, "ab") as log:
             header = [f"# lockstep attempt {number} of at most {self.max_attempts}"]

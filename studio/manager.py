@@ -37,6 +37,7 @@ from studio.errors import StudioError
 from studio.flags import ExtraArgsError, LoadWarning, exact_contradictions, options_from_settings
 from studio.launcher import (
     ENGINE_CMD,
+    Attempt,
     EngineChild,
     Launcher,
     LaunchFailed,
@@ -63,7 +64,12 @@ class Loaded:
     exact: str = "off"  # on / off / unavailable, as reported
     exact_reason: str | None = None
     respawned: bool = False  # the one automatic respawn after an unexpected exit is spent
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # the finished load's attempts
+    live: list[Attempt] = field(default_factory=list)  # attempts as they start, while loading
+
+    @property
+    def attempt_dicts(self) -> list[dict[str, Any]]:
+        return self.attempts or [a.as_dict() for a in self.live]
 
     @property
     def child(self) -> EngineChild | None:
@@ -182,7 +188,8 @@ class LoadManager:
         self.state, self.error = "loading", None
         self.log.info("loading %s (exact_concurrency=%s, preempt_mode=%s)", loaded.model_id,
                       loaded.plan.exact_mode, loaded.plan.preempt_mode)
-        launcher = Launcher(self.log_dir, self.env, self.engine_cmd, health_timeout_s=settings.health_timeout_s)
+        launcher = Launcher(self.log_dir, self.env, self.engine_cmd, health_timeout_s=settings.health_timeout_s,
+                            on_attempt=loaded.live.append)
         try:
             result = await launcher.launch(loaded.plan)
         except LaunchFailed as exc:
@@ -286,7 +293,7 @@ class LoadManager:
             "preempt_mode": loaded.plan.preempt_mode,
             "warnings": [w.as_dict() for w in loaded.warnings],
             "argv": child.argv if child else None,
-            "attempts": loaded.attempts,
+            "attempts": loaded.attempt_dicts,
             "port": child.port if child else None,
             "pid": child.process.pid if child else None,
         }
@@ -302,7 +309,7 @@ class LoadManager:
 
     def logs(self, tail_bytes: int = 65536) -> dict[str, Any]:
         attempts = []
-        for a in self.loaded.attempts if self.loaded else []:
+        for a in self.loaded.attempt_dicts if self.loaded else []:
             attempts.append({**a, "text": _tail(Path(a["log"]), tail_bytes)})
         studio_log = self.log_dir / "studio.log"
         return {"attempts": attempts, "studio_log": str(studio_log), "studio": _tail(studio_log, tail_bytes)}

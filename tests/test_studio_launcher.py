@@ -186,3 +186,14 @@ def test_next_step_is_final_when_nothing_is_left_to_change():
 ])
 def test_granted_from_props(props, expected):
     assert granted_from_props(props) == expected
+
+
+async def test_each_attempt_is_told_as_it_starts(tmp_path, standin):
+    started = []
+    ladder = launcher(tmp_path, standin, STANDIN_MAX_CTX=1500)
+    ladder.on_attempt = lambda a: started.append((a.number, a.change, a.outcome))
+    result = await ladder.launch(plan("off", ctx_size=4096))
+    await stop_process(result.child.process)
+    assert [n for n, _, _ in started] == [1, 2, 3]
+    assert all(outcome == "running" for _, _, outcome in started)  # told before the attempt ended
+    assert started[0][1] is None and "2048" in started[1][1]

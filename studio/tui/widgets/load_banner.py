@@ -19,6 +19,15 @@ class LoadBanner(Vertical):
     def on_mount(self) -> None:
         self.watch(self.app, "loading", self._refresh, init=False)
         self.watch(self.app, "load_outcome", self._refresh, init=True)
+        self.set_interval(1.0, self._refresh)  # the ladder's attempts change without a reactive of their own
+
+    def _attempt_note(self) -> str:
+        """The ladder's progress: which attempt runs and what it changed, once past the first."""
+        loaded = self.app.manager.loaded
+        live = loaded.live if loaded is not None else []
+        if len(live) < 2:
+            return ""
+        return f" attempt {live[-1].number}: {live[-1].change};"
 
     def _refresh(self, _value: object = None) -> None:
         text = self.query_one(".load-banner-text", Static)
@@ -28,7 +37,7 @@ class LoadBanner(Vertical):
             if loading.origin != self.origin:
                 self.display = False
                 return
-            text.update(f"Loading {loading.model} (exact concurrency {loading.exact})… "
+            text.update(f"Loading {loading.model} (exact concurrency {loading.exact})…{self._attempt_note()} "
                         "each attempt's log is on the Logs screen (6)")
             self.add_class("-loading")
         elif outcome is not None and outcome.origin == self.origin:
