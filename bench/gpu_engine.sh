@@ -3,7 +3,7 @@
 # off interleaved), bench/speculation.py on the bundled model, then the exactness matrix on CUDA (a tiny
 # model with exact on and off, the 1B shape with exact on). JSON under $OUT; summary last.
 # Needs the gguf wheel carried in .whl/ (the device image lacks it):
-#   bench/gpu_engine.sh [--quick]
+#   bench/gpu_engine.sh [--quick] [--8b]     (--8b: also the 8B shape's throughput)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-engine}
@@ -18,7 +18,10 @@ else
 fi
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
-repeats=3; [ "${1:-}" = "--quick" ] && repeats=1
+repeats=3; with_8b=0
+for arg in "$@"; do
+  case $arg in --quick) repeats=1 ;; --8b) with_8b=1 ;; esac
+done
 
 python3 - <<'PY'
 import sys; sys.path.insert(0, "bench")
@@ -28,6 +31,13 @@ PY
 python3 bench/throughput.py -m /tmp/shape-1b.gguf --shape 1b --vocab 128256 --device cuda --repeats $repeats \
   --out "$work/throughput-1b" 2>&1 | tee "$work/throughput-1b.log" | tail -n 20
 save
+if [ $with_8b = 1 ]; then
+  python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)'
+  python3 bench/throughput.py -m /tmp/shape-8b.gguf --shape 8b --vocab 128256 --device cuda --repeats $repeats \
+    --out "$work/throughput-8b" 2>&1 | tee "$work/throughput-8b.log" | tail -n 12
+  save
+  rm -f /tmp/shape-8b.gguf
+fi
 python3 bench/speculation.py --device cuda --out "$work/speculation-h200" 2>&1 | tail -n 22
 save
 python3 - <<'PY' > "$work/tiny-model.txt" 2>&1
