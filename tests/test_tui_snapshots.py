@@ -136,6 +136,17 @@ async def settle(pilot) -> None:
     await pilot.pause()
 
 
+def on_screen(key: str):
+    """A run_before that settles, switches to the screen on `key`, and settles again."""
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press(key)
+        await settle(pilot)
+
+    return run_before
+
+
 def test_models_screen(snap_compare):
     """The catalog with the bundled default first and selected, its details on the right."""
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=settle)
@@ -147,12 +158,7 @@ def test_models_screen_empty_catalog(snap_compare):
 
 
 def test_load_screen(snap_compare):
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("2")
-        await settle(pilot)
-
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("2"))
 
 
 def test_load_screen_refused(snap_compare):
@@ -176,12 +182,7 @@ def test_load_screen_refused(snap_compare):
 
 
 def test_status_screen_exact_on(snap_compare):
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("3")
-        await settle(pilot)
-
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("3"))
 
 
 def test_status_screen_unavailable(snap_compare):
@@ -190,21 +191,11 @@ def test_status_screen_unavailable(snap_compare):
               "warnings": [{"code": "exact_kv_quantized", "flag": "--cache-type-k",
                             "message": "--cache-type-k q8_0 is a quantized KV cache; exact mode needs f32, f16, bf16"}]}
 
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("3")
-        await settle(pilot)
-
-    assert snap_compare(make_app(status), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(status), terminal_size=SIZE, run_before=on_screen("3"))
 
 
 def test_status_screen_no_model(snap_compare):
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("3")
-        await settle(pilot)
-
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("3"))
 
 
 def test_chat_screen(snap_compare):
@@ -246,18 +237,8 @@ def test_exactness_screen_report(snap_compare):
 
 
 def test_logs_screen(snap_compare):
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("6")
-        await settle(pilot)
-
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("6"))
 
 
 def test_settings_screen(snap_compare):
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("7")
-        await settle(pilot)
-
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("7"))
