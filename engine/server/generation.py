@@ -45,7 +45,6 @@ class Choice:
     stop_type: str = "none"  # llama-server's: eos, limit, word (a stop string), abort, error
     stopping_word: str = ""
     done: DoneEvent | None = None
-    seen_event: bool = False
 
     @property
     def text(self) -> str:
@@ -98,7 +97,6 @@ class Generation:
         while not self.finished:
             event = await self._queue.get()
             choice = self.choices[event.index]
-            choice.seen_event = True
             if isinstance(event, TokenEvent):
                 delta = self._on_token(choice, event)
                 if delta is not None:
