@@ -2,6 +2,7 @@
 
     python bench/throughput.py --shape 1b --device cuda      # on a GPU machine
     python bench/throughput.py --shape tiny --device cpu --cells 1,2 --gen 16   # plumbing check
+    (speculation has its own benchmark: bench/speculation.py)
 
 Each cell sends C streamed /completion requests at once (random 512-token prompts, greedy, no prompt
 cache) to an engine started here; exact on and off run as two engines side by side and the cells
@@ -66,17 +67,6 @@ async def cell(session, url: str, prompts: list[list[int]], n_predict: int) -> d
             "generated": sum(r["generated"] for r in results)}
 
 
-async def metrics(session, url: str) -> dict:
-    async with session.get(url + "/metrics") as r:
-        text = await r.text()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name.split(":")[-1]] = float(value)
-    return out
-
-
 def gpu_memory_mib(pids: set[int]) -> int | None:
     try:
         rows = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
@@ -87,9 +77,7 @@ def gpu_memory_mib(pids: set[int]) -> int | None:
     return max(used) if used else None
 
 
-def prompts_for(n: int, length: int, vocab: int, rng: random.Random, repetitive: bool = False) -> list[list[int]]:
-    if repetitive:  # a span repeated: answers that copy it are what n-gram drafts predict
-        return [[rng.randrange(vocab - 2) for _ in range(64)] * (length // 64) for _ in range(n)]
+def prompts_for(n: int, length: int, vocab: int, rng: random.Random) -> list[list[int]]:
     return [[rng.randrange(vocab - 2) for _ in range(length)] for _ in range(n)]
 
 
@@ -105,13 +93,9 @@ async def run(args) -> dict:
     base = ["--parallel", str(max(cells)), "--ctx-size", str(ctx), "--kv-unified", "--device", args.device,
             "--metrics"]
     servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
-    if args.spec:
-        servers["spec"] = EngineServer(model, [*base, "--exact-concurrency", "on", "--spec-type", "ngram",
-                                               "--spec-draft-n-max", str(args.spec)])
     rng = random.Random(args.seed)
     vocab = SHAPES[args.shape]["vocab"] if not args.model else args.vocab
-    raw: dict = {m: {c: [] for c in cells} for m in servers if m != "spec"}
-    spec_raw: dict = {"plain_repetitive": [], "spec_repetitive": [], "plain_random": [], "spec_random": []}
+    raw: dict = {m: {c: [] for c in cells} for m in servers}
     peak: dict = {}
     timeout = aiohttp.ClientTimeout(total=1800)
     try:
@@ -130,24 +114,18 @@ async def run(args) -> dict:
                         print(f"rep {rep} cell {c:>2} exact {m:<3} decode {got['decode_tps']:8.1f} tok/s  "
                               f"ttft {got['ttft_s'] * 1000:7.1f} ms  prefill {got['prefill_tps']:8.1f} tok/s",
                               flush=True)
-                if args.spec:
-                    for kind in ("repetitive", "random"):
-                        ps = prompts_for(1, args.prompt, vocab, rng, repetitive=kind == "repetitive")
-                        for which, m in (("plain", "on"), ("spec", "spec")):
-                            spec_raw[f"{which}_{kind}"].append(await cell(session, servers[m].url, ps, args.gen))
             peak = {m: gpu_memory_mib({s.proc.pid}) for m, s in servers.items()}
-            spec_metrics = await metrics(session, servers["spec"].url) if args.spec else {}
     finally:
         await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
         tmp.cleanup()
-    return summarize(args, raw, spec_raw, spec_metrics, peak, [s.describe() for s in servers.values()])
+    return summarize(args, raw, peak, [s.describe() for s in servers.values()])
 
 
 def _med(rows: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in rows) if rows else float("nan")
 
 
-def summarize(args, raw, spec_raw, spec_metrics, peak, servers) -> dict:
+def summarize(args, raw, peak, servers) -> dict:
     wbytes = weight_bytes(args.shape)
     kvt = kv_bytes_per_token(args.shape)
     table = []
@@ -167,14 +145,6 @@ def summarize(args, raw, spec_raw, spec_metrics, peak, servers) -> dict:
     out = {"shape": args.shape, "device": args.device, "prompt": args.prompt, "generated": args.gen,
            "repeats": args.repeats, "weight_bytes": wbytes, "peak_gpu_mib": peak, "cells": table,
            "servers": servers}
-    if spec_raw["plain_repetitive"]:
-        out["speculation"] = {
-            k: round(_med(v, "decode_tps"), 1) for k, v in spec_raw.items()
-        } | {"speedup_repetitive": round(_med(spec_raw["spec_repetitive"], "decode_tps")
-                                         / _med(spec_raw["plain_repetitive"], "decode_tps"), 3),
-             "speedup_random": round(_med(spec_raw["spec_random"], "decode_tps")
-                                     / _med(spec_raw["plain_random"], "decode_tps"), 3),
-             "drafted": spec_metrics.get("drafted_total"), "accepted": spec_metrics.get("draft_accepted_total")}
     return out
 
 
@@ -188,8 +158,6 @@ def markdown(r: dict) -> str:
         lines.append(f"| {row['chats']} | {on.get('decode_tps')} | {off.get('decode_tps')} | "
                      f"{row.get('on_over_off_decode')} | {on.get('ttft_ms')} | {on.get('prefill_tps')} | "
                      f"{on.get('bandwidth_fraction')} |")
-    if "speculation" in r:
-        lines += ["", "Speculation (1 chat, exact on): " + json.dumps(r["speculation"])]
     lines += ["", f"Peak GPU memory (MiB): {json.dumps(r['peak_gpu_mib'])}"]
     return "\n".join(lines) + "\n"
 
@@ -205,7 +173,6 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--spec", type=int, default=0, help="also measure n-gram speculation with this draft max")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput"))
     args = ap.parse_args(argv)
