@@ -63,11 +63,13 @@ class Ops(Protocol):
     # --- math; x is [T, D] float32 unless stated
     def embedding(self, table: Any, ids: Any) -> Any: ...
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
-    def matmul(self, x: Any, w: Any, bias: Any | None = None) -> Any:
-        """x [T, K] @ w[N, K]^T (+ bias) -> [T, N], float32 accumulation."""
+    def matmul(self, x: Any, w: Any, bias: Any | None = None, residual: Any | None = None) -> Any:
+        """x [T, K] @ w[N, K]^T (+ bias) -> [T, N], float32 accumulation; with `residual` [T, N],
+        residual + that (the bits of add(residual, matmul(x, w, bias)))."""
     def rope(self, x: Any, positions: Any, table: RopeTable) -> Any:
         """x [T, heads, head_dim] rotated by each row's position."""
-    def silu_mul(self, gate: Any, up: Any) -> Any: ...
+    def silu_mul(self, gate: Any, up: Any) -> Any:
+        """gate * sigmoid(gate) * up; gate and up may be the two column halves of one matrix."""
     def add(self, a: Any, b: Any) -> Any: ...
     def argmax(self, logits: Any) -> Any:
         """int32 index of each row's largest value, ties to the lowest index."""
@@ -77,6 +79,11 @@ class Ops(Protocol):
                  v_type: str | None = None) -> KVLayer:
         """One layer's pages; V takes `v_type` when given, else K's type."""
     def kv_write(self, layer: KVLayer, k: Any, v: Any, slots: Any) -> None: ...
+    def qkv_rope_write(self, qkv: Any, rows: PagedRows, table: RopeTable, layer: KVLayer, n_heads: int,
+                       n_kv: int) -> Any:
+        """The step after a fused q|k|v matmul: qkv [T, (heads + 2 kv_heads) * head_dim] -> q rotated
+        [T, heads, head_dim]; k rotated and v written to the rows' slots. The bits of
+        split_qkv_rope_write."""
     def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
         """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""
     def kv_read_pages(self, layer: KVLayer, pages: Any) -> tuple[np.ndarray, ...]:
@@ -84,3 +91,15 @@ class Ops(Protocol):
     def kv_write_pages(self, layer: KVLayer, pages: Any, data: tuple[np.ndarray, ...]) -> None:
         """Restore parked pages into (possibly other) physical pages."""
     def kv_copy_pages(self, layer: KVLayer, src: Any, dst: Any) -> None: ...
+
+
+def split_qkv_rope_write(ops: Ops, qkv: Any, rows: PagedRows, table: RopeTable, layer: KVLayer, n_heads: int,
+                         n_kv: int) -> Any:
+    """Ops.qkv_rope_write from the separate ops (the reference a fused kernel must equal)."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (n_heads + 2 * n_kv)
+    q = qkv[:, : n_heads * d].reshape(t, n_heads, d)
+    k = qkv[:, n_heads * d : (n_heads + n_kv) * d].reshape(t, n_kv, d)
+    v = qkv[:, (n_heads + n_kv) * d :].reshape(t, n_kv, d)
+    ops.kv_write(layer, ops.rope(k, rows.positions, table), v, rows.slots)
+    return ops.rope(q, rows.positions, table)

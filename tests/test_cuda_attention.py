@@ -147,3 +147,19 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
         monkeypatch.setattr(plan, "BLOCKS_PER_SM", blocks)
         monkeypatch.setattr(plan, "ATTN_PART_BYTES", part_bytes)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+
+
+def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):
+    """The last block of a row merging in place gives the bits of the separate attn_merge launch,
+    and leaves its tickets at zero for the next launch."""
+    from kernels.cuda import ops as cuda_ops
+
+    hd, n_heads, n_kv, kv_type = CONFIGS[1]
+    cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv))
+    seqs, positions = _sample_rows(40)
+    q = RNG.standard_normal((40, n_heads, hd)).astype(np.float32)
+    one_launch = [_attend(gpu, cache, q, seqs, positions, 0.125) for _ in range(3)]
+    assert int(gpu._attn_counters.sum()) == 0
+    monkeypatch.setattr(cuda_ops, "ATTN_COUNTERS", 0)
+    two_launches = _attend(gpu, cache, q, seqs, positions, 0.125)
+    assert all(o.tobytes() == two_launches.tobytes() for o in one_launch)

@@ -221,3 +221,48 @@ def test_pages_park_restore_and_copy_keep_bits(gpu):
     assert gpu.kv_read_pages(layer, [6, 7])[0].tobytes() == parked[0].tobytes()
     gpu.kv_copy_pages(layer, [1], [0])
     assert gpu.kv_read_pages(layer, [0])[1].tobytes() == parked[1][:1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
+def test_matmul_residual_epilogue_equals_add(gpu, gpu_off, dtype, monkeypatch):
+    """matmul(x, w, bias, residual=r) must give add(r, matmul(x, w, bias)) bit for bit on every path
+    (streaming, tiled, float32, cuBLAS with exact off)."""
+    from kernels.cuda import plan
+
+    monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
+    w = _weight(2048, 1024, dtype)
+    for ops in (gpu, gpu_off):
+        dw, db = ops.upload(w), ops.tensor(_rand(2048))
+        for m in (1, 9, 64, 200):
+            x, r = cp.asarray(_rand(m, 1024)), cp.asarray(_rand(m, 2048))
+            fused = cp.asnumpy(ops.matmul(x, dw, db, residual=r))
+            apart = cp.asnumpy(ops.add(r, ops.matmul(x, dw, db)))
+            assert fused.tobytes() == apart.tobytes(), f"{dtype} exact={ops.exact} m={m}"
+
+
+def test_silu_mul_reads_the_halves_in_place(gpu):
+    gu = cp.asarray(_rand(33, 2 * 300))
+    halves = cp.asnumpy(gpu.silu_mul(gu[:, :300], gu[:, 300:]))
+    copies = cp.asnumpy(gpu.silu_mul(cp.ascontiguousarray(gu[:, :300]), cp.ascontiguousarray(gu[:, 300:])))
+    assert halves.shape == (33, 300) and halves.tobytes() == copies.tobytes()
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("neox", [True, False])
+def test_qkv_rope_write_equals_the_separate_ops(gpu, kv_type, neox):
+    from kernels.base import PagedRows, split_qkv_rope_write
+
+    n_heads, n_kv, hd, t = 8, 2, 64, 37
+    cos, sin, _ = _rope_table(2048, hd // 2, neox)
+    table = RopeTable(gpu.tensor(cos), gpu.tensor(sin), neox)
+    qkv = cp.asarray(_rand(t, (n_heads + 2 * n_kv) * hd, scale=3.0))
+    slots = np.concatenate([RNG.choice(4 * PAGE_SIZE, t - 2, replace=False), [-1, -1]]).astype(np.int64)
+    rows = PagedRows(positions=cp.asarray(RNG.integers(0, 2048, t).astype(np.int32)), seq=cp.zeros(t, cp.int32),
+                     block_tables=cp.zeros((1, 4), cp.int32), slots=cp.asarray(slots))
+    fused_layer, split_layer = gpu.kv_alloc(4, n_kv, hd, kv_type), gpu.kv_alloc(4, n_kv, hd, kv_type)
+    q_fused = cp.asnumpy(gpu.qkv_rope_write(qkv, rows, table, fused_layer, n_heads, n_kv))
+    q_split = cp.asnumpy(split_qkv_rope_write(gpu, qkv, rows, table, split_layer, n_heads, n_kv))
+    assert q_fused.shape == (t, n_heads, hd) and q_fused.tobytes() == q_split.tobytes()
+    pages = list(range(4))
+    for a, b in zip(gpu.kv_read_pages(fused_layer, pages), gpu.kv_read_pages(split_layer, pages), strict=True):
+        assert a.tobytes() == b.tobytes()

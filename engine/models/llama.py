@@ -119,27 +119,30 @@ class LlamaModel:
     def forward(self, tokens, rows: PagedRows, kv: list, logit_rows) -> Any:
         """One step over a batch of token rows; returns float32 logits for `logit_rows` only."""
         c, ops = self.config, self.ops
-        t = len(tokens)
-        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         x = ops.embedding(self.embed, tokens)
         for layer, cache in zip(self.layers, kv, strict=True):
             h = ops.rms_norm(x, layer.attn_norm, c.rms_eps)
             qkv = ops.matmul(h, layer.w_qkv, layer.b_qkv)
-            q = qkv[:, :nq].reshape(t, c.n_heads, c.head_dim)
-            k = qkv[:, nq : nq + nkv].reshape(t, c.n_kv_heads, c.head_dim)
-            v = qkv[:, nq + nkv :].reshape(t, c.n_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q = ops.rms_norm(q.reshape(-1, c.head_dim), layer.q_norm, c.rms_eps).reshape(q.shape)
-                k = ops.rms_norm(k.reshape(-1, c.head_dim), layer.k_norm, c.rms_eps).reshape(k.shape)
-            q = ops.rope(q, rows.positions, self.rope)
-            k = ops.rope(k, rows.positions, self.rope)
-            ops.kv_write(cache, k, v, rows.slots)
+            if layer.q_norm is None:
+                q = ops.qkv_rope_write(qkv, rows, self.rope, cache, c.n_heads, c.n_kv_heads)
+            else:
+                q = self._qk_norm_rope_write(qkv, layer, rows, cache)
             attn = ops.attention(q, cache, rows, self.scale)
-            x = ops.add(x, ops.matmul(attn, layer.wo))
+            x = ops.matmul(attn, layer.wo, residual=x)
             h = ops.rms_norm(x, layer.ffn_norm, c.rms_eps)
             gu = ops.matmul(h, layer.w_gate_up)
-            g = ops.silu_mul(gu[:, : c.ffn], gu[:, c.ffn :])
-            x = ops.add(x, ops.matmul(g, layer.w_down))
+            x = ops.matmul(ops.silu_mul(gu[:, : c.ffn], gu[:, c.ffn :]), layer.w_down, residual=x)
         x = x[logit_rows]
         return ops.matmul(ops.rms_norm(x, self.norm, c.rms_eps), self.lm_head)
 
+
+    def _qk_norm_rope_write(self, qkv, layer: _Layer, rows: PagedRows, cache) -> Any:
+        """Qwen3: q and k are normalised per head before RoPE, so the fused write does not apply."""
+        c, ops = self.config, self.ops
+        t = qkv.shape[0]
+        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        q = ops.rms_norm(qkv[:, :nq].reshape(-1, c.head_dim), layer.q_norm, c.rms_eps)
+        k = ops.rms_norm(qkv[:, nq : nq + nkv].reshape(-1, c.head_dim), layer.k_norm, c.rms_eps)
+        v = qkv[:, nq + nkv :].reshape(t, c.n_kv_heads, c.head_dim)
+        ops.kv_write(cache, ops.rope(k.reshape(t, c.n_kv_heads, c.head_dim), rows.positions, self.rope), v, rows.slots)
+        return ops.rope(q.reshape(t, c.n_heads, c.head_dim), rows.positions, self.rope)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable
+from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
 from kernels.weights import QK8_0, Weight, bf16_to_f32, f32_to_bf16
 
 BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
@@ -106,7 +106,8 @@ class CpuOps:
         inv = (np.float32(1.0) / np.sqrt(ms + np.float32(eps))).astype(np.float32)
         return (x * inv[..., None]) * weight
 
-    def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None) -> np.ndarray:
+    def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
+               residual: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         t, k = x.shape
         n = w.shape[0]
@@ -122,6 +123,8 @@ class CpuOps:
                 out[:, n0 : n0 + block.shape[0]] = x @ block.T
         if bias is not None:
             out += bias
+        if residual is not None:
+            out = residual + out
         return out
 
     def _rows_gemv(self, x: np.ndarray, block: np.ndarray, out: np.ndarray) -> None:
@@ -174,6 +177,10 @@ class CpuOps:
             dst[pages, cells] = data
             if scale is not None:
                 dst_scale[pages, cells] = scale
+
+    def qkv_rope_write(self, qkv: np.ndarray, rows: PagedRows, table: RopeTable, layer: CpuKVLayer,
+                       n_heads: int, n_kv: int) -> np.ndarray:
+        return split_qkv_rope_write(self, qkv, rows, table, layer, n_heads, n_kv)
 
     def _page(self, layer: CpuKVLayer, page: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         ks = layer.k_scale[page, :n] if layer.k_scale is not None else None

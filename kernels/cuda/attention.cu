@@ -9,10 +9,11 @@
 //   weights  expf(s - max), exact zero for keys past p;
 //   sum      warp butterfly, then warps in index order;
 //   values   thread (d, part) sums keys part*D .. part*D+D-1 ascending; parts added in order.
-// It writes (o, m, l) of the chunk to `part`. `attn_merge` then folds the chunks of a row in
-// ascending order with merge_coeffs/merge_add from common.cuh. Which block computes which chunk
-// (blockIdx.z strides by gridDim.z) changes no bits: every chunk's partial is stored as is and the
-// merge order is fixed.
+// It writes (o, m, l) of the chunk to `part`. The chunks of a row are then folded in ascending
+// order with merge_coeffs/merge_add from common.cuh (merge_row): by the last of a row's blocks to
+// finish when `merge_here` (one launch), else by `attn_merge`. Which block computes which
+// chunk (blockIdx.z strides by gridDim.z) and which block merges change no bits: every chunk's
+// partial is stored as is and the merge order is fixed.
 //
 // Compiled once per (HEAD_DIM, GROUP_MAX, KV_T) through -D options.
 #include "common.cuh"
@@ -55,10 +56,28 @@ __device__ __forceinline__ void load8(const kv_t* __restrict__ p, float (&v)[8])
 #endif
 }
 
+// Output element d of query head qh of row r from its chunks 0..last. Partials are read through L2
+// (ld.cg): other blocks of this launch wrote them.
+__device__ __forceinline__ float merge_row(const float* __restrict__ part, int r, int qh, int d, int last,
+                                           int n_heads, int W) {
+    const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
+    float m = __ldcg(base + D), l = __ldcg(base + D + 1), acc = __ldcg(base + d);
+    for (int c = 1; c <= last; ++c) {
+        const float* pc = base + (i64)c * (D + 2);
+        float a, b, m_new;
+        merge_coeffs(m, __ldcg(pc + D), a, b, m_new);
+        l = merge_add(l, a, __ldcg(pc + D + 1), b);
+        acc = merge_add(acc, a, __ldcg(pc + d), b);
+        m = m_new;
+    }
+    return __fdiv_rn(acc, l);
+}
+
 extern "C" __global__ void __launch_bounds__(PAGE)
 attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_t* __restrict__ vc,
              const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
-             float* __restrict__ part, int n_heads, int n_kv, int W, float scale) {
+             float* __restrict__ part, int n_heads, int n_kv, int W, float scale, int merge_here,
+             int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float qs[GM][D];
     __shared__ float sc[GM][PAGE];
     __shared__ float ob[PARTS][GM][D];
@@ -167,6 +186,25 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         }
         __syncthreads();  // sc, ob and the reduction slots are reused by the next chunk
     }
+    if (!merge_here) return;
+
+    // The last block of (row, head group) to finish merges; it leaves the counter at zero for the
+    // next launch (counters start zeroed and every launch returns them so).
+    __shared__ int merging;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* cnt = counters + (i64)r * gridDim.y + blockIdx.y;
+        merging = atomicAdd(cnt, 1) == (int)gridDim.z - 1;
+        if (merging) *cnt = 0;
+    }
+    __syncthreads();
+    if (!merging) return;
+    __threadfence();
+    for (int i = tid; i < ng * D; i += PAGE) {
+        const int g = i / D, d = i % D, qh = h * G + g0 + g;
+        out[((i64)r * n_heads + qh) * D + d] = merge_row(part, r, qh, d, last, n_heads, W);
+    }
 }
 
 // Folds a row's chunk partials in ascending order; one block per (row, query head), D threads.
@@ -174,16 +212,5 @@ extern "C" __global__ void __launch_bounds__(D)
 attn_merge(const float* __restrict__ part, const int* __restrict__ positions, float* __restrict__ out,
            int n_heads, int W) {
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    const int last = positions[r] / PAGE;
-    const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
-    float m = base[D], l = base[D + 1], acc = base[d];
-    for (int c = 1; c <= last; ++c) {
-        const float* pc = base + (i64)c * (D + 2);
-        float a, b, m_new;
-        merge_coeffs(m, pc[D], a, b, m_new);
-        l = merge_add(l, a, pc[D + 1], b);
-        acc = merge_add(acc, a, pc[d], b);
-        m = m_new;
-    }
-    out[((i64)r * n_heads + qh) * D + d] = __fdiv_rn(acc, l);
+    out[((i64)r * n_heads + qh) * D + d] = merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W);
 }

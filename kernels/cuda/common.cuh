@@ -52,6 +52,13 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// ---- RoPE: one pair (a, b) rotated by the angle whose cosine and sine are c, s
+
+__device__ __forceinline__ void rotate(float a, float b, float c, float s, float& ya, float& yb) {
+    ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    yb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 // ---- storage types: load one element as float, store a float with the cache's rounding
 
 struct F32 {

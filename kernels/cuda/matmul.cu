@@ -38,6 +38,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Bias, then the residual stream: the same two roundings as add(x, matmul(h, w, bias)).
+#define EPI_BIAS 1
+#define EPI_RESIDUAL 2
+__device__ __forceinline__ float epilogue(float v, const float* __restrict__ bias, const float* __restrict__ res,
+                                          int m, int n, int N, int flags) {
+    if (flags & EPI_BIAS) v = __fadd_rn(v, bias[n]);
+    if (flags & EPI_RESIDUAL) v = __fadd_rn(res[(i64)m * N + n], v);
+    return v;
+}
+
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
     return WT == WT_BF16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
@@ -76,7 +86,8 @@ __device__ __forceinline__ void load_act(const float* __restrict__ x, int m, int
 template <int WT, int TM, int U>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
-                                      float* __restrict__ out, int M, int N, int K, int Kp, int has_bias) {
+                                      const float* __restrict__ res, float* __restrict__ out, int M, int N,
+                                      int K, int Kp, int flags) {
     extern __shared__ float red[];
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -185,11 +196,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         for (int i = 0; i < 4; ++i) {
             const int n = n0 + g + ((i & 2) ? 8 : 0);
             const int mm = m + (i & 1);
-            if (n < N && mm < M) {
-                float v = acc[tm][i];
-                if (has_bias) v = __fadd_rn(v, bias[n]);
-                out[(i64)mm * N + n] = v;
-            }
+            if (n < N && mm < M) out[(i64)mm * N + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
         }
     }
 }
@@ -198,9 +205,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 // accumulators stay in registers.
 #define MM_TC(NAME, WT, TM, U)                                                                           \
     extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
-        const void* w, const u16* scales, const float* x, const float* bias, float* out, int M, int N,  \
-        int K, int Kp, int has_bias) {                                                                   \
-        mm_tc<WT, TM, U>(w, scales, x, bias, out, M, N, K, Kp, has_bias);                                 \
+        const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
+        int M, int N, int K, int Kp, int flags) {                                                        \
+        mm_tc<WT, TM, U>(w, scales, x, bias, res, out, M, N, K, Kp, flags);                               \
     }
 
 MM_TC(mm_f16_tm1, WT_F16, 1, 4)
@@ -221,8 +228,9 @@ MM_TC(mm_q8_tm8, WT_Q8, 8, 1)
 // the same per-row arithmetic, so M never changes a row's bits.
 #define F32_TOKENS 4
 extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict__ w, const float* __restrict__ x,
-                                                         const float* __restrict__ bias, float* __restrict__ out,
-                                                         int M, int N, int K, int Kp, int has_bias, int rows_per_y) {
+                                                         const float* __restrict__ bias, const float* __restrict__ res,
+                                                         float* __restrict__ out, int M, int N, int K, int Kp,
+                                                         int flags, int rows_per_y) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + warp;
     if (n >= N) return;  // no block-wide barrier below
@@ -252,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
         for (int i = 0; i < F32_TOKENS; ++i) {
             const float v = warp_sum(acc[i]);
             const int m = m0 + i;
-            if (lane == 0 && m < m_last) out[(i64)m * N + n] = has_bias ? __fadd_rn(v, bias[n]) : v;
+            if (lane == 0 && m < m_last) out[(i64)m * N + n] = epilogue(v, bias, res, m, n, N, flags);
         }
     }
 }
@@ -289,8 +297,8 @@ __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wai
 template <int WT>
 __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* __restrict__ scales,
                                         const float* __restrict__ x, const float* __restrict__ bias,
-                                        float* __restrict__ out, int M, int N, int K, int Kp, int Np,
-                                        int has_bias, int S) {
+                                        const float* __restrict__ res, float* __restrict__ out, int M, int N,
+                                        int K, int Kp, int Np, int flags, int S) {
     constexpr int WB = WT == WT_Q8 ? 32 : 64;  // bytes of one weight row in one chunk
     __shared__ __align__(16) unsigned char ws[STAGES][TILE_N * WB];
     __shared__ __align__(16) float xs[STAGES][TILE_M * XS_STRIDE];
@@ -410,19 +418,15 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
             for (int i = 0; i < 4; ++i) {
                 const int n = n0 + wn * 32 + rt * 16 + g + ((i & 2) ? 8 : 0);
                 const int m = m0 + wm * 32 + tt * 8 + 2 * t + (i & 1);
-                if (n < N && m < M) {
-                    float v = total[rt][tt][i];
-                    if (has_bias) v = __fadd_rn(v, bias[n]);
-                    out[(i64)m * N + n] = v;
-                }
+                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
             }
 }
 
 #define MM_TILE(NAME, WT)                                                                                \
     extern "C" __global__ void __launch_bounds__(128) NAME(const void* w, const u16* scales, const float* x, \
-                                                           const float* bias, float* out, int M, int N, int K, \
-                                                           int Kp, int Np, int has_bias, int S) {          \
-        mm_tile<WT>(w, scales, x, bias, out, M, N, K, Kp, Np, has_bias, S);                               \
+                                                           const float* bias, const float* res, float* out, \
+                                                           int M, int N, int K, int Kp, int Np, int flags, int S) { \
+        mm_tile<WT>(w, scales, x, bias, res, out, M, N, K, Kp, Np, flags, S);                             \
     }
 
 MM_TILE(mm_tile_f16, WT_F16)

@@ -30,6 +30,8 @@ from kernels.weights import Weight
 CUBLAS_MIN_ROWS = 65
 KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+ATTN_COUNTERS = 1 << 18  # launches with more (row, head group) pairs merge in a second kernel
+EPI_BIAS, EPI_RESIDUAL = 1, 2  # matmul.cu's epilogue flags
 
 
 @dataclass
@@ -49,6 +51,15 @@ def _rows(x) -> Any:
     return x if x.data.ptr % 16 == 0 else x.copy()
 
 
+def _halves(gate, up) -> tuple[Any, Any]:
+    """gate and up as read in place: the two column halves of one float32 matrix (a fused gate|up
+    output) share a row stride; anything else is made contiguous."""
+    if (gate.dtype == up.dtype == cp.float32 and gate.ndim == up.ndim == 2 and gate.shape == up.shape
+            and gate.strides == up.strides and gate.strides[1] == 4 and gate.data.ptr % 4 == 0):
+        return gate, up
+    return _rows(gate), _rows(up)
+
+
 def _index(a, dtype=cp.int32) -> Any:
     return cp.ascontiguousarray(cp.asarray(a), dtype=dtype)
 
@@ -61,7 +72,9 @@ class CudaOps:
         self.device = cp.cuda.Device(device)
         self.device.use()
         self.sm_count = int(self.device.attributes["MultiProcessorCount"])
-        self._dummy = cp.zeros(4, dtype=cp.float32)  # stands for an absent bias pointer
+        self._dummy = cp.zeros(4, dtype=cp.float32)  # stands for an absent bias or residual pointer
+        # attention's per (row, head group) tickets: zero between launches (the kernel resets them)
+        self._attn_counters = cp.zeros(ATTN_COUNTERS, dtype=cp.int32)
         self.tiled = True  # tests turn it off to compare the two matmul kernels bit for bit
 
     # --- data movement
@@ -108,7 +121,7 @@ class CudaOps:
             kernel("rows.cu", "rms_norm")((rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
         return y
 
-    def matmul(self, x, w: CudaWeight, bias=None):
+    def matmul(self, x, w: CudaWeight, bias=None, residual=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
         n = w.shape[0]
@@ -117,33 +130,36 @@ class CudaOps:
         out = cp.empty((t, n), dtype=cp.float32)
         if t == 0:
             return out
+        if residual is not None:
+            residual = _rows(residual)
         if not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0":
-            return self._cublas(x, w, bias, out)
+            return self._cublas(x, w, bias, residual, out)
         b = bias if bias is not None else self._dummy
-        has_bias = _i32(bias is not None)
+        res = residual if residual is not None else self._dummy
+        flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if residual is not None else 0))
         kp = int(w.data.shape[1])
         if w.dtype == "f32":
             grid, block = plan.f32_matmul_grid(t, n)
-            kernel("matmul.cu", "mm_f32")(grid, block, (w.data, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp),
-                                                        has_bias, _i32(plan.F32_TOKENS_PER_Y)))
+            kernel("matmul.cu", "mm_f32")(grid, block, (w.data, x, b, res, out, _i32(t), _i32(n), _i32(k),
+                                                        _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
             return out
         scales = w.scales if w.scales is not None else self._dummy
         tiled = plan.tile_launch(w.dtype, t, n, k, self.sm_count) if self.tiled else None
         if tiled is not None:  # wide batches: same sums, weights staged through shared memory
             kernel("matmul.cu", tiled.kernel)(
                 tiled.grid, tiled.block,
-                (w.data, scales, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
-                 has_bias, _i32(tiled.split)))
+                (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
+                 flags, _i32(tiled.split)))
             return out
         launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
         kernel("matmul.cu", launch.kernel)(
             launch.grid, launch.block,
-            (w.data, scales, x, b, out, _i32(t), _i32(n), _i32(k), _i32(kp), has_bias),
+            (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags),
             shared_mem=launch.shared,
         )
         return out
 
-    def _cublas(self, x, w: CudaWeight, bias, out):
+    def _cublas(self, x, w: CudaWeight, bias, residual, out):
         t, k = x.shape
         n = w.shape[0]
         if w.dtype == "f32":
@@ -157,6 +173,8 @@ class CudaOps:
             gemm_16bit(w.data, x16, out, n, t, kp, w.dtype)
         if bias is not None:
             out += bias
+        if residual is not None:
+            out += residual
         return out
 
     def rope(self, x, positions, table: RopeTable):
@@ -171,11 +189,13 @@ class CudaOps:
         return y
 
     def silu_mul(self, gate, up):
-        gate, up = _rows(gate), _rows(up)
-        y = cp.empty_like(gate)
-        if gate.size:
-            grid, block = plan.elementwise_grid(gate.size)
-            kernel("pointwise.cu", "silu_mul")(grid, block, (gate, up, y, np.int64(gate.size)))
+        gate, up = _halves(gate, up)
+        t, f = (int(s) for s in gate.shape)
+        y = cp.empty((t, f), dtype=cp.float32)
+        if t * f:
+            grid, block = plan.elementwise_grid(t * f)
+            kernel("pointwise.cu", "silu_mul")(grid, block, (gate, up, y, _i32(t), _i32(f),
+                                                             np.int64(gate.strides[0] // 4)))
         return y
 
     def add(self, a, b):
@@ -217,6 +237,21 @@ class CudaOps:
         kernel("kv_cache.cu", f"kv_write_{layer.kv_type}")(
             grid, block, (k, v, layer.k, layer.v, _index(slots, cp.int64), _i32(t), _i32(hd)))
 
+    def qkv_rope_write(self, qkv, rows: PagedRows, table: RopeTable, layer: CudaKVLayer, n_heads: int,
+                       n_kv: int):
+        qkv = _rows(qkv)
+        t = int(qkv.shape[0])
+        d = int(qkv.shape[1]) // (n_heads + 2 * n_kv)
+        q = cp.empty((t, n_heads, d), dtype=cp.float32)
+        n = t * (n_heads + 2 * n_kv) * (d // 2)
+        if n:
+            grid, block = plan.elementwise_grid(n)
+            kernel("kv_cache.cu", f"rope_qkv_write_{layer.kv_type}")(
+                grid, block, (qkv, q, layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64),
+                              table.cos, table.sin, _i32(t), _i32(n_heads), _i32(n_kv), _i32(d),
+                              _i32(table.neox)))
+        return q
+
     def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):
         q = _rows(q)
         t, n_heads, d = (int(s) for s in q.shape)
@@ -233,13 +268,17 @@ class CudaOps:
         merge = kernel("attention.cu", "attn_merge", defines)
         step = launch.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32)
+        groups = n_kv * launch.subgroups
+        fused = min(t, step) * groups <= ATTN_COUNTERS
         for r0 in range(0, t, step):
             r1 = min(t, r0 + step)
             # Row slices only bound the scratch: rows are independent, so the bits are the same.
-            partial((r1 - r0, n_kv * launch.subgroups, launch.workers), (plan.ATTN_THREADS,),
+            partial((r1 - r0, groups, launch.workers), (plan.ATTN_THREADS,),
                     (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, part,
-                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale)))
-            merge((r1 - r0, n_heads), (d,), (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
+                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale), _i32(fused),
+                     self._attn_counters, out[r0:r1]))
+            if not fused:
+                merge((r1 - r0, n_heads), (d,), (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
         return out
 
     def kv_read_pages(self, layer: CudaKVLayer, pages) -> tuple[np.ndarray, ...]:

@@ -16,18 +16,18 @@ extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__
     const float c = cos_t[at], s = sin_t[at];
     const i64 base = rh * Dh;
     const i64 i1 = base + (neox ? j : 2 * j), i2 = base + (neox ? j + half : 2 * j + 1);
-    const float a = x[i1], b = x[i2];
-    y[i1] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    y[i2] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    rotate(x[i1], x[i2], c, s, y[i1], y[i2]);
 }
 
-// gate / (1 + exp(-gate)) * up
+// gate / (1 + exp(-gate)) * up, y [T, F]; gate and up rows are `ld` floats apart (the two halves
+// of a fused gate|up matmul's output rows, read in place).
 extern "C" __global__ void silu_mul(const float* __restrict__ gate, const float* __restrict__ up,
-                                    float* __restrict__ y, i64 n) {
+                                    float* __restrict__ y, int T, int F, i64 ld) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float g = gate[i];
-    y[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+    if (i >= (i64)T * F) return;
+    const i64 at = (i / F) * ld + i % F;
+    const float g = gate[at];
+    y[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[at]);
 }
 
 extern "C" __global__ void add(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
