@@ -3,7 +3,9 @@
 # off interleaved), bench/speculation.py on the bundled model, then the exactness matrix on CUDA (a tiny
 # model with exact on and off, the 1B shape with exact on). JSON under $OUT; summary last.
 # Needs the gguf wheel carried in .whl/ (the device image lacks it):
-#   bench/gpu_engine.sh [--quick] [--8b]     (--8b: also the 8B shape's throughput)
+#   bench/gpu_engine.sh [--quick] [--8b] [--throughput-only]
+#   (--quick: one repeat; --8b: also the 8B shape's throughput; --throughput-only: no speculation or
+#   exactness runs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-engine}
@@ -18,9 +20,9 @@ else
 fi
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
-repeats=3; with_8b=0
+repeats=3; with_8b=0; rest=1
 for arg in "$@"; do
-  case $arg in --quick) repeats=1 ;; --8b) with_8b=1 ;; esac
+  case $arg in --quick) repeats=1 ;; --8b) with_8b=1 ;; --throughput-only) rest=0 ;; esac
 done
 
 python3 - <<'PY'
@@ -38,6 +40,7 @@ if [ $with_8b = 1 ]; then
   save
   rm -f /tmp/shape-8b.gguf
 fi
+if [ $rest = 0 ]; then echo "== done in $(( $(date +%s) - start )) s"; exit 0; fi
 python3 bench/speculation.py --device cuda --out "$work/speculation-h200" 2>&1 | tail -n 22
 save
 python3 - <<'PY' > "$work/tiny-model.txt" 2>&1

@@ -100,7 +100,7 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
         launch = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
         fn = kernel("matmul.cu", launch.kernel)
         out = cp.empty((m, n), cp.float32)
-        args = lambda w: (w.data, w.scales if w.scales is not None else out, x, out, out,  # noqa: E731
+        args = lambda w: (w.data, w.scales if w.scales is not None else out, x, out, out, out,  # noqa: E731
                           np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]), np.int32(0))
 
         def run():

@@ -59,12 +59,28 @@ async def one_request(session, url: str, prompt: list[int], n_predict: int) -> d
             "generated": t["predicted_n"], "wall_s": time.perf_counter() - t0}
 
 
+async def engine_counters(session, url: str) -> dict[str, float]:
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    return {k.split(":", 1)[1]: float(v) for k, v in (ln.split() for ln in text.splitlines()
+                                                      if ln.startswith("lockstep:"))}
+
+
 async def cell(session, url: str, prompts: list[list[int]], n_predict: int) -> dict:
+    before = await engine_counters(session, url)
     results = await asyncio.gather(*(one_request(session, url, p, n_predict) for p in prompts))
+    after = await engine_counters(session, url)
+    d = {k: after[k] - before.get(k, 0.0) for k in ("steps_total", "step_seconds_total", "busy_seconds_total",
+                                                     "decode_steps_total", "decode_step_seconds_total")}
+    steps = max(d["steps_total"], 1.0)
     return {"decode_tps": sum(r["decode_tps"] for r in results),
             "ttft_s": statistics.median(r["ttft_s"] for r in results),
             "prefill_tps": statistics.median(r["prefill_tps"] for r in results),
-            "generated": sum(r["generated"] for r in results)}
+            "generated": sum(r["generated"] for r in results),
+            # where the compute thread's time went: forward steps (device work and the wait for it)
+            # against scheduling, sampling and event dispatch around them
+            "decode_step_ms": d["decode_step_seconds_total"] / max(d["decode_steps_total"], 1.0) * 1000,
+            "host_ms_per_step": (d["busy_seconds_total"] - d["step_seconds_total"]) / steps * 1000}
 
 
 def gpu_memory_mib(pids: set[int]) -> int | None:
@@ -137,6 +153,8 @@ def summarize(args, raw, peak, servers) -> dict:
             row[m] = {"decode_tps": round(tps, 1), "ttft_ms": round(_med(raw[m][c], "ttft_s") * 1000, 1),
                       "prefill_tps": round(_med(raw[m][c], "prefill_tps"), 1),
                       "bandwidth_fraction": round(step_bytes * tps / c / COPY_BANDWIDTH, 3),
+                      "decode_step_ms": round(_med(raw[m][c], "decode_step_ms"), 3),
+                      "host_ms_per_step": round(_med(raw[m][c], "host_ms_per_step"), 3),
                       "runs": [round(r["decode_tps"], 1) for r in raw[m][c]]}
         if "on" in row and "off" in row:
             row["on_over_off_decode"] = round(row["on"]["decode_tps"] / row["off"]["decode_tps"], 3)
@@ -151,13 +169,14 @@ def summarize(args, raw, peak, servers) -> dict:
 def markdown(r: dict) -> str:
     lines = [f"# Throughput: {r['shape']} shape on {r['device']} ({r['prompt']}-token prompts, "
              f"{r['generated']} generated, median of {r['repeats']})", "",
-             "| chats | exact on tok/s | exact off tok/s | on/off | TTFT on ms | prefill on tok/s | BW on |",
-             "|---|---|---|---|---|---|---|"]
+             "| chats | exact on tok/s | exact off tok/s | on/off | TTFT on ms | prefill on tok/s | BW on "
+             "| decode step on ms | host on ms/step |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in r["cells"]:
         on, off = row.get("on", {}), row.get("off", {})
         lines.append(f"| {row['chats']} | {on.get('decode_tps')} | {off.get('decode_tps')} | "
                      f"{row.get('on_over_off_decode')} | {on.get('ttft_ms')} | {on.get('prefill_tps')} | "
-                     f"{on.get('bandwidth_fraction')} |")
+                     f"{on.get('bandwidth_fraction')} | {on.get('decode_step_ms')} | {on.get('host_ms_per_step')} |")
     lines += ["", f"Peak GPU memory (MiB): {json.dumps(r['peak_gpu_mib'])}"]
     return "\n".join(lines) + "\n"
 

@@ -58,7 +58,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.counters = dict.fromkeys(("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total",
                                        "tokens_predicted_total", "drafted_total",
-                                       "draft_accepted_total"), 0)
+                                       "draft_accepted_total", "steps_total", "decode_steps_total"), 0)
+        self.counters |= {"step_seconds_total": 0.0, "decode_step_seconds_total": 0.0, "busy_seconds_total": 0.0}
 
     # ------------------------------------------------------------------ public API
     def start(self) -> None:
@@ -127,6 +128,7 @@ class Scheduler:
                     self._cv.wait(timeout=1.0)
                 if self._stop:
                     return
+                t_busy = time.perf_counter()
                 self._apply_cancels()
                 self._restore_parked()
                 self._admit()
@@ -141,6 +143,7 @@ class Scheduler:
                 batch, self._outbox = self._outbox, []
             if batch:
                 self.dispatch(batch)
+            self.counters["busy_seconds_total"] += time.perf_counter() - t_busy
 
     def _has_work(self) -> bool:
         return bool(self._running or self._parked or self._waiting or self._cancel)
@@ -277,7 +280,14 @@ class Scheduler:
             plan = self._plan()
         if not plan:
             return
+        t0 = time.perf_counter()
         results = self.runner.step([e for _, e in plan])
+        took = time.perf_counter() - t0
+        self.counters["step_seconds_total"] += took
+        self.counters["steps_total"] += 1
+        if all(len(e.tokens) == 1 for _, e in plan):
+            self.counters["decode_step_seconds_total"] += took
+            self.counters["decode_steps_total"] += 1
         with self._cv:
             for (seq, entry), logits in zip(plan, results, strict=True):
                 if seq.draft:

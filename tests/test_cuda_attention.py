@@ -57,7 +57,7 @@ class Cache:
 
     def cpu_layer(self, ops):
         k, v = ops.kv_read_pages(self.layer, list(range(self.n_pages)))
-        return CpuKVLayer(self.layer.kv_type, k, v)
+        return CpuKVLayer(self.layer.kv_type, self.layer.kv_type, k, v)
 
 
 def _kv(hd, n_kv):

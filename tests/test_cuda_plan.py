@@ -91,3 +91,15 @@ def test_graph_inputs_pad_rows_harmlessly():
 def test_available_answers_with_a_reason():
     ok, why = available()
     assert isinstance(ok, bool) and why
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (28672, 4096), (3072, 2048), (128256, 2048)], ids=str)
+def test_wide_launch_covers_the_batch_with_the_same_split(shape):
+    n, k = shape
+    for m in (1, 64, 127, 128, 512, 2048):
+        wide = plan.wide_launch("f16", m, n, k, 132)
+        blocks = plan.ceil_div(n, plan.WIDE_N) * plan.ceil_div(m, plan.WIDE_M)
+        assert (wide is None) == (m < plan.WIDE_MIN_ROWS or blocks < 0.75 * 132)
+        if wide:
+            assert wide.split == plan.split_k(n, k, 132) and wide.kernel == "mm_wide_f16"
+            assert wide.grid[0] * plan.WIDE_N >= n and wide.grid[1] * plan.WIDE_M >= m

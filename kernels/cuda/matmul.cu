@@ -265,14 +265,15 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
     }
 }
 
-// Activations to 16-bit, zero-padded to Kp columns, for the cuBLAS path (exact mode off only).
+// Activations to 16 bits, zero-padded to Kp columns, with pack_act's rounding: the operands of
+// mm_wide (exact) and of cuBLAS (exact mode off).
 extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restrict__ y, int M, int K, int Kp,
                                      int bf16) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)M * Kp) return;
     const int m = (int)(i / Kp), k = (int)(i % Kp);
     const float v = k < K ? x[(i64)m * K + k] : 0.f;
-    y[i] = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+    y[i] = (u16)((bf16 ? pack_act<WT_BF16>(v, 0.f) : pack_act<WT_F16>(v, 0.f)) & 0xffffu);
 }
 
 // ---- the tiled kernel for wide batches (prefill): the same sums as mm_tc, element for element.
@@ -432,3 +433,147 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
 MM_TILE(mm_tile_f16, WT_F16)
 MM_TILE(mm_tile_bf16, WT_BF16)
 MM_TILE(mm_tile_q8, WT_Q8)
+
+// ---- the wide kernel for long prefills: the same sums again, on 128 weight rows x 128 tokens per
+// block (8 warps, each 64 x 32: 4 row tiles x 4 token tiles). Activations arrive already rounded
+// to the MMA's 16-bit type (act_to_16: the rounding pack_act does), so both operands are staged as
+// raw 16-bit chunks and every fragment is one 16-byte shared-memory read. Chunk order, slice
+// bounds and the slice join are mm_tile's.
+#define WIDE_N 128
+#define WIDE_M 128
+
+template <int WT>
+__device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* __restrict__ scales,
+                                        const u16* __restrict__ x16, const float* __restrict__ bias,
+                                        const float* __restrict__ res, float* __restrict__ out, int M, int N,
+                                        int Kp, int Np, int flags, int S) {
+    constexpr int WB = WT == WT_Q8 ? 32 : 64;  // bytes of one weight row in one chunk
+    __shared__ __align__(16) unsigned char ws[STAGES][WIDE_N * WB];
+    __shared__ __align__(16) unsigned char xs[STAGES][WIDE_M * 64];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wn = warp & 1, wm = warp >> 1;
+    const int n0 = blockIdx.x * WIDE_N, m0 = blockIdx.y * WIDE_M;
+    const int C = Kp >> 5;
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w);
+    const unsigned char* xb = reinterpret_cast<const unsigned char*>(x16);
+    const i64 row_bytes = (i64)Kp * (WB / 32);
+
+    auto load_chunk = [&](int c, int stage) {
+        for (int i = tid; i < WIDE_N * WB / 16; i += 256) {
+            const int r = i / (WB / 16), seg = i % (WB / 16);
+            const int row = n0 + r;
+            const bool ok = row < Np;
+            cp_async16(&ws[stage][r * WB + seg * 16], ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
+        }
+        for (int i = tid; i < WIDE_M * 4; i += 256) {
+            const int r = i >> 2, seg = i & 3;
+            const bool ok = m0 + r < M;
+            cp_async16(&xs[stage][r * 64 + seg * 16], ok ? xb + (i64)(m0 + r) * Kp * 2 + c * 64 + seg * 16 : xb,
+                       ok ? 16 : 0);
+        }
+    };
+
+    float total[4][4][4], part[4][4][4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) total[a][b][i] = part[a][b][i] = 0.f;
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < C) load_chunk(st, st);
+        cp_async_commit();
+    }
+    int s = 0, slice_end = (int)((i64)C / S);
+    for (int c = 0; c < C; ++c) {
+        cp_async_wait_one();
+        __syncthreads();
+        if (c + STAGES - 1 < C) load_chunk(c + STAGES - 1, (c + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const unsigned char* wst = ws[c % STAGES];
+        const unsigned char* xst = xs[c % STAGES];
+
+        unsigned b1[4][2], b2[4][2];
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+            const uint4 u = *reinterpret_cast<const uint4*>(xst + (wm * 32 + tt * 8 + g) * 64 + 16 * t);
+            b1[tt][0] = u.x; b1[tt][1] = u.y; b2[tt][0] = u.z; b2[tt][1] = u.w;
+        }
+#pragma unroll
+        for (int rt = 0; rt < 4; ++rt) {
+            const int ra = wn * 64 + rt * 16 + g;
+            unsigned a1[4], a2[4];
+            float da = 0.f, db = 0.f;
+            if (WT == WT_Q8) {
+                const uint2 qa = *reinterpret_cast<const uint2*>(wst + ra * WB + 8 * t);
+                const uint2 qb = *reinterpret_cast<const uint2*>(wst + (ra + 8) * WB + 8 * t);
+                a1[0] = q8_pair(qa.x, 0);  a1[1] = q8_pair(qb.x, 0);
+                a1[2] = q8_pair(qa.x, 16); a1[3] = q8_pair(qb.x, 16);
+                a2[0] = q8_pair(qa.y, 0);  a2[1] = q8_pair(qb.y, 0);
+                a2[2] = q8_pair(qa.y, 16); a2[3] = q8_pair(qb.y, 16);
+                if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
+                if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
+            } else {
+                const uint4 qa = *reinterpret_cast<const uint4*>(wst + ra * WB + 16 * t);
+                const uint4 qb = *reinterpret_cast<const uint4*>(wst + (ra + 8) * WB + 16 * t);
+                a1[0] = qa.x; a1[1] = qb.x; a1[2] = qa.y; a1[3] = qb.y;
+                a2[0] = qa.z; a2[1] = qb.z; a2[2] = qa.w; a2[3] = qb.w;
+            }
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt) {
+                if (WT == WT_Q8) {
+                    float p[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                    part[rt][tt][0] = __fmaf_rn(da, p[0], part[rt][tt][0]);
+                    part[rt][tt][1] = __fmaf_rn(da, p[1], part[rt][tt][1]);
+                    part[rt][tt][2] = __fmaf_rn(db, p[2], part[rt][tt][2]);
+                    part[rt][tt][3] = __fmaf_rn(db, p[3], part[rt][tt][3]);
+                } else if (WT == WT_BF16) {
+                    mma_bf16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                    mma_bf16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                } else {
+                    mma_f16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                    mma_f16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                }
+            }
+        }
+        if (c + 1 == slice_end) {
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        total[a][b][i] = s == 0 ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
+                        part[a][b][i] = 0.f;
+                    }
+            ++s;
+            slice_end = (int)(((i64)(s + 1) * C) / S);
+        }
+    }
+
+#pragma unroll
+    for (int rt = 0; rt < 4; ++rt)
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = n0 + wn * 64 + rt * 16 + g + ((i & 2) ? 8 : 0);
+                const int m = m0 + wm * 32 + tt * 8 + 2 * t + (i & 1);
+                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
+            }
+}
+
+#define MM_WIDE(NAME, WT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const void* w, const u16* scales, const u16* x16, \
+                                                           const float* bias, const float* res, float* out, \
+                                                           int M, int N, int Kp, int Np, int flags, int S) { \
+        mm_wide<WT>(w, scales, x16, bias, res, out, M, N, Kp, Np, flags, S);                              \
+    }
+
+MM_WIDE(mm_wide_f16, WT_F16)
+MM_WIDE(mm_wide_bf16, WT_BF16)
+MM_WIDE(mm_wide_q8, WT_Q8)

@@ -75,7 +75,9 @@ class CudaOps:
         self._dummy = cp.zeros(4, dtype=cp.float32)  # stands for an absent bias or residual pointer
         # attention's per (row, head group) tickets: zero between launches (the kernel resets them)
         self._attn_counters = cp.zeros(ATTN_COUNTERS, dtype=cp.int32)
-        self.tiled = True  # tests turn it off to compare the two matmul kernels bit for bit
+        # Which shared-memory kernels wide batches may take: True (all), "tile" (not mm_wide) or False
+        # (streaming only); tests narrow it to compare the kernels bit for bit.
+        self.tiled: bool | str = True
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -144,6 +146,13 @@ class CudaOps:
                                                         _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
             return out
         scales = w.scales if w.scales is not None else self._dummy
+        wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled is True else None
+        if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory
+            kernel("matmul.cu", wide.kernel)(
+                wide.grid, wide.block,
+                (w.data, scales, self._act16(x, kp, w.dtype == "bf16"), b, res, out, _i32(t), _i32(n), _i32(kp),
+                 _i32(w.data.shape[0]), flags, _i32(wide.split)))
+            return out
         tiled = plan.tile_launch(w.dtype, t, n, k, self.sm_count) if self.tiled else None
         if tiled is not None:  # wide batches: same sums, weights staged through shared memory
             kernel("matmul.cu", tiled.kernel)(
@@ -166,16 +175,21 @@ class CudaOps:
             cp.matmul(x, w.data[:n, :k].T, out=out)
         else:
             kp = int(w.data.shape[1])
-            x16 = cp.empty((t, kp), dtype=cp.uint16)
-            grid, block = plan.elementwise_grid(t * kp)
-            kernel("matmul.cu", "act_to_16")(grid, block, (x, x16, _i32(t), _i32(k), _i32(kp),
-                                                           _i32(w.dtype == "bf16")))
-            gemm_16bit(w.data, x16, out, n, t, kp, w.dtype)
+            gemm_16bit(w.data, self._act16(x, kp, w.dtype == "bf16"), out, n, t, kp, w.dtype)
         if bias is not None:
             out += bias
         if residual is not None:
             out += residual
         return out
+
+    @staticmethod
+    def _act16(x, kp: int, bf16: bool):
+        """Activations rounded to f16 (bf16), zero-padded to kp columns: what the MMAs are fed."""
+        t, k = (int(s) for s in x.shape)
+        x16 = cp.empty((t, kp), dtype=cp.uint16)
+        grid, block = plan.elementwise_grid(t * kp)
+        kernel("matmul.cu", "act_to_16")(grid, block, (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16)))
+        return x16
 
     def rope(self, x, positions, table: RopeTable):
         x = _rows(x)

@@ -102,6 +102,21 @@ def tile_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
     return MatmulLaunch(f"mm_tile_{name}", grid, (128, 1, 1), 0, split_k(n, k, sm_count), TILE_M // TOKEN_TILE)
 
 
+WIDE_N = 128  # weight rows per block of the wide kernel (mm_wide_*)
+WIDE_M = 128  # token rows per block of the wide kernel
+WIDE_MIN_ROWS = 128
+
+
+def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
+    """The wide launch for long prefills (activations converted to 16 bits first), or None where the
+    batch is too short or its tiles would leave the device idle."""
+    if m < WIDE_MIN_ROWS or ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
+        return None
+    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
+    grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)
+    return MatmulLaunch(f"mm_wide_{name}", grid, (256, 1, 1), 0, split_k(n, k, sm_count), WIDE_M // TOKEN_TILE)
+
+
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return (ceil_div(n, F32_ROWS_PER_BLOCK), ceil_div(max(m, 1), F32_TOKENS_PER_Y), 1), (256, 1, 1)
 
