@@ -113,12 +113,13 @@ class Runner:
                 positions.append(p)
                 slots.append(e.pages[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE)
         logits = self.graphs(tokens, positions, tables, slots)
-        return self._outputs(entries, logits, spans)
+        return self._outputs(entries, logits, spans, getattr(self.graphs, "last_argmax", None))
 
-    def _outputs(self, entries: list[StepEntry], logits, spans) -> list[RowsOut | None]:
-        """One device argmax for all rows; host copies of only the rows whose entries need them."""
+    def _outputs(self, entries: list[StepEntry], logits, spans, argmax=None) -> list[RowsOut | None]:
+        """One device argmax for all rows (the replay's own when it made one); host copies of only the
+        rows whose entries need them."""
         ops = self.ops
-        am = ops.to_host(ops.argmax(logits))
+        am = ops.to_host(ops.argmax(logits) if argmax is None else argmax)
         wanted = [r for e, (a, b) in zip(entries, spans, strict=True) if e.full_rows for r in range(a, b)]
         host = ops.to_host(logits[ops.tensor(np.asarray(wanted, dtype=np.int64))]) if wanted else None
         out, at = [], 0

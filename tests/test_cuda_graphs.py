@@ -101,6 +101,7 @@ def test_graph_replay_equals_uncaptured_step(arch, dtype):
     for _ in range(4):
         tokens = RNG.integers(0, 320, len(seqs))
         replay = ops.to_host(graphs(*_decode_inputs(sess, seqs, tokens)))
+        assert ops.to_host(graphs.last_argmax).tolist() == np.argmax(replay, axis=1).tolist()
         alone = [ops.to_host(graphs(*_decode_inputs(sess, [s], [tok])))[0] for s, tok in zip(seqs, tokens, strict=True)]
         plain = sess.step(seqs, [[x] for x in tokens])  # writes the same K/V bits again, then advances
         assert replay.tobytes() == plain.tobytes()

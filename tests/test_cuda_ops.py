@@ -191,13 +191,16 @@ def test_embedding_equals_cpu_bits(gpu, dtype):
     assert got.tobytes() == np.ascontiguousarray(ref, np.float32).tobytes()
 
 
-def test_argmax_ties_to_lowest(gpu):
-    x = _rand(9, 128256)
-    x[3, [7, 100, 5000]] = 50.0  # a three-way tie
+@pytest.mark.parametrize("vocab", [5, 2048, 2049, 128256])
+def test_argmax_ties_to_lowest(gpu, vocab):
+    x = _rand(9, vocab)
+    x[3, [1, 3, vocab - 1]] = 50.0  # a three-way tie, across the first pass's blocks for large vocabularies
     x[5, :] = 1.0  # all equal
+    x[6, vocab - 1] = 60.0  # the last element
+    x[7, :] = -np.inf
     got = cp.asnumpy(gpu.argmax(cp.asarray(x)))
     assert got.tolist() == np.argmax(x, axis=1).tolist()
-    assert got[3] == 7 and got[5] == 0
+    assert got[3] == 1 and got[5] == 0 and got[6] == vocab - 1 and got[7] == 0
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "bf16"])

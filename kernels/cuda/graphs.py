@@ -36,12 +36,15 @@ class _Graph:
     slots_host: np.ndarray
     graph: Any
     logits: Any  # device [bucket, vocab], written by every replay
+    argmax: Any  # device int32 [bucket]: each row's greedy token, computed in the same replay
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[Any, PagedRows, Any], Any], max_pages: int,
+    def __init__(self, forward: Callable[[Any, PagedRows, Any], Any], argmax: Callable[[Any], Any], max_pages: int,
                  buckets: tuple[int, ...] = DEFAULT_BUCKETS):
-        self.forward, self.width, self.buckets = forward, int(max_pages), tuple(sorted(buckets))
+        self.forward, self.argmax, self.width = forward, argmax, int(max_pages)
+        self.buckets = tuple(sorted(buckets))
+        self.last_argmax = None  # device int32 [n]: the argmax rows of the latest replay
         self._graphs: dict[int, _Graph] = {}
         self._pool = cp.cuda.MemoryPool()
         self._stream = cp.cuda.Stream(non_blocking=False)
@@ -62,6 +65,7 @@ class DecodeGraphs:
         g.ints.data.copy_from_host_async(ctypes.c_void_p(g.host.ctypes.data), g.host.nbytes, stream)
         g.slots.data.copy_from_host_async(ctypes.c_void_p(g.slots_host.ctypes.data), g.slots_host.nbytes, stream)
         g.graph.launch(stream)
+        self.last_argmax = g.argmax[:n]
         return g.logits[:n]
 
     def _capture(self, b: int) -> _Graph:
@@ -74,15 +78,16 @@ class DecodeGraphs:
                          block_tables=ints[3 * b :].reshape(b, w), slots=slots)
         ids, logit_rows = ints[:b], cp.arange(b, dtype=cp.int64)
         with cp.cuda.using_allocator(self._pool.malloc), self._stream:
-            self.forward(ids, rows, logit_rows)  # compiles kernels and sizes the pool outside the capture
+            self.argmax(self.forward(ids, rows, logit_rows))  # compiles kernels, sizes the pool outside the capture
             self._stream.synchronize()
             self._stream.begin_capture()
             try:
                 logits = self.forward(ids, rows, logit_rows)
+                argmax = self.argmax(logits)
             finally:
                 graph = self._stream.end_capture()
         graph.upload(self._stream)
         self._stream.synchronize()
-        g = _Graph(b, ints, slots, logit_rows, host, slots_host, graph, logits)
+        g = _Graph(b, ints, slots, logit_rows, host, slots_host, graph, logits, argmax)
         self._graphs[b] = g
         return g

@@ -437,10 +437,17 @@ MM_TILE(mm_tile_q8, WT_Q8)
 // ---- the wide kernel for long prefills: the same sums again, on 128 weight rows x 128 tokens per
 // block (8 warps, each 64 x 32: 4 row tiles x 4 token tiles). Activations arrive already rounded
 // to the MMA's 16-bit type (act_to_16: the rounding pack_act does), so both operands are staged as
-// raw 16-bit chunks and every fragment is one 16-byte shared-memory read. Chunk order, slice
-// bounds and the slice join are mm_tile's.
+// raw 16-bit chunks and every fragment is one 16-byte shared-memory read. A pipeline stage holds
+// WIDE_KC chunks; WIDE_STAGES stages sit in dynamic shared memory (plan.wide_smem). Chunk order,
+// slice bounds and the slice join are mm_tile's.
 #define WIDE_N 128
 #define WIDE_M 128
+#ifndef WIDE_STAGES
+#define WIDE_STAGES 4
+#endif
+#ifndef WIDE_KC
+#define WIDE_KC 1
+#endif
 
 template <int WT>
 __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* __restrict__ scales,
@@ -448,28 +455,38 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
                                         const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                         int Kp, int Np, int flags, int S) {
     constexpr int WB = WT == WT_Q8 ? 32 : 64;  // bytes of one weight row in one chunk
-    __shared__ __align__(16) unsigned char ws[STAGES][WIDE_N * WB];
-    __shared__ __align__(16) unsigned char xs[STAGES][WIDE_M * 64];
+    constexpr int W_STAGE = WIDE_KC * WIDE_N * WB, X_STAGE = WIDE_KC * WIDE_M * 64;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* ws = smem;                           // [WIDE_STAGES][WIDE_KC][WIDE_N * WB]
+    unsigned char* xs = smem + WIDE_STAGES * W_STAGE;  // [WIDE_STAGES][WIDE_KC][WIDE_M * 64]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wn = warp & 1, wm = warp >> 1;
     const int n0 = blockIdx.x * WIDE_N, m0 = blockIdx.y * WIDE_M;
     const int C = Kp >> 5;
+    const int CS = (C + WIDE_KC - 1) / WIDE_KC;  // pipeline stages' worth of chunks
     const unsigned char* wb = reinterpret_cast<const unsigned char*>(w);
     const unsigned char* xb = reinterpret_cast<const unsigned char*>(x16);
     const i64 row_bytes = (i64)Kp * (WB / 32);
 
-    auto load_chunk = [&](int c, int stage) {
-        for (int i = tid; i < WIDE_N * WB / 16; i += 256) {
-            const int r = i / (WB / 16), seg = i % (WB / 16);
-            const int row = n0 + r;
-            const bool ok = row < Np;
-            cp_async16(&ws[stage][r * WB + seg * 16], ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
-        }
-        for (int i = tid; i < WIDE_M * 4; i += 256) {
-            const int r = i >> 2, seg = i & 3;
-            const bool ok = m0 + r < M;
-            cp_async16(&xs[stage][r * 64 + seg * 16], ok ? xb + (i64)(m0 + r) * Kp * 2 + c * 64 + seg * 16 : xb,
-                       ok ? 16 : 0);
+    auto load_stage = [&](int cs, int stage) {
+#pragma unroll
+        for (int kc = 0; kc < WIDE_KC; ++kc) {
+            const int c = cs * WIDE_KC + kc;
+            if (c >= C) break;
+            unsigned char* wdst = ws + stage * W_STAGE + kc * WIDE_N * WB;
+            unsigned char* xdst = xs + stage * X_STAGE + kc * WIDE_M * 64;
+            for (int i = tid; i < WIDE_N * WB / 16; i += 256) {
+                const int r = i / (WB / 16), seg = i % (WB / 16);
+                const int row = n0 + r;
+                const bool ok = row < Np;
+                cp_async16(wdst + r * WB + seg * 16, ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
+            }
+            for (int i = tid; i < WIDE_M * 4; i += 256) {
+                const int r = i >> 2, seg = i & 3;
+                const bool ok = m0 + r < M;
+                cp_async16(xdst + r * 64 + seg * 16, ok ? xb + (i64)(m0 + r) * Kp * 2 + c * 64 + seg * 16 : xb,
+                           ok ? 16 : 0);
+            }
         }
     };
 
@@ -482,76 +499,86 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
             for (int i = 0; i < 4; ++i) total[a][b][i] = part[a][b][i] = 0.f;
 
 #pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-        if (st < C) load_chunk(st, st);
+    for (int st = 0; st < WIDE_STAGES - 1; ++st) {
+        if (st < CS) load_stage(st, st);
         cp_async_commit();
     }
     int s = 0, slice_end = (int)((i64)C / S);
-    for (int c = 0; c < C; ++c) {
-        cp_async_wait_one();
+    for (int cs = 0; cs < CS; ++cs) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(WIDE_STAGES - 2));
         __syncthreads();
-        if (c + STAGES - 1 < C) load_chunk(c + STAGES - 1, (c + STAGES - 1) % STAGES);
+#ifndef WIDE_NO_LOAD  // a benchmark variant (bench/wide_sweep.py): the pipeline's loads left out
+        if (cs + WIDE_STAGES - 1 < CS) load_stage(cs + WIDE_STAGES - 1, (cs + WIDE_STAGES - 1) % WIDE_STAGES);
+#endif
         cp_async_commit();
-        const unsigned char* wst = ws[c % STAGES];
-        const unsigned char* xst = xs[c % STAGES];
-
-        unsigned b1[4][2], b2[4][2];
 #pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
-            const uint4 u = *reinterpret_cast<const uint4*>(xst + (wm * 32 + tt * 8 + g) * 64 + 16 * t);
-            b1[tt][0] = u.x; b1[tt][1] = u.y; b2[tt][0] = u.z; b2[tt][1] = u.w;
-        }
-#pragma unroll
-        for (int rt = 0; rt < 4; ++rt) {
-            const int ra = wn * 64 + rt * 16 + g;
-            unsigned a1[4], a2[4];
-            float da = 0.f, db = 0.f;
-            if (WT == WT_Q8) {
-                const uint2 qa = *reinterpret_cast<const uint2*>(wst + ra * WB + 8 * t);
-                const uint2 qb = *reinterpret_cast<const uint2*>(wst + (ra + 8) * WB + 8 * t);
-                a1[0] = q8_pair(qa.x, 0);  a1[1] = q8_pair(qb.x, 0);
-                a1[2] = q8_pair(qa.x, 16); a1[3] = q8_pair(qb.x, 16);
-                a2[0] = q8_pair(qa.y, 0);  a2[1] = q8_pair(qb.y, 0);
-                a2[2] = q8_pair(qa.y, 16); a2[3] = q8_pair(qb.y, 16);
-                if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
-                if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
-            } else {
-                const uint4 qa = *reinterpret_cast<const uint4*>(wst + ra * WB + 16 * t);
-                const uint4 qb = *reinterpret_cast<const uint4*>(wst + (ra + 8) * WB + 16 * t);
-                a1[0] = qa.x; a1[1] = qb.x; a1[2] = qa.y; a1[3] = qb.y;
-                a2[0] = qa.z; a2[1] = qb.z; a2[2] = qa.w; a2[3] = qb.w;
-            }
+        for (int kc = 0; kc < WIDE_KC; ++kc) {
+            const int c = cs * WIDE_KC + kc;
+            if (c >= C) break;
+            const unsigned char* wst = ws + (cs % WIDE_STAGES) * W_STAGE + kc * WIDE_N * WB;
+            const unsigned char* xst = xs + (cs % WIDE_STAGES) * X_STAGE + kc * WIDE_M * 64;
+            unsigned b1[4][2], b2[4][2];
 #pragma unroll
             for (int tt = 0; tt < 4; ++tt) {
-                if (WT == WT_Q8) {
-                    float p[4] = {0.f, 0.f, 0.f, 0.f};
-                    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                    part[rt][tt][0] = __fmaf_rn(da, p[0], part[rt][tt][0]);
-                    part[rt][tt][1] = __fmaf_rn(da, p[1], part[rt][tt][1]);
-                    part[rt][tt][2] = __fmaf_rn(db, p[2], part[rt][tt][2]);
-                    part[rt][tt][3] = __fmaf_rn(db, p[3], part[rt][tt][3]);
-                } else if (WT == WT_BF16) {
-                    mma_bf16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                    mma_bf16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                } else {
-                    mma_f16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                    mma_f16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                }
+                const uint4 u = *reinterpret_cast<const uint4*>(xst + (wm * 32 + tt * 8 + g) * 64 + 16 * t);
+                b1[tt][0] = u.x; b1[tt][1] = u.y; b2[tt][0] = u.z; b2[tt][1] = u.w;
             }
-        }
-        if (c + 1 == slice_end) {
 #pragma unroll
-            for (int a = 0; a < 4; ++a)
+            for (int rt = 0; rt < 4; ++rt) {
+                const int ra = wn * 64 + rt * 16 + g;
+                unsigned a1[4], a2[4];
+                float da = 0.f, db = 0.f;
+                if (WT == WT_Q8) {
+                    const uint2 qa = *reinterpret_cast<const uint2*>(wst + ra * WB + 8 * t);
+                    const uint2 qb = *reinterpret_cast<const uint2*>(wst + (ra + 8) * WB + 8 * t);
+                    a1[0] = q8_pair(qa.x, 0);  a1[1] = q8_pair(qb.x, 0);
+                    a1[2] = q8_pair(qa.x, 16); a1[3] = q8_pair(qb.x, 16);
+                    a2[0] = q8_pair(qa.y, 0);  a2[1] = q8_pair(qb.y, 0);
+                    a2[2] = q8_pair(qa.y, 16); a2[3] = q8_pair(qb.y, 16);
+                    if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
+                    if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
+                } else {
+                    const uint4 qa = *reinterpret_cast<const uint4*>(wst + ra * WB + 16 * t);
+                    const uint4 qb = *reinterpret_cast<const uint4*>(wst + (ra + 8) * WB + 16 * t);
+                    a1[0] = qa.x; a1[1] = qb.x; a1[2] = qa.y; a1[3] = qb.y;
+                    a2[0] = qa.z; a2[1] = qb.z; a2[2] = qa.w; a2[3] = qb.w;
+                }
+#ifndef WIDE_NO_MMA  // a benchmark variant: the MMAs left out
 #pragma unroll
-                for (int b = 0; b < 4; ++b)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        total[a][b][i] = s == 0 ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
-                        part[a][b][i] = 0.f;
+                for (int tt = 0; tt < 4; ++tt) {
+                    if (WT == WT_Q8) {
+                        float p[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma_f16(p, a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                        mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                        part[rt][tt][0] = __fmaf_rn(da, p[0], part[rt][tt][0]);
+                        part[rt][tt][1] = __fmaf_rn(da, p[1], part[rt][tt][1]);
+                        part[rt][tt][2] = __fmaf_rn(db, p[2], part[rt][tt][2]);
+                        part[rt][tt][3] = __fmaf_rn(db, p[3], part[rt][tt][3]);
+                    } else if (WT == WT_BF16) {
+                        mma_bf16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                        mma_bf16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
+                    } else {
+                        mma_f16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
+                        mma_f16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
                     }
-            ++s;
-            slice_end = (int)(((i64)(s + 1) * C) / S);
+                }
+#else
+                part[rt][0][0] += __uint_as_float(a1[0] ^ a2[3] ^ b1[rt][0] ^ b2[rt][1]);
+#endif
+            }
+            if (c + 1 == slice_end) {
+#pragma unroll
+                for (int a = 0; a < 4; ++a)
+#pragma unroll
+                    for (int b = 0; b < 4; ++b)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            total[a][b][i] = s == 0 ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
+                            part[a][b][i] = 0.f;
+                        }
+                ++s;
+                slice_end = (int)(((i64)(s + 1) * C) / S);
+            }
         }
     }
 

@@ -35,3 +35,11 @@ def module(name: str, defines: tuple[tuple[str, int], ...] = ()):
 @functools.cache
 def kernel(name: str, function: str, defines: tuple[tuple[str, int], ...] = ()):
     return module(name, defines).get_function(function)
+
+
+@functools.cache
+def big_smem_kernel(name: str, function: str, shared: int, defines: tuple[tuple[str, int], ...] = ()):
+    """A kernel allowed `shared` bytes of dynamic shared memory (over 48 KB needs the opt-in)."""
+    fn = kernel(name, function, defines)
+    fn.max_dynamic_shared_size_bytes = shared
+    return fn

@@ -21,7 +21,7 @@ import numpy as np
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
 from kernels.cuda import plan
 from kernels.cuda.blas import gemm_16bit
-from kernels.cuda.modules import kernel
+from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.weights import CudaWeight, pad_host
 from kernels.weights import Weight
 
@@ -148,10 +148,11 @@ class CudaOps:
         scales = w.scales if w.scales is not None else self._dummy
         wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled is True else None
         if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory
-            kernel("matmul.cu", wide.kernel)(
+            defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
+            big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines)(
                 wide.grid, wide.block,
                 (w.data, scales, self._act16(x, kp, w.dtype == "bf16"), b, res, out, _i32(t), _i32(n), _i32(kp),
-                 _i32(w.data.shape[0]), flags, _i32(wide.split)))
+                 _i32(w.data.shape[0]), flags, _i32(wide.split)), shared_mem=wide.shared)
             return out
         tiled = plan.tile_launch(w.dtype, t, n, k, self.sm_count) if self.tiled else None
         if tiled is not None:  # wide batches: same sums, weights staged through shared memory
@@ -223,9 +224,13 @@ class CudaOps:
     def argmax(self, logits):
         """Index of each row's largest logit (ties to the lowest index), int32 on the device."""
         x = _rows(logits)
-        out = cp.empty(int(x.shape[0]), dtype=cp.int32)
-        if x.shape[0]:
-            kernel("rows.cu", "argmax_rows")((int(x.shape[0]),), (256,), (x, out, _i32(x.shape[1])))
+        rows, v = (int(s) for s in x.shape)
+        out = cp.empty(rows, dtype=cp.int32)
+        if rows:
+            parts = plan.argmax_parts(v)
+            pv, pi = cp.empty((rows, parts), cp.float32), cp.empty((rows, parts), cp.int32)
+            kernel("rows.cu", "argmax_part")((rows, parts), (256,), (x, pv, pi, _i32(v)))
+            kernel("rows.cu", "argmax_final")((rows,), (256,), (pv, pi, out, _i32(parts)))
         return out
 
     # --- paged KV cache and attention
@@ -315,4 +320,4 @@ class CudaOps:
         from kernels.cuda.graph_inputs import DEFAULT_BUCKETS
         from kernels.cuda.graphs import DecodeGraphs
 
-        return DecodeGraphs(forward, max_pages, buckets or DEFAULT_BUCKETS)
+        return DecodeGraphs(forward, self.argmax, max_pages, buckets or DEFAULT_BUCKETS)

@@ -105,6 +105,13 @@ def tile_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
 WIDE_N = 128  # weight rows per block of the wide kernel (mm_wide_*)
 WIDE_M = 128  # token rows per block of the wide kernel
 WIDE_MIN_ROWS = 128
+WIDE_STAGES = 4  # pipeline stages in shared memory
+WIDE_KC = 1  # 32-k chunks per stage
+
+
+def wide_smem(dtype: str, stages: int = WIDE_STAGES, kc: int = WIDE_KC) -> int:
+    """Dynamic shared memory of mm_wide: per stage and chunk, 128 weight rows and 128 token rows."""
+    return stages * kc * (WIDE_N * (32 if dtype == "q8_0" else 64) + WIDE_M * 64)
 
 
 def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
@@ -114,7 +121,8 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
         return None
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)
-    return MatmulLaunch(f"mm_wide_{name}", grid, (256, 1, 1), 0, split_k(n, k, sm_count), WIDE_M // TOKEN_TILE)
+    return MatmulLaunch(f"mm_wide_{name}", grid, (256, 1, 1), wide_smem(dtype), split_k(n, k, sm_count),
+                        WIDE_M // TOKEN_TILE)
 
 
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -147,6 +155,11 @@ def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
     blocks = max(1, min(t, row_slice) * n_kv * sub)
     workers = max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
     return AttentionLaunch(row_slice, workers, sub, gm)
+
+
+def argmax_parts(vocab: int) -> int:
+    """Blocks per row of the argmax's first pass: about 2048 values each."""
+    return max(1, min(256, ceil_div(vocab, 2048)))
 
 
 def elementwise_grid(n: int, threads: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -26,14 +26,11 @@ __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
-argmax_rows(const float* __restrict__ x, int* __restrict__ out, int V) {
+// (value, index) of the largest element in each block's span of its row: grid (rows, parts). The
+// order of the reduction cannot matter: "larger, or equal with the lower index" is a total order.
+__device__ __forceinline__ void block_best(float& v, int& idx) {
     __shared__ float sv[ROW_THREADS / 32];
     __shared__ int si[ROW_THREADS / 32];
-    const float* xr = x + (i64)blockIdx.x * V;
-    float v = NEG_INF;
-    int idx = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += ROW_THREADS) better(v, idx, xr[i], i);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
         better(v, idx, __shfl_xor_sync(0xffffffffu, v, off), __shfl_xor_sync(0xffffffffu, idx, off));
@@ -43,8 +40,32 @@ argmax_rows(const float* __restrict__ x, int* __restrict__ out, int V) {
         si[warp] = idx;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < ROW_THREADS / 32; ++w) better(v, idx, sv[w], si[w]);
-        out[blockIdx.x] = idx;
+}
+
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+argmax_part(const float* __restrict__ x, float* __restrict__ part_v, int* __restrict__ part_i, int V) {
+    const int span = (V + gridDim.y - 1) / gridDim.y;
+    const int lo = blockIdx.y * span, hi = imin(V, lo + span);
+    const float* xr = x + (i64)blockIdx.x * V;
+    float v = NEG_INF;
+    int idx = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += ROW_THREADS) better(v, idx, xr[i], i);
+    block_best(v, idx);
+    if (threadIdx.x == 0) {
+        part_v[blockIdx.x * gridDim.y + blockIdx.y] = v;
+        part_i[blockIdx.x * gridDim.y + blockIdx.y] = idx;
     }
+}
+
+// One block per row folds its parts; a row whose values are all -inf (or NaN) answers 0.
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+argmax_final(const float* __restrict__ part_v, const int* __restrict__ part_i, int* __restrict__ out, int parts) {
+    float v = NEG_INF;
+    int idx = 0x7fffffff;
+    for (int p = threadIdx.x; p < parts; p += ROW_THREADS)
+        better(v, idx, part_v[blockIdx.x * parts + p], part_i[blockIdx.x * parts + p]);
+    block_best(v, idx);
+    if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
 }
