@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,16 @@ class RowsOut:
         return (None if self.logits is None else self.logits[i]), int(self.argmax[i])
 
 
+class Pending:
+    """A launched step; `collect()` waits for it and returns its outputs (once)."""
+
+    def __init__(self, finish: Callable[[], list[RowsOut | None]]):
+        self._finish = finish
+
+    def collect(self) -> list[RowsOut | None]:
+        return self._finish()
+
+
 class Runner:
     def __init__(self, loaded: LoadedModel, ops: Ops, n_pages: int, kv_type: str, max_pages_per_seq: int = 0,
                  v_type: str | None = None):
@@ -54,6 +65,18 @@ class Runner:
 
     def step(self, entries: list[StepEntry]) -> list[RowsOut | None]:
         """Runs one batch; returns per entry its logits rows (argmax, and the rows when asked) or None."""
+        return self.launch(entries).collect()
+
+    def launch(self, entries: list[StepEntry]) -> Pending:
+        """Starts a step. On an asynchronous backend the device works while the caller does other
+        things (the scheduler hands the previous step's tokens to the server); `collect` waits.
+        Elsewhere the whole step runs in `collect`, so that work still comes first."""
+        if not getattr(self.ops, "asynchronous", False):
+            return Pending(lambda: self._run(entries)())
+        return Pending(self._run(entries))
+
+    def _run(self, entries: list[StepEntry]) -> Callable[[], list[RowsOut | None]]:
+        """Issues the step's device work; the returned function waits for it and reads the results."""
         if self._graphable(entries):
             return self._graph_step(entries)
         tokens, positions, seq, slots, logit_rows = [], [], [], [], []
@@ -87,7 +110,7 @@ class Runner:
         ids = ops.tensor(np.asarray(tokens, dtype=np.int32))
         if not logit_rows:
             self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.zeros(0, dtype=np.int64)))
-            return [None] * len(entries)
+            return lambda: [None] * len(entries)
         logits = self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.asarray(logit_rows, dtype=np.int64)))
         return self._outputs(entries, logits, spans)
 
@@ -98,7 +121,7 @@ class Runner:
                 and all((e.logits == "all" or len(e.tokens) == 1 and e.logits == "last") and len(e.pages) <= g.width
                         for e in entries))
 
-    def _graph_step(self, entries: list[StepEntry]) -> list[RowsOut | None]:
+    def _graph_step(self, entries: list[StepEntry]) -> Callable[[], list[RowsOut | None]]:
         # Each row gets its own copy of its sequence's page table, so a verify row sees the rows
         # before it in the same step exactly as a decode row would see them in later steps.
         n = sum(len(e.tokens) for e in entries)
@@ -115,13 +138,18 @@ class Runner:
         logits = self.graphs(tokens, positions, tables, slots)
         return self._outputs(entries, logits, spans, getattr(self.graphs, "last_argmax", None))
 
-    def _outputs(self, entries: list[StepEntry], logits, spans, argmax=None) -> list[RowsOut | None]:
+    def _outputs(self, entries: list[StepEntry], logits, spans, argmax=None) -> Callable[[], list[RowsOut | None]]:
         """One device argmax for all rows (the replay's own when it made one); host copies of only the
-        rows whose entries need them."""
+        rows whose entries need them, read when the returned function is called."""
         ops = self.ops
-        am = ops.to_host(ops.argmax(logits) if argmax is None else argmax)
+        argmax = ops.argmax(logits) if argmax is None else argmax
         wanted = [r for e, (a, b) in zip(entries, spans, strict=True) if e.full_rows for r in range(a, b)]
-        host = ops.to_host(logits[ops.tensor(np.asarray(wanted, dtype=np.int64))]) if wanted else None
+        picked = logits[ops.tensor(np.asarray(wanted, dtype=np.int64))] if wanted else None
+        return lambda: self._read(entries, spans, ops.to_host(argmax),
+                                  None if picked is None else ops.to_host(picked))
+
+    @staticmethod
+    def _read(entries: list[StepEntry], spans, am: np.ndarray, host: np.ndarray | None) -> list[RowsOut | None]:
         out, at = [], 0
         for e, (a, b) in zip(entries, spans, strict=True):
             if b == a:

@@ -139,11 +139,16 @@ class Scheduler:
                 with self._cv:
                     for seq in list(self._running) + list(self._parked):
                         self._finish(seq, "error", error=str(e))
-            with self._cv:
-                batch, self._outbox = self._outbox, []
-            if batch:
-                self.dispatch(batch)
+            if not self._running:  # otherwise the next step's launch hands them over
+                self._flush()
             self.counters["busy_seconds_total"] += time.perf_counter() - t_busy
+
+    def _flush(self) -> None:
+        """Hands the events so far to the server (its event loop then works on them)."""
+        with self._cv:
+            batch, self._outbox = self._outbox, []
+        if batch:
+            self.dispatch(batch)
 
     def _has_work(self) -> bool:
         return bool(self._running or self._parked or self._waiting or self._cancel)
@@ -279,9 +284,14 @@ class Scheduler:
         with self._cv:
             plan = self._plan()
         if not plan:
+            self._flush()
             return
         t0 = time.perf_counter()
-        results = self.runner.step([e for _, e in plan])
+        pending = self.runner.launch([e for _, e in plan])
+        # The previous step's tokens go out while the device runs this one: the server's work on
+        # them (sharing the GIL) then overlaps the step instead of delaying its launch.
+        self._flush()
+        results = pending.collect()
         took = time.perf_counter() - t0
         self.counters["step_seconds_total"] += took
         self.counters["steps_total"] += 1

@@ -66,6 +66,7 @@ def _index(a, dtype=cp.int32) -> Any:
 
 class CudaOps:
     name = "cuda"
+    asynchronous = True  # ops queue device work and return; a host copy waits for it
 
     def __init__(self, exact: bool = False, device: int = 0):
         self.exact = exact
