@@ -269,10 +269,13 @@ class Scheduler:
     def _pick_slot(self, idle: list[Slot], req: Request) -> tuple[Slot, int]:
         if 0 <= req.id_slot < len(self.slots_) and self.slots_[req.id_slot].seq is None:
             slot = self.slots_[req.id_slot]
-        elif req.cache_prompt:
-            slot = max(idle, key=lambda s: (common_prefix(s.cache_tokens, req.prompt), -s.id))
         else:
+            # an empty slot, else the least recently used cache: other prompts' caches stay alive
             slot = min(idle, key=lambda s: (len(s.cache_pages), s.last_used))
+            if req.cache_prompt:
+                best = max(idle, key=lambda s: (common_prefix(s.cache_tokens, req.prompt), -s.id))
+                if common_prefix(best.cache_tokens, req.prompt):
+                    slot = best
         reuse = 0
         if req.cache_prompt:
             # the last prompt token is always computed again: its logits start the generation

@@ -127,6 +127,34 @@ def test_prompt_cache_hit_gives_the_same_bits(model, prompts, solo):
     assert results[0][0] == results[1][0] == solo['greedy']
 
 
+def test_a_new_prompt_takes_an_empty_slot_not_another_prompts_cache(model, prompts):
+    """Prompts evaluated one after another each keep their cache while slots are free, so each one
+    asked again reuses its own (a new prompt once took the lowest slot id, evicting a cache)."""
+    runner = Runner(model, make_ops("cpu", True), 8, "f16")
+    sched = Scheduler(runner, model.tokenizer, n_slots=3, n_ctx=2048, n_batch=512, n_ubatch=512, kv_unified=True,
+                      preempt_ram_bytes=1 << 30)
+    sched.start()
+
+    def cached(prompt) -> int:
+        done, dones = threading.Event(), []
+
+        def on_event(ev):
+            if isinstance(ev, DoneEvent):
+                dones.append(ev)
+                done.set()
+        sched.submit(Request(prompt, GREEDY, 0), on_event)
+        assert done.wait(60)
+        return dones[0].cached_tokens
+
+    try:
+        first = [cached(p) for p in prompts[:3]]
+        again = [cached(p) for p in prompts[:3]]
+    finally:
+        sched.stop()
+    assert first == [0, 0, 0]
+    assert again == [len(p) - 1 for p in prompts[:3]]
+
+
 @pytest.fixture(scope="module")
 def repetitive(model):
     rng = np.random.default_rng(5)
