@@ -2,9 +2,9 @@
 
     python bench/wide_sweep.py --out wide-sweep.json
 
-Each variant is the same kernel compiled with other WIDE_STAGES / WIDE_KC; two diagnostic builds
-leave out the MMAs (WIDE_NO_MMA) or the pipeline's loads (WIDE_NO_LOAD), so their times bound what
-the data movement and the tensor cores each cost. Real variants must give the default's bits.
+Each variant is the same kernel compiled with other WIDE_STAGES / WIDE_KC; every variant must give
+the default's bits. (bench/results/wide-sweep-h200.json also holds two diagnostic builds, one
+without the MMAs and one without the pipeline's loads, made with build flags since removed.)
 """
 
 from __future__ import annotations
@@ -28,14 +28,11 @@ from kernels.cuda.modules import big_smem_kernel  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 SHAPES = {"8B qo": (4096, 4096), "8B gate_up": (28672, 4096), "8B down": (4096, 14336), "1B gate_up": (16384, 2048)}
-VARIANTS = [  # (stages, chunks per stage, diagnostic define)
-    (3, 1, None), (4, 1, None), (6, 1, None), (3, 2, None), (4, 2, None), (2, 4, None),
-    (4, 1, "WIDE_NO_MMA"), (4, 1, "WIDE_NO_LOAD"),
-]
+VARIANTS = [(3, 1), (4, 1), (6, 1), (3, 2), (4, 2), (2, 4)]  # (stages, 32-k chunks per stage)
 
 
-def run_variant(ops: CudaOps, w, x16, m: int, n: int, stages: int, kc: int, diag: str | None):
-    defines = (("WIDE_STAGES", stages), ("WIDE_KC", kc)) + (((diag, 1),) if diag else ())
+def run_variant(ops: CudaOps, w, x16, m: int, n: int, stages: int, kc: int):
+    defines = (("WIDE_STAGES", stages), ("WIDE_KC", kc))
     smem = plan.wide_smem("f16", stages, kc)
     fn = big_smem_kernel("matmul.cu", "mm_wide_f16", smem, defines)
     launch = plan.wide_launch("f16", m, n, w.shape[1], ops.sm_count)
@@ -60,23 +57,20 @@ def main() -> None:
         for m in (512, 2048):
             x16 = ops._act16(cp.random.standard_normal((m, k), dtype=cp.float32), int(w.data.shape[1]), False)
             ref = None
-            for stages, kc, diag in VARIANTS:
+            for stages, kc in VARIANTS:
                 try:
-                    t, out = run_variant(ops, w, x16, m, n, stages, kc, diag)
+                    t, out = run_variant(ops, w, x16, m, n, stages, kc)
                 except Exception as e:  # a variant that does not fit is reported, not fatal
-                    rows.append({"shape": name, "m": m, "stages": stages, "kc": kc, "diag": diag, "error": str(e)[:300]})
-                    print(name, m, stages, kc, diag, "FAILED", e, flush=True)
+                    rows.append({"shape": name, "m": m, "stages": stages, "kc": kc, "error": str(e)[:300]})
+                    print(name, m, stages, kc, "FAILED", e, flush=True)
                     continue
-                same = None
-                if diag is None:
-                    host = cp.asnumpy(out)
-                    ref = host if ref is None else ref
-                    same = host.tobytes() == ref.tobytes()
-                row = {"shape": name, "m": m, "stages": stages, "kc": kc, "diag": diag, "us": t * 1e6,
-                       "TFLOPs": 2 * m * n * k / t / 1e12, "same_bits": same}
+                host = cp.asnumpy(out)
+                ref = host if ref is None else ref
+                row = {"shape": name, "m": m, "stages": stages, "kc": kc, "us": t * 1e6,
+                       "TFLOPs": 2 * m * n * k / t / 1e12, "same_bits": host.tobytes() == ref.tobytes()}
                 rows.append(row)
-                print(f"{name:<11} M={m:<5} stages={stages} kc={kc} {diag or '':<13} {t * 1e6:9.1f} us "
-                      f"{row['TFLOPs']:7.1f} TFLOP/s  same={same}", flush=True)
+                print(f"{name:<11} M={m:<5} stages={stages} kc={kc} {t * 1e6:9.1f} us "
+                      f"{row['TFLOPs']:7.1f} TFLOP/s  same={row['same_bits']}", flush=True)
     Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 
 

@@ -83,6 +83,116 @@ __device__ __forceinline__ void load_act(const float* __restrict__ x, int m, int
     for (int i = 0; i < 4; ++i) b[i] = pack_act<WT>(v[2 * i], v[2 * i + 1]);
 }
 
+// A fragments of a 16-row tile for one 32-k chunk: `wa` holds row g's lane-t group (k 8t .. 8t+7),
+// `wb` row g + 8's (16-bit weights: a uint4; int8: one byte each in .x and .y). a1 feeds the
+// first MMA (k 8t .. 8t+3), a2 the second (k 8t+4 .. 8t+7).
+template <int WT>
+__device__ __forceinline__ void a_frags(uint4 wa, uint4 wb, unsigned (&a1)[4], unsigned (&a2)[4]) {
+    if (WT == WT_Q8) {
+        a1[0] = q8_pair(wa.x, 0);  a1[1] = q8_pair(wb.x, 0);
+        a1[2] = q8_pair(wa.x, 16); a1[3] = q8_pair(wb.x, 16);
+        a2[0] = q8_pair(wa.y, 0);  a2[1] = q8_pair(wb.y, 0);
+        a2[2] = q8_pair(wa.y, 16); a2[3] = q8_pair(wb.y, 16);
+    } else {
+        a1[0] = wa.x; a1[1] = wb.x; a1[2] = wa.y; a1[3] = wb.y;
+        a2[0] = wa.z; a2[1] = wb.z; a2[2] = wa.w; a2[3] = wb.w;
+    }
+}
+
+// Lane t's group of one staged weight row (shared memory, a chunk of WB bytes).
+template <int WT>
+__device__ __forceinline__ uint4 staged_group(const unsigned char* row, int t) {
+    if (WT == WT_Q8) {
+        const uint2 q = *reinterpret_cast<const uint2*>(row + 8 * t);
+        return make_uint4(q.x, q.y, 0u, 0u);
+    }
+    return *reinterpret_cast<const uint4*>(row + 16 * t);
+}
+
+// One chunk into an accumulator; b0, b1 (k 8t .. 8t+3) and b2, b3 (k 8t+4 .. 8t+7) are a token's
+// activation pairs. q8_0 sums the chunk apart and scales it by its rows' block scales da, db.
+template <int WT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[4], const unsigned (&a2)[4],
+                                          unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db) {
+    if (WT == WT_Q8) {
+        float p[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
+        mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
+        acc[0] = __fmaf_rn(da, p[0], acc[0]);
+        acc[1] = __fmaf_rn(da, p[1], acc[1]);
+        acc[2] = __fmaf_rn(db, p[2], acc[2]);
+        acc[3] = __fmaf_rn(db, p[3], acc[3]);
+    } else if (WT == WT_BF16) {
+        mma_bf16(acc, a1[0], a1[1], a1[2], a1[3], b0, b1);
+        mma_bf16(acc, a2[0], a2[1], a2[2], a2[3], b2, b3);
+    } else {
+        mma_f16(acc, a1[0], a1[1], a1[2], a1[3], b0, b1);
+        mma_f16(acc, a2[0], a2[1], a2[2], a2[3], b2, b3);
+    }
+}
+
+// The end of K slice `s` in the shared-memory kernels: the slice's partial joins the total in slice
+// order (total = p0, then total + p1, ...), as mm_tc's warp 0 adds its warps' slices; then the
+// next slice's bounds (the s * C / S of mm_tc).
+template <int R, int T>
+__device__ __forceinline__ void join_slice(float (&total)[R][T][4], float (&part)[R][T][4], int& s, int& slice_end,
+                                           int C, int S) {
+    const bool first = s == 0;
+#pragma unroll
+    for (int a = 0; a < R; ++a)
+#pragma unroll
+        for (int b = 0; b < T; ++b)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                total[a][b][i] = first ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
+                part[a][b][i] = 0.f;
+            }
+    ++s;
+    slice_end = (int)(((i64)(s + 1) * C) / S);
+}
+
+// One staged chunk of a warp's share of a shared-memory tile: RT row tiles (staged rows r0 + 16 rt,
+// global rows n0 + r0 + 16 rt) against 4 token tiles whose activation pairs are b1, b2.
+template <int WT, int RT>
+__device__ __forceinline__ void tile_chunk(float (&part)[RT][4][4], const unsigned char* wst, int r0,
+                                           const unsigned (&b1)[4][2], const unsigned (&b2)[4][2],
+                                           const u16* __restrict__ scales, int n0, int Np, int C, int c) {
+    constexpr int WB = WT == WT_Q8 ? 32 : 64;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+        const int ra = r0 + rt * 16 + g;
+        unsigned a1[4], a2[4];
+        a_frags<WT>(staged_group<WT>(wst + ra * WB, t), staged_group<WT>(wst + (ra + 8) * WB, t), a1, a2);
+        float da = 0.f, db = 0.f;
+        if (WT == WT_Q8) {
+            if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
+            if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
+        }
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt)
+            mma_chunk<WT>(part[rt][tt], a1, a2, b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1], da, db);
+    }
+}
+
+// A warp's RT x 4 accumulator tiles to `out` (rows n, tokens m), through the epilogue.
+template <int RT>
+__device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int n_first, int m_first,
+                                            const float* __restrict__ bias, const float* __restrict__ res,
+                                            float* __restrict__ out, int M, int N, int flags) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = n_first + rt * 16 + g + ((i & 2) ? 8 : 0);
+                const int m = m_first + tt * 8 + 2 * t + (i & 1);
+                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
+            }
+}
+
 template <int WT, int TM, int U>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
@@ -107,7 +217,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 
     for (int c0 = c_begin; c0 < c_end; c0 += U) {
         uint4 wa[U], wb[U];
-        float da[U], db[U];
+        float da[U] = {}, db[U] = {};
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u;
@@ -132,36 +242,13 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             const int c = c0 + u;
             if (c >= c_end) continue;
             unsigned a1[4], a2[4];
-            if (WT == WT_Q8) {
-                // wa.x holds k 8t..8t+3, wa.y holds 8t+4..8t+7 (one byte each)
-                a1[0] = q8_pair(wa[u].x, 0);  a1[1] = q8_pair(wb[u].x, 0);
-                a1[2] = q8_pair(wa[u].x, 16); a1[3] = q8_pair(wb[u].x, 16);
-                a2[0] = q8_pair(wa[u].y, 0);  a2[1] = q8_pair(wb[u].y, 0);
-                a2[2] = q8_pair(wa[u].y, 16); a2[3] = q8_pair(wb[u].y, 16);
-            } else {
-                a1[0] = wa[u].x; a1[1] = wb[u].x; a1[2] = wa[u].y; a1[3] = wb[u].y;
-                a2[0] = wa[u].z; a2[1] = wb[u].z; a2[2] = wa[u].w; a2[3] = wb[u].w;
-            }
+            a_frags<WT>(wa[u], wb[u], a1, a2);
 #pragma unroll
             for (int tm = 0; tm < TM; ++tm) {
                 if (m_base + tm * 8 >= M) break;  // warp-uniform: the whole tile is padding
                 unsigned b[4];
                 load_act<WT>(x, m_base + tm * 8 + g, M, K, c * 32 + 8 * t, vec, b);
-                if (WT == WT_Q8) {
-                    float p[4] = {0.f, 0.f, 0.f, 0.f};
-                    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b[0], b[1]);
-                    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b[2], b[3]);
-                    acc[tm][0] = __fmaf_rn(da[u], p[0], acc[tm][0]);
-                    acc[tm][1] = __fmaf_rn(da[u], p[1], acc[tm][1]);
-                    acc[tm][2] = __fmaf_rn(db[u], p[2], acc[tm][2]);
-                    acc[tm][3] = __fmaf_rn(db[u], p[3], acc[tm][3]);
-                } else if (WT == WT_BF16) {
-                    mma_bf16(acc[tm], a1[0], a1[1], a1[2], a1[3], b[0], b[1]);
-                    mma_bf16(acc[tm], a2[0], a2[1], a2[2], a2[3], b[2], b[3]);
-                } else {
-                    mma_f16(acc[tm], a1[0], a1[1], a1[2], a1[3], b[0], b[1]);
-                    mma_f16(acc[tm], a2[0], a2[1], a2[2], a2[3], b[2], b[3]);
-                }
+                mma_chunk<WT>(acc[tm], a1, a2, b[0], b[1], b[2], b[3], da[u], db[u]);
             }
         }
     }
@@ -357,70 +444,11 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
             b2[tt][0] = pack_act<WT>(hi.x, hi.y);
             b2[tt][1] = pack_act<WT>(hi.z, hi.w);
         }
-#pragma unroll
-        for (int rt = 0; rt < 2; ++rt) {
-            const int ra = wn * 32 + rt * 16 + g;
-            unsigned a1[4], a2[4];
-            float da = 0.f, db = 0.f;
-            if (WT == WT_Q8) {
-                const uint2 qa = *reinterpret_cast<const uint2*>(wst + ra * WB + 8 * t);
-                const uint2 qb = *reinterpret_cast<const uint2*>(wst + (ra + 8) * WB + 8 * t);
-                a1[0] = q8_pair(qa.x, 0);  a1[1] = q8_pair(qb.x, 0);
-                a1[2] = q8_pair(qa.x, 16); a1[3] = q8_pair(qb.x, 16);
-                a2[0] = q8_pair(qa.y, 0);  a2[1] = q8_pair(qb.y, 0);
-                a2[2] = q8_pair(qa.y, 16); a2[3] = q8_pair(qb.y, 16);
-                if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
-                if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
-            } else {
-                const uint4 qa = *reinterpret_cast<const uint4*>(wst + ra * WB + 16 * t);
-                const uint4 qb = *reinterpret_cast<const uint4*>(wst + (ra + 8) * WB + 16 * t);
-                a1[0] = qa.x; a1[1] = qb.x; a1[2] = qa.y; a1[3] = qb.y;
-                a2[0] = qa.z; a2[1] = qb.z; a2[2] = qa.w; a2[3] = qb.w;
-            }
-#pragma unroll
-            for (int tt = 0; tt < 4; ++tt) {
-                if (WT == WT_Q8) {
-                    float p[4] = {0.f, 0.f, 0.f, 0.f};
-                    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                    part[rt][tt][0] = __fmaf_rn(da, p[0], part[rt][tt][0]);
-                    part[rt][tt][1] = __fmaf_rn(da, p[1], part[rt][tt][1]);
-                    part[rt][tt][2] = __fmaf_rn(db, p[2], part[rt][tt][2]);
-                    part[rt][tt][3] = __fmaf_rn(db, p[3], part[rt][tt][3]);
-                } else if (WT == WT_BF16) {
-                    mma_bf16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                    mma_bf16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                } else {
-                    mma_f16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                    mma_f16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                }
-            }
-        }
-        if (c + 1 == slice_end) {  // the slice is complete: join it to the total in slice order
-#pragma unroll
-            for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        total[a][b][i] = s == 0 ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
-                        part[a][b][i] = 0.f;
-                    }
-            ++s;
-            slice_end = (int)(((i64)(s + 1) * C) / S);
-        }
+        tile_chunk<WT, 2>(part, wst, wn * 32, b1, b2, scales, n0, Np, C, c);
+        if (c + 1 == slice_end) join_slice(total, part, s, slice_end, C, S);
     }
 
-#pragma unroll
-    for (int rt = 0; rt < 2; ++rt)
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int n = n0 + wn * 32 + rt * 16 + g + ((i & 2) ? 8 : 0);
-                const int m = m0 + wm * 32 + tt * 8 + 2 * t + (i & 1);
-                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
-            }
+    store_tiles<2>(total, n0 + wn * 32, m0 + wm * 32, bias, res, out, M, N, flags);
 }
 
 #define MM_TILE(NAME, WT)                                                                                \
@@ -507,9 +535,7 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
     for (int cs = 0; cs < CS; ++cs) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(WIDE_STAGES - 2));
         __syncthreads();
-#ifndef WIDE_NO_LOAD  // a benchmark variant (bench/wide_sweep.py): the pipeline's loads left out
         if (cs + WIDE_STAGES - 1 < CS) load_stage(cs + WIDE_STAGES - 1, (cs + WIDE_STAGES - 1) % WIDE_STAGES);
-#endif
         cp_async_commit();
 #pragma unroll
         for (int kc = 0; kc < WIDE_KC; ++kc) {
@@ -523,75 +549,12 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
                 const uint4 u = *reinterpret_cast<const uint4*>(xst + (wm * 32 + tt * 8 + g) * 64 + 16 * t);
                 b1[tt][0] = u.x; b1[tt][1] = u.y; b2[tt][0] = u.z; b2[tt][1] = u.w;
             }
-#pragma unroll
-            for (int rt = 0; rt < 4; ++rt) {
-                const int ra = wn * 64 + rt * 16 + g;
-                unsigned a1[4], a2[4];
-                float da = 0.f, db = 0.f;
-                if (WT == WT_Q8) {
-                    const uint2 qa = *reinterpret_cast<const uint2*>(wst + ra * WB + 8 * t);
-                    const uint2 qb = *reinterpret_cast<const uint2*>(wst + (ra + 8) * WB + 8 * t);
-                    a1[0] = q8_pair(qa.x, 0);  a1[1] = q8_pair(qb.x, 0);
-                    a1[2] = q8_pair(qa.x, 16); a1[3] = q8_pair(qb.x, 16);
-                    a2[0] = q8_pair(qa.y, 0);  a2[1] = q8_pair(qb.y, 0);
-                    a2[2] = q8_pair(qa.y, 16); a2[3] = q8_pair(qb.y, 16);
-                    if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
-                    if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
-                } else {
-                    const uint4 qa = *reinterpret_cast<const uint4*>(wst + ra * WB + 16 * t);
-                    const uint4 qb = *reinterpret_cast<const uint4*>(wst + (ra + 8) * WB + 16 * t);
-                    a1[0] = qa.x; a1[1] = qb.x; a1[2] = qa.y; a1[3] = qb.y;
-                    a2[0] = qa.z; a2[1] = qb.z; a2[2] = qa.w; a2[3] = qb.w;
-                }
-#ifndef WIDE_NO_MMA  // a benchmark variant: the MMAs left out
-#pragma unroll
-                for (int tt = 0; tt < 4; ++tt) {
-                    if (WT == WT_Q8) {
-                        float p[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma_f16(p, a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                        mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                        part[rt][tt][0] = __fmaf_rn(da, p[0], part[rt][tt][0]);
-                        part[rt][tt][1] = __fmaf_rn(da, p[1], part[rt][tt][1]);
-                        part[rt][tt][2] = __fmaf_rn(db, p[2], part[rt][tt][2]);
-                        part[rt][tt][3] = __fmaf_rn(db, p[3], part[rt][tt][3]);
-                    } else if (WT == WT_BF16) {
-                        mma_bf16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                        mma_bf16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                    } else {
-                        mma_f16(part[rt][tt], a1[0], a1[1], a1[2], a1[3], b1[tt][0], b1[tt][1]);
-                        mma_f16(part[rt][tt], a2[0], a2[1], a2[2], a2[3], b2[tt][0], b2[tt][1]);
-                    }
-                }
-#else
-                part[rt][0][0] += __uint_as_float(a1[0] ^ a2[3] ^ b1[rt][0] ^ b2[rt][1]);
-#endif
-            }
-            if (c + 1 == slice_end) {
-#pragma unroll
-                for (int a = 0; a < 4; ++a)
-#pragma unroll
-                    for (int b = 0; b < 4; ++b)
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            total[a][b][i] = s == 0 ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
-                            part[a][b][i] = 0.f;
-                        }
-                ++s;
-                slice_end = (int)(((i64)(s + 1) * C) / S);
-            }
+            tile_chunk<WT, 4>(part, wst, wn * 64, b1, b2, scales, n0, Np, C, c);
+            if (c + 1 == slice_end) join_slice(total, part, s, slice_end, C, S);
         }
     }
 
-#pragma unroll
-    for (int rt = 0; rt < 4; ++rt)
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int n = n0 + wn * 64 + rt * 16 + g + ((i & 2) ? 8 : 0);
-                const int m = m0 + wm * 32 + tt * 8 + 2 * t + (i & 1);
-                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
-            }
+    store_tiles<4>(total, n0 + wn * 64, m0 + wm * 32, bias, res, out, M, N, flags);
 }
 
 #define MM_WIDE(NAME, WT)                                                                                \
