@@ -347,6 +347,8 @@ class Scheduler:
             return []
         if seq.spec is None:
             seq.spec = DraftState(self.spec_n_max)
+        if not seq.spec.wants_draft():
+            return []
         room = min(seq.spec.length, budget - 1, self.n_ctx_seq - len(seq.tokens) - 1)
         if seq.req.max_tokens >= 0:
             room = min(room, seq.req.max_tokens - seq.generated - 1)
