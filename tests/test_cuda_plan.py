@@ -103,10 +103,3 @@ def test_wide_launch_covers_the_batch_with_the_same_split(shape):
         if wide:
             assert wide.split == plan.split_k(n, k, 132) and wide.kernel == "mm_wide_f16"
             assert wide.grid[0] * plan.WIDE_N >= n and wide.grid[1] * plan.WIDE_M >= m
-
-
-def test_16_bit_activations_only_for_wide_enough_batches_of_large_weights():
-    assert not plan.wants_x16("f16", 1, 128256, 2048)  # decode of one token: the kernel converts itself
-    assert plan.wants_x16("f16", 16, 128256, 2048) and plan.wants_x16("f16", 9, 14336, 4096)
-    assert not plan.wants_x16("f16", 16, 2048, 2048)  # 8 MB: the conversion's launch costs more
-    assert plan.matmul_launch("f16", 16, 4096, 4096, 132, x16=True).kernel.endswith("_x16")

@@ -83,17 +83,6 @@ __device__ __forceinline__ void load_act(const float* __restrict__ x, int m, int
     for (int i = 0; i < 4; ++i) b[i] = pack_act<WT>(v[2 * i], v[2 * i + 1]);
 }
 
-// The same four pairs from activations already rounded to 16 bits (act_to_16: [M, Kp], zero-padded).
-__device__ __forceinline__ void load_act16(const u16* __restrict__ x16, int m, int M, int Kp, int k0,
-                                           unsigned (&b)[4]) {
-    if (m < M) {
-        const uint4 u = *reinterpret_cast<const uint4*>(x16 + (i64)m * Kp + k0);
-        b[0] = u.x; b[1] = u.y; b[2] = u.z; b[3] = u.w;
-    } else {
-        b[0] = b[1] = b[2] = b[3] = 0u;
-    }
-}
-
 // A fragments of a 16-row tile for one 32-k chunk: `wa` holds row g's lane-t group (k 8t .. 8t+7),
 // `wb` row g + 8's (16-bit weights: a uint4; int8: one byte each in .x and .y). a1 feeds the
 // first MMA (k 8t .. 8t+3), a2 the second (k 8t+4 .. 8t+7).
@@ -204,9 +193,9 @@ __device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int 
             }
 }
 
-template <int WT, int TM, int U, bool X16>
+template <int WT, int TM, int U>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
-                                      const void* __restrict__ x, const float* __restrict__ bias,
+                                      const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags) {
     extern __shared__ float red[];
@@ -258,10 +247,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             for (int tm = 0; tm < TM; ++tm) {
                 if (m_base + tm * 8 >= M) break;  // warp-uniform: the whole tile is padding
                 unsigned b[4];
-                if (X16)
-                    load_act16(reinterpret_cast<const u16*>(x), m_base + tm * 8 + g, M, Kp, c * 32 + 8 * t, b);
-                else
-                    load_act<WT>(reinterpret_cast<const float*>(x), m_base + tm * 8 + g, M, K, c * 32 + 8 * t, vec, b);
+                load_act<WT>(x, m_base + tm * 8 + g, M, K, c * 32 + 8 * t, vec, b);
                 mma_chunk<WT>(acc[tm], a1, a2, b[0], b[1], b[2], b[3], da[u], db[u]);
             }
         }
@@ -303,17 +289,13 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 }
 
 // Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) so the bounds hold and the
-// accumulators stay in registers. The _x16 kernels read activations already rounded to 16 bits
-// (act_to_16): the same operands, half the bytes for every block that re-reads them.
-#define MM_TC_ONE(NAME, WT, TM, U, X16)                                                                  \
+// accumulators stay in registers.
+#define MM_TC(NAME, WT, TM, U)                                                                           \
     extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
-        const void* w, const u16* scales, const void* x, const float* bias, const float* res, float* out, \
+        const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags) {                                                        \
-        mm_tc<WT, TM, U, X16>(w, scales, x, bias, res, out, M, N, K, Kp, flags);                          \
+        mm_tc<WT, TM, U>(w, scales, x, bias, res, out, M, N, K, Kp, flags);                               \
     }
-#define MM_TC(NAME, WT, TM, U)            \
-    MM_TC_ONE(NAME, WT, TM, U, false)     \
-    MM_TC_ONE(NAME##_x16, WT, TM, U, true)
 
 MM_TC(mm_f16_tm1, WT_F16, 1, 4)
 MM_TC(mm_f16_tm2, WT_F16, 2, 2)

@@ -79,7 +79,6 @@ class CudaOps:
         # Which shared-memory kernels wide batches may take: True (all), "tile" (not mm_wide) or False
         # (streaming only); tests narrow it to compare the kernels bit for bit.
         self.tiled: bool | str = True
-        self.x16 = True  # narrow batches of large matmuls may read 16-bit activations (tests compare)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -163,12 +162,10 @@ class CudaOps:
                 (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
                  flags, _i32(tiled.split)))
             return out
-        x16 = self.x16 and plan.wants_x16(w.dtype, t, n, k)
-        launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count, x16=x16)
+        launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
         kernel("matmul.cu", launch.kernel)(
             launch.grid, launch.block,
-            (w.data, scales, self._act16(x, kp, w.dtype == "bf16") if x16 else x, b, res, out, _i32(t), _i32(n),
-             _i32(k), _i32(kp), flags),
+            (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags),
             shared_mem=launch.shared,
         )
         return out

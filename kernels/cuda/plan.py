@@ -71,21 +71,9 @@ class MatmulLaunch:
     token_tiles: int
 
 
-X16_MIN_ROWS = 9  # more than one token tile: every block reads each token's activations again
-X16_MIN_WEIGHT_BYTES = 24 << 20  # below this the conversion's own launch costs more than it saves
-
-
-def wants_x16(dtype: str, m: int, n: int, k: int) -> bool:
-    """Whether the streaming kernel reads activations converted to 16 bits first (act_to_16, the
-    rounding the kernel applies itself): the same operands, so the same bits, either way."""
-    weight_bytes = n * k * (1 if dtype == "q8_0" else 2)
-    return m >= X16_MIN_ROWS and weight_bytes >= X16_MIN_WEIGHT_BYTES
-
-
-def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None,
-                  x16: bool = False) -> MatmulLaunch:
-    """The tensor-core launch for x[m, k] @ w[n, k]^T (`x16`: the kernel reading 16-bit activations).
-    `split` overrides split_k (benchmarks only: a different split is a different summation order)."""
+def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None) -> MatmulLaunch:
+    """The tensor-core launch for x[m, k] @ w[n, k]^T. `split` overrides split_k (benchmarks only:
+    a different split is a different summation order)."""
     s = split_k(n, k, sm_count) if split is None else split
     want = ceil_div(max(m, 1), TOKEN_TILE)
     tm = 1
@@ -94,7 +82,7 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
-    return MatmulLaunch(f"mm_{name}_tm{tm}" + ("_x16" if x16 else ""), grid, (32 * s, 1, 1), shared, s, tm)
+    return MatmulLaunch(f"mm_{name}_tm{tm}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
 TILE_N = 64  # weight rows per block of the tiled kernel (mm_tile_*)
