@@ -135,7 +135,6 @@ class LlamaModel:
         x = x[logit_rows]
         return ops.matmul(ops.rms_norm(x, self.norm, c.rms_eps), self.lm_head)
 
-
     def _qk_norm_rope_write(self, qkv, layer: _Layer, rows: PagedRows, cache) -> Any:
         """Qwen3: q and k are normalised per head before RoPE, so the fused write does not apply."""
         c, ops = self.config, self.ops

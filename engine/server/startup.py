@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 import threading
 
 from aiohttp import web
@@ -33,13 +32,7 @@ log = logging.getLogger("engine.server")
 MAX_QUEUE = 64
 
 
-# The event loop and the compute thread share the GIL. Python hands it to a waiting thread only
-# after this long, so the default 5 ms could hold the next step back behind a busy loop.
-GIL_SWITCH_S = 0.0002
-
-
 def serve(opts: argparse.Namespace) -> int:
-    sys.setswitchinterval(GIL_SWITCH_S)
     return asyncio.run(_serve(opts))
 
 
