@@ -127,13 +127,19 @@ async def test_five_keypresses_from_start_to_a_streamed_reply(studio_env, monkey
         assert not screen.query(".-error")
 
 
+async def load_form_with_exact_on(app, pilot, env):
+    """The load screen for the picked model, its exact field set to on."""
+    await pick_model(pilot, env)
+    await pilot.press("2")
+    form = app.screen
+    form.query_one("#field-exact").value = "on"
+    return form
+
+
 async def test_exact_on_shows_the_on_badge(studio_env):
     app = LockstepApp(api=False)
     async with app.run_test(size=SIZE) as pilot:
-        await pick_model(pilot, studio_env)
-        await pilot.press("2")
-        form = app.screen
-        form.query_one("#field-exact").value = "on"
+        form = await load_form_with_exact_on(app, pilot, studio_env)
         await pilot.pause()
         assert "requested as on (chosen here)" in str(form.query_one("#load-exact").render())
         await pilot.press("ctrl+l")
@@ -147,10 +153,7 @@ async def test_exact_on_shows_the_on_badge(studio_env):
 async def test_refused_load_shows_the_message_on_the_load_screen(studio_env):
     app = LockstepApp(api=False)
     async with app.run_test(size=SIZE) as pilot:
-        await pick_model(pilot, studio_env)
-        await pilot.press("2")
-        form = app.screen
-        form.query_one("#field-exact").value = "on"
+        form = await load_form_with_exact_on(app, pilot, studio_env)
         form.query_one("#field-extra_args").value = "-ctk q8_0"
         await pilot.pause()
         warnings = str(form.query_one("#load-warnings").render())
