@@ -14,6 +14,7 @@ import time
 import cupy as cp
 import numpy as np
 
+from kernels.cuda import launch as kernel_launch
 from kernels.cuda import plan
 from kernels.cuda.modules import kernel
 from kernels.cuda.ops import CudaOps
@@ -97,15 +98,15 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
             for w in ws:
                 ops.matmul(x, w)
     else:
-        launch = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
-        fn = kernel("matmul.cu", launch.kernel)
+        mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
+        fn = kernel("matmul.cu", mm.kernel)
         out = cp.empty((m, n), cp.float32)
         args = lambda w: (w.data, w.scales if w.scales is not None else out, x, out, out, out,  # noqa: E731
                           np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]), np.int32(0))
 
         def run():
             for w in ws:
-                fn(launch.grid, launch.block, args(w), shared_mem=launch.shared)
+                kernel_launch.launch(fn, mm.grid, mm.block, args(w), mm.shared)
     t = timed(run, graph=ops.exact or m < 65) / len(ws)
     return {"n": n, "k": k, "m": m, "dtype": dtype, "exact": ops.exact, "split": split or plan.split_k(n, k, ops.sm_count),
             "us": t * 1e6, "weight_GBps": w0.nbytes / t / 1e9, "TFLOPs": 2 * m * n * k / t / 1e12}
@@ -173,7 +174,7 @@ def bench_accuracy() -> list[dict]:
         got = cp.asnumpy(gpu.attention(cp.asarray(q), layer, PagedRows(cp.asarray(positions), cp.zeros(48, cp.int32),
                                                                       cp.asarray(tables), None), 128**-0.5))
         k, v = gpu.kv_read_pages(layer, list(range(8)))
-        ref = cpu.attention(q, CpuKVLayer(kv_type, k, v), PagedRows(positions, np.zeros(48, np.int32), tables, None),
+        ref = cpu.attention(q, CpuKVLayer(kv_type, kv_type, k, v), PagedRows(positions, np.zeros(48, np.int32), tables, None),
                             128**-0.5)
         out.append({"op": f"attention {kv_type} KV, d=128, GQA 4", "rel_err": rel(got, ref)})
     return out
@@ -197,7 +198,7 @@ def _fake_weights(cfg) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int) -> list[dict]:
+def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl: bool = True) -> list[dict]:
     from engine.config import ModelConfig
     from engine.kv_cache import PagePool
     from engine.models.llama import LlamaModel
@@ -211,6 +212,8 @@ def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int) -> 
     pool = PagePool(ops, cfg.n_layers, max(batches) * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
     weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
     weight_bytes += model.lm_head.nbytes
+    if not pdl:
+        kernel_launch.pdl_supported = lambda: False  # every graph of this call captured with plain launches
     graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
                                tuple(batches))
     out = []
@@ -237,16 +240,46 @@ def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int) -> 
             cp.asnumpy(graphs(tokens, positions, tables, slots))
             host.append(time.perf_counter() - t0)
         kv_read = b * (ctx + 1) * cfg.n_kv_heads * cfg.head_dim * 2 * 2 * cfg.n_layers
-        out.append({"shape": shape, "exact": exact, "batch": b, "ctx": ctx, "step_ms": t_graph * 1e3,
+        out.append({"shape": shape, "exact": exact, "pdl": pdl, "batch": b, "ctx": ctx, "step_ms": t_graph * 1e3,
                     "tok_s": b / t_graph, "step_with_host_logits_ms": float(np.median(host)) * 1e3,
                     "weight_bytes": weight_bytes, "bandwidth_TBps": (weight_bytes + kv_read) / t_graph / 1e12})
     return out
+
+
+def ops_benchmarks(res: dict, ex: CudaOps, off: CudaOps) -> None:
+    guarded(res["accuracy"], bench_accuracy)
+    for name, (n, k) in [("1B qo", SHAPES_1B["qo"]), ("1B gate_up", SHAPES_1B["gate_up"]),
+                         ("1B down", SHAPES_1B["down"]), ("8B kv", SHAPES_8B["kv"]),
+                         ("8B gate_up", SHAPES_8B["gate_up"]), ("8B down", SHAPES_8B["down"])]:
+        for s in (1, 2, 4, 8, 16, 32):
+            if s <= plan.ceil_div(k, 32):
+                guarded(res["split_sweep"], lambda n=n, k=k, s=s: bench_matmul(ex, n, k, 1, "f16", split=s), name=name)
+
+    for label, shapes in (("1B", SHAPES_1B), ("8B", SHAPES_8B)):
+        for name, (n, k) in shapes.items():
+            for m in (1, 16, 64):
+                guarded(res["matmul"], lambda n=n, k=k, m=m: bench_matmul(ex, n, k, m, "f16"), name=f"{label} {name}")
+    for dtype in ("bf16", "q8_0", "f32"):
+        for name in ("qo", "gate_up"):
+            n, k = SHAPES_8B[name]
+            guarded(res["matmul"], lambda n=n, k=k, dtype=dtype: bench_matmul(ex, n, k, 1, dtype), name=f"8B {name}")
+    for name in ("qo", "gate_up", "down"):
+        n, k = SHAPES_8B[name]
+        for ops in (ex, off):
+            guarded(res["prefill_matmul"], lambda n=n, k=k, ops=ops: bench_matmul(ops, n, k, 512, "f16"),
+                    name=f"8B {name}")
+
+    for n_heads, n_kv, hd in ((32, 8, 64), (32, 8, 128)):
+        for rows, ctx in ((1, 640), (16, 640), (1, 4096), (16, 4096)):
+            guarded(res["attention"], lambda a=(rows, ctx, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=False))
+        guarded(res["attention"], lambda a=(512, 512, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=True))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu-ops.json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--steps-only", action="store_true", help="only the decode steps")
     args = ap.parse_args()
     props = cp.cuda.runtime.getDeviceProperties(0)
     res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
@@ -256,42 +289,18 @@ def main() -> None:
     bw = res["copy_TBps"] * 1e12
     ex, off = CudaOps(exact=True), CudaOps(exact=False)
 
-    res["accuracy"] = []
-    guarded(res["accuracy"], bench_accuracy)
-    res["split_sweep"] = []
-    for name, (n, k) in [("1B qo", SHAPES_1B["qo"]), ("1B gate_up", SHAPES_1B["gate_up"]),
-                         ("1B down", SHAPES_1B["down"]), ("8B kv", SHAPES_8B["kv"]),
-                         ("8B gate_up", SHAPES_8B["gate_up"]), ("8B down", SHAPES_8B["down"])]:
-        for s in (1, 2, 4, 8, 16, 32):
-            if s <= plan.ceil_div(k, 32):
-                guarded(res["split_sweep"], lambda n=n, k=k, s=s: bench_matmul(ex, n, k, 1, "f16", split=s), name=name)
-
-    res["matmul"] = []
-    for label, shapes in (("1B", SHAPES_1B), ("8B", SHAPES_8B)):
-        for name, (n, k) in shapes.items():
-            for m in (1, 16, 64):
-                guarded(res["matmul"], lambda n=n, k=k, m=m: bench_matmul(ex, n, k, m, "f16"), name=f"{label} {name}")
-    for dtype in ("bf16", "q8_0", "f32"):
-        for name in ("qo", "gate_up"):
-            n, k = SHAPES_8B[name]
-            guarded(res["matmul"], lambda n=n, k=k, dtype=dtype: bench_matmul(ex, n, k, 1, dtype), name=f"8B {name}")
-    res["prefill_matmul"] = []
-    for name in ("qo", "gate_up", "down"):
-        n, k = SHAPES_8B[name]
-        for ops in (ex, off):
-            guarded(res["prefill_matmul"], lambda n=n, k=k, ops=ops: bench_matmul(ops, n, k, 512, "f16"),
-                    name=f"8B {name}")
-
-    res["attention"] = []
-    for n_heads, n_kv, hd in ((32, 8, 64), (32, 8, 128)):
-        for rows, ctx in ((1, 640), (16, 640), (1, 4096), (16, 4096)):
-            guarded(res["attention"], lambda a=(rows, ctx, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=False))
-        guarded(res["attention"], lambda a=(512, 512, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=True))
+    for key in ("accuracy", "split_sweep", "matmul", "prefill_matmul", "attention"):
+        res[key] = []
+    if not args.steps_only:
+        ops_benchmarks(res, ex, off)
 
     res["decode_step"] = []
+    supported = kernel_launch.pdl_supported
     for shape in ("1B", "8B"):
-        for exact in (True, False):
-            guarded(res["decode_step"], lambda shape=shape, exact=exact: bench_decode_step(exact, shape, [1, 16], 600))
+        for exact, pdl in ((True, True), (False, True), (True, False)):
+            guarded(res["decode_step"], lambda shape=shape, exact=exact, pdl=pdl:
+                    bench_decode_step(exact, shape, [1, 4, 8, 16], 600, pdl))
+            kernel_launch.pdl_supported = supported
             cp.get_default_memory_pool().free_all_blocks()  # the model of the last call is gone
     res["seconds"] = time.time() - t0
 
@@ -327,7 +336,7 @@ def print_table(res: dict, bw: float) -> None:
               f"  {r['kv_GBps']:7.0f} GB/s")
     print("\ndecode step (graph replay; forward only, then with logits copied to the host)")
     for r in res["decode_step"]:
-        print(f"  {r['shape']} exact={r['exact']!s:<5} batch={r['batch']:<3} {r['step_ms']:7.3f} ms"
+        print(f"  {r['shape']} exact={r['exact']!s:<5} pdl={r['pdl']!s:<5} batch={r['batch']:<3} {r['step_ms']:7.3f} ms"
               f"  {r['tok_s']:8.0f} tok/s  host {r['step_with_host_logits_ms']:7.3f} ms"
               f"  {r['bandwidth_TBps'] * 1e12 / bw:6.1%} of copy bw")
 

@@ -34,7 +34,8 @@ def main(path: str) -> None:
     for m in r["prefill_matmul"]:
         print(f"{'prefill ' + m['name'] + (' exact' if m['exact'] else ' cuBLAS'):<34} {m['TFLOPs']:7.1f} TFLOP/s")
     for d in r["decode_step"]:
-        label = f"decode {d['shape']} b={d['batch']} exact={'on' if d['exact'] else 'off'}"
+        label = (f"decode {d['shape']} b={d['batch']} exact={'on' if d['exact'] else 'off'}"
+                 + ("" if d.get("pdl", True) else " no PDL"))
         print(f"{label:<34} {d['tok_s']:7.0f} tok/s  {d['step_ms']:.3f} ms/step  {d['bandwidth_TBps'] * 1e12 / bw:5.1%}")
 
 

@@ -36,3 +36,20 @@ def test_attention_variants_compile(variant, tmp_path):
     d, g, kv = variant
     path = next(p for p in sources() if p.name == "attention.cu")
     _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv)))
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: p.name)
+def test_every_kernel_waits_for_its_predecessor(path, tmp_path):
+    """Captured decode steps launch kernels early (programmatic dependent launch): each must wait
+    for the kernel before it (griddepcontrol.wait, through pdl_start) or it could read stale data."""
+    ptx = tmp_path / "out.ptx"
+    flags = [o for o in OPTIONS if o != "-std=c++17"]
+    done = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", *flags, "-ptx", str(path), "-o", str(ptx)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    entries = ptx.read_text().split(".entry ")[1:]
+    assert entries
+    for body in entries:
+        name = body.split("(", 1)[0]
+        assert "griddepcontrol.wait" in body, f"{name} never waits for the kernel before it"
+        assert "griddepcontrol.launch_dependents" in body, f"{name} never lets the next kernel start"

@@ -1,6 +1,8 @@
 """Replayed decode graphs give the bits of an uncaptured step, for any bucket and any neighbours;
 a tiny model's logits on the GPU follow the CPU reference."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -27,9 +29,10 @@ PAGES_PER_SEQ = 3
 PROMPTS = [5, 254, 17, 300, 1, 90]  # sequence 1 crosses a page boundary while decoding
 
 
-def _model(ops, arch, dtype, seed):
-    cfg = ModelConfig(arch=arch, vocab_size=320, hidden=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
-                      ffn=256, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3")
+def _model(ops, arch, dtype, seed, width=1):
+    cfg = ModelConfig(arch=arch, vocab_size=320, hidden=128 * width, n_layers=2, n_heads=4 * width,
+                      n_kv_heads=2 * width, head_dim=32, ffn=256 * width, qkv_bias=arch == "qwen2",
+                      qk_norm=arch == "qwen3")
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in expected_shapes(cfg).items():
@@ -45,9 +48,9 @@ def _model(ops, arch, dtype, seed):
 class Session:
     """A model, a KV pool and sequences, driven like engine/runner.py drives them."""
 
-    def __init__(self, ops, arch="llama", dtype="f32", kv_type="f16", seed=0):
+    def __init__(self, ops, arch="llama", dtype="f32", kv_type="f16", seed=0, width=1):
         self.ops = ops
-        self.cfg, self.model = _model(ops, arch, dtype, seed)
+        self.cfg, self.model = _model(ops, arch, dtype, seed, width)
         self.pool = PagePool(ops, self.cfg.n_layers, PAGES_PER_SEQ * len(PROMPTS) + 2, self.cfg.n_kv_heads,
                              self.cfg.head_dim, kv_type)
         order = RNG.permutation(self.pool.n_pages)[: PAGES_PER_SEQ * len(PROMPTS)]
@@ -106,6 +109,28 @@ def test_graph_replay_equals_uncaptured_step(arch, dtype):
         plain = sess.step(seqs, [[x] for x in tokens])  # writes the same K/V bits again, then advances
         assert replay.tobytes() == plain.tobytes()
         assert np.stack(alone).tobytes() == plain.tobytes()
+
+
+def test_early_launched_kernels_change_no_bits(monkeypatch):
+    """Graphs launch each kernel with programmatic dependent launch (it starts before the previous
+    one ends, loading weights): replays must equal graphs captured with plain launches, every time."""
+    from kernels.cuda import launch
+
+    hopper = int(cp.cuda.Device().compute_capability) >= 90
+    assert launch.pdl_supported() == (hopper and os.environ.get("LOCKSTEP_PDL", "1") != "0")
+    ops = CudaOps(exact=True)
+    sess = Session(ops, "llama", "f16", seed=3, width=8)  # hidden 1024: matmuls of many blocks
+    sess.prefill()
+    seqs = list(range(len(PROMPTS)))
+    inputs = [_decode_inputs(sess, seqs, RNG.integers(0, 320, len(seqs))) for _ in range(3)]
+    early = ops.decode_graphs(sess.forward, max_pages=PAGES_PER_SEQ, buckets=(8,))
+    early(*inputs[0])  # captured now, with PDL
+    monkeypatch.setattr(launch, "pdl_supported", lambda: False)
+    plain = ops.decode_graphs(sess.forward, max_pages=PAGES_PER_SEQ, buckets=(8,))
+    for step in inputs:
+        want = ops.to_host(plain(*step))
+        for _ in range(5):
+            assert ops.to_host(early(*step)).tobytes() == want.tobytes()
 
 
 def test_prefill_chunking_and_batching_keep_bits():

@@ -15,7 +15,9 @@
 // chunk (blockIdx.z strides by gridDim.z) and which block merges change no bits: every chunk's
 // partial is stored as is and the merge order is fixed.
 //
-// Compiled once per (HEAD_DIM, GROUP_MAX, KV_T) through -D options.
+// Compiled once per (HEAD_DIM, GROUP_MAX, KV_T) through -D options. Where a chunk's values fit
+// (V_STAGE), they are copied into shared memory while the scores are computed; the value pass then
+// reads them there, in the same order.
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -32,6 +34,8 @@
 #define GM GROUP_MAX
 #define PARTS (PAGE / D)  // key ranges of the value pass
 #define VBATCH (GM > 4 ? 16 : 32)  // value loads issued before their FMAs (latency, not order)
+#define KV_BYTES (KV_T == 0 ? 4 : 2)
+#define V_STAGE (PAGE * D * KV_BYTES <= 32768)  // dynamic shared memory: plan.attention_smem sizes it
 
 #if KV_T == 0
 typedef F32 KV;
@@ -62,6 +66,7 @@ __device__ __forceinline__ float merge_row(const float* __restrict__ part, int r
                                            int n_heads, int W) {
     const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
     float m = __ldcg(base + D), l = __ldcg(base + D + 1), acc = __ldcg(base + d);
+#pragma unroll 4
     for (int c = 1; c <= last; ++c) {
         const float* pc = base + (i64)c * (D + 2);
         float a, b, m_new;
@@ -78,11 +83,15 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
              const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
              float* __restrict__ part, int n_heads, int n_kv, int W, float scale, int merge_here,
              int* __restrict__ counters, float* __restrict__ out) {
+    pdl_start();
     __shared__ float qs[GM][D];
     __shared__ float sc[GM][PAGE];
     __shared__ float ob[PARTS][GM][D];
     __shared__ float red_max[PAGE / 32][GM];
     __shared__ float red_sum[PAGE / 32][GM];
+#if V_STAGE
+    extern __shared__ __align__(16) unsigned char v_staged[];  // [n][D]: a chunk's values of this KV head
+#endif
 
     const int r = blockIdx.x;
     const int G = n_heads / n_kv;
@@ -105,6 +114,20 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         const int n = c < last ? PAGE : p % PAGE + 1;
         const kv_t* kpage = kc + page * PAGE * cell_stride + (i64)h * D;
         const kv_t* vpage = vc + page * PAGE * cell_stride + (i64)h * D;
+#if V_STAGE
+        constexpr int SEGS = D * KV_BYTES / 16;
+        for (int i = tid; i < n * SEGS; i += PAGE) {
+            const int j = i / SEGS, seg = i % SEGS;
+            cp_async16(v_staged + (j * SEGS + seg) * 16,
+                       reinterpret_cast<const unsigned char*>(vpage + j * cell_stride) + seg * 16, 16);
+        }
+        cp_async_commit();
+        const kv_t* vsrc = reinterpret_cast<const kv_t*>(v_staged);
+        const i64 vstride = D;
+#else
+        const kv_t* vsrc = vpage;
+        const i64 vstride = cell_stride;
+#endif
 
         float s[GM];
 #pragma unroll
@@ -140,6 +163,9 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
             const float w = warp_sum(e);
             if (lane == 0) red_sum[warp][g] = w;
         }
+#if V_STAGE
+        cp_async_wait_all();  // this thread's copies; the barrier then makes everyone's visible
+#endif
         __syncthreads();
         float l[GM];
 #pragma unroll
@@ -153,19 +179,19 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 #pragma unroll
         for (int g = 0; g < GM; ++g) acc[g] = 0.f;
         const int j1 = imin(n, pt * D + D);
-        const kv_t* vcol = vpage + d;
+        const kv_t* vcol = vsrc + d;
         int j = pt * D;
         for (; j + VBATCH <= j1; j += VBATCH) {  // VBATCH loads in flight, then the same ascending FMA chain
             float v[VBATCH];
 #pragma unroll
-            for (int u = 0; u < VBATCH; ++u) v[u] = KV::load(vcol, (i64)(j + u) * cell_stride);
+            for (int u = 0; u < VBATCH; ++u) v[u] = KV::load(vcol, (i64)(j + u) * vstride);
 #pragma unroll
             for (int u = 0; u < VBATCH; ++u)
 #pragma unroll
                 for (int g = 0; g < GM; ++g) acc[g] = __fmaf_rn(sc[g][j + u], v[u], acc[g]);
         }
         for (; j < j1; ++j) {
-            const float v = KV::load(vcol, (i64)j * cell_stride);
+            const float v = KV::load(vcol, (i64)j * vstride);
 #pragma unroll
             for (int g = 0; g < GM; ++g) acc[g] = __fmaf_rn(sc[g][j], v, acc[g]);
         }
@@ -211,6 +237,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 extern "C" __global__ void __launch_bounds__(D)
 attn_merge(const float* __restrict__ part, const int* __restrict__ positions, float* __restrict__ out,
            int n_heads, int W) {
+    pdl_start();
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
     out[((i64)r * n_heads + qh) * D + d] = merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W);
 }

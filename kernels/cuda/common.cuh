@@ -14,6 +14,27 @@ typedef long long i64;
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
+// ---- programmatic dependent launch (sm_90 and later)
+// Captured decode steps launch each kernel so that it may start while the kernel before it still
+// runs (kernels/cuda/launch.py). Every kernel calls pdl_start() before it touches memory another
+// kernel writes: it returns once the previous kernel has finished and its writes are visible, then
+// lets the next kernel start. Before it a kernel may only read weights. Without such a launch (and
+// before sm_90) both instructions are no-ops.
+__device__ __forceinline__ void pdl_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// ---- asynchronous copies to shared memory (sm_80 and later): src_bytes < 16 zero-fills the rest
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // ---- 16-bit float conversions (round to nearest even, as NumPy and torch do)
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {

@@ -7,6 +7,7 @@ template <typename S>
 __device__ __forceinline__ void kv_write(const float* __restrict__ k, const float* __restrict__ v,
                                          typename S::T* __restrict__ kc, typename S::T* __restrict__ vc,
                                          const i64* __restrict__ slots, int T, int HD) {
+    pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * HD) return;
     const int r = (int)(i / HD), e = (int)(i % HD);
@@ -38,6 +39,7 @@ __device__ __forceinline__ void rope_qkv_write(const float* __restrict__ qkv, fl
                                                const int* __restrict__ positions, const i64* __restrict__ slots,
                                                const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                                int T, int H, int Hkv, int D, int neox) {
+    pdl_start();
     const int half = D >> 1, heads = H + 2 * Hkv;
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * heads * half) return;

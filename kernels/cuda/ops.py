@@ -21,6 +21,7 @@ import numpy as np
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
 from kernels.cuda import plan
 from kernels.cuda.blas import gemm_16bit
+from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.weights import CudaWeight, pad_host
 from kernels.weights import Weight
@@ -108,11 +109,11 @@ class CudaOps:
             return out
         grid, block = plan.elementwise_grid(t * k)
         if table.dtype == "q8_0":
-            kernel("pointwise.cu", "embed_q8")(grid, block, (table.data, table.scales, ids, out,
-                                                             _i32(t), _i32(k), _i32(kp)))
+            launch(kernel("pointwise.cu", "embed_q8"), grid, block,
+                   (table.data, table.scales, ids, out, _i32(t), _i32(k), _i32(kp)))
         else:
             name = {"f32": "embed_f32", "f16": "embed_f16", "bf16": "embed_bf16"}[table.dtype]
-            kernel("pointwise.cu", name)(grid, block, (table.data, ids, out, _i32(t), _i32(k), _i32(kp)))
+            launch(kernel("pointwise.cu", name), grid, block, (table.data, ids, out, _i32(t), _i32(k), _i32(kp)))
         return out
 
     def rms_norm(self, x, weight, eps: float):
@@ -121,7 +122,7 @@ class CudaOps:
         y = cp.empty_like(x)
         rows = x.size // d
         if rows:
-            kernel("rows.cu", "rms_norm")((rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
+            launch(kernel("rows.cu", "rms_norm"), (rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
         return y
 
     def matmul(self, x, w: CudaWeight, bias=None, residual=None):
@@ -143,31 +144,26 @@ class CudaOps:
         kp = int(w.data.shape[1])
         if w.dtype == "f32":
             grid, block = plan.f32_matmul_grid(t, n)
-            kernel("matmul.cu", "mm_f32")(grid, block, (w.data, x, b, res, out, _i32(t), _i32(n), _i32(k),
-                                                        _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
+            launch(kernel("matmul.cu", "mm_f32"), grid, block,
+                   (w.data, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
             return out
         scales = w.scales if w.scales is not None else self._dummy
         wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled is True else None
         if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
-            big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines)(
-                wide.grid, wide.block,
-                (w.data, scales, self._act16(x, kp, w.dtype == "bf16"), b, res, out, _i32(t), _i32(n), _i32(kp),
-                 _i32(w.data.shape[0]), flags, _i32(wide.split)), shared_mem=wide.shared)
+            launch(big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines), wide.grid, wide.block,
+                   (w.data, scales, self._act16(x, kp, w.dtype == "bf16"), b, res, out, _i32(t), _i32(n), _i32(kp),
+                    _i32(w.data.shape[0]), flags, _i32(wide.split)), shared=wide.shared)
             return out
         tiled = plan.tile_launch(w.dtype, t, n, k, self.sm_count) if self.tiled else None
         if tiled is not None:  # wide batches: same sums, weights staged through shared memory
-            kernel("matmul.cu", tiled.kernel)(
-                tiled.grid, tiled.block,
-                (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
-                 flags, _i32(tiled.split)))
+            launch(kernel("matmul.cu", tiled.kernel), tiled.grid, tiled.block,
+                   (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
+                    flags, _i32(tiled.split)))
             return out
-        launch = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
-        kernel("matmul.cu", launch.kernel)(
-            launch.grid, launch.block,
-            (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags),
-            shared_mem=launch.shared,
-        )
+        mm = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
+        launch(kernel("matmul.cu", mm.kernel), mm.grid, mm.block,
+               (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags), shared=mm.shared)
         return out
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):
@@ -190,7 +186,7 @@ class CudaOps:
         t, k = (int(s) for s in x.shape)
         x16 = cp.empty((t, kp), dtype=cp.uint16)
         grid, block = plan.elementwise_grid(t * kp)
-        kernel("matmul.cu", "act_to_16")(grid, block, (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16)))
+        launch(kernel("matmul.cu", "act_to_16"), grid, block, (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16)))
         return x16
 
     def rope(self, x, positions, table: RopeTable):
@@ -200,8 +196,8 @@ class CudaOps:
         n = t * h * (dh // 2)
         if n:
             grid, block = plan.elementwise_grid(n)
-            kernel("pointwise.cu", "rope")(grid, block, (x, y, _index(positions), table.cos, table.sin,
-                                                         _i32(t), _i32(h), _i32(dh), _i32(table.neox)))
+            launch(kernel("pointwise.cu", "rope"), grid, block,
+                   (x, y, _index(positions), table.cos, table.sin, _i32(t), _i32(h), _i32(dh), _i32(table.neox)))
         return y
 
     def silu_mul(self, gate, up):
@@ -210,8 +206,8 @@ class CudaOps:
         y = cp.empty((t, f), dtype=cp.float32)
         if t * f:
             grid, block = plan.elementwise_grid(t * f)
-            kernel("pointwise.cu", "silu_mul")(grid, block, (gate, up, y, _i32(t), _i32(f),
-                                                             np.int64(gate.strides[0] // 4)))
+            launch(kernel("pointwise.cu", "silu_mul"), grid, block,
+                   (gate, up, y, _i32(t), _i32(f), np.int64(gate.strides[0] // 4)))
         return y
 
     def add(self, a, b):
@@ -219,7 +215,7 @@ class CudaOps:
         y = cp.empty_like(a)
         if a.size:
             grid, block = plan.elementwise_grid(a.size)
-            kernel("pointwise.cu", "add")(grid, block, (a, b, y, np.int64(a.size)))
+            launch(kernel("pointwise.cu", "add"), grid, block, (a, b, y, np.int64(a.size)))
         return y
 
     def argmax(self, logits):
@@ -230,8 +226,8 @@ class CudaOps:
         if rows:
             parts = plan.argmax_parts(v)
             pv, pi = cp.empty((rows, parts), cp.float32), cp.empty((rows, parts), cp.int32)
-            kernel("rows.cu", "argmax_part")((rows, parts), (256,), (x, pv, pi, _i32(v)))
-            kernel("rows.cu", "argmax_final")((rows,), (256,), (pv, pi, out, _i32(parts)))
+            launch(kernel("rows.cu", "argmax_part"), (rows, parts), (256,), (x, pv, pi, _i32(v)))
+            launch(kernel("rows.cu", "argmax_final"), (rows,), (256,), (pv, pi, out, _i32(parts)))
         return out
 
     # --- paged KV cache and attention
@@ -254,8 +250,8 @@ class CudaOps:
             return
         hd = k.size // t
         grid, block = plan.elementwise_grid(t * hd)
-        kernel("kv_cache.cu", f"kv_write_{layer.kv_type}")(
-            grid, block, (k, v, layer.k, layer.v, _index(slots, cp.int64), _i32(t), _i32(hd)))
+        launch(kernel("kv_cache.cu", f"kv_write_{layer.kv_type}"), grid, block,
+               (k, v, layer.k, layer.v, _index(slots, cp.int64), _i32(t), _i32(hd)))
 
     def qkv_rope_write(self, qkv, rows: PagedRows, table: RopeTable, layer: CudaKVLayer, n_heads: int,
                        n_kv: int):
@@ -266,10 +262,9 @@ class CudaOps:
         n = t * (n_heads + 2 * n_kv) * (d // 2)
         if n:
             grid, block = plan.elementwise_grid(n)
-            kernel("kv_cache.cu", f"rope_qkv_write_{layer.kv_type}")(
-                grid, block, (qkv, q, layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64),
-                              table.cos, table.sin, _i32(t), _i32(n_heads), _i32(n_kv), _i32(d),
-                              _i32(table.neox)))
+            launch(kernel("kv_cache.cu", f"rope_qkv_write_{layer.kv_type}"), grid, block,
+                   (qkv, q, layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64),
+                    table.cos, table.sin, _i32(t), _i32(n_heads), _i32(n_kv), _i32(d), _i32(table.neox)))
         return q
 
     def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):
@@ -282,23 +277,25 @@ class CudaOps:
         positions, seq = _index(rows.positions), _index(rows.seq)
         tables = _index(rows.block_tables)
         width = int(tables.shape[1])
-        launch = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
-        defines = (("HEAD_DIM", d), ("GROUP_MAX", launch.gm), ("KV_T", KV_CODES[layer.kv_type]))
-        partial = kernel("attention.cu", "attn_partial", defines)
+        at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
+        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]))
+        smem = plan.attention_smem(d, layer.kv_type)
+        partial = big_smem_kernel("attention.cu", "attn_partial", smem, defines)
         merge = kernel("attention.cu", "attn_merge", defines)
-        step = launch.row_slice
+        step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32)
-        groups = n_kv * launch.subgroups
+        groups = n_kv * at.subgroups
         fused = min(t, step) * groups <= ATTN_COUNTERS
         for r0 in range(0, t, step):
             r1 = min(t, r0 + step)
             # Row slices only bound the scratch: rows are independent, so the bits are the same.
-            partial((r1 - r0, groups, launch.workers), (plan.ATTN_THREADS,),
-                    (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, part,
-                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale), _i32(fused),
-                     self._attn_counters, out[r0:r1]))
+            launch(partial, (r1 - r0, groups, at.workers), (plan.ATTN_THREADS,),
+                   (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, part,
+                    _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale), _i32(fused),
+                    self._attn_counters, out[r0:r1]), smem)
             if not fused:
-                merge((r1 - r0, n_heads), (d,), (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
+                launch(merge, (r1 - r0, n_heads), (d,),
+                       (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
         return out
 
     def kv_read_pages(self, layer: CudaKVLayer, pages) -> tuple[np.ndarray, ...]:

@@ -6,6 +6,7 @@
 extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ positions,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t, int T, int H,
                                 int Dh, int neox) {
+    pdl_start();
     const int half = Dh >> 1;
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * H * half) return;
@@ -23,6 +24,7 @@ extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__
 // of a fused gate|up matmul's output rows, read in place).
 extern "C" __global__ void silu_mul(const float* __restrict__ gate, const float* __restrict__ up,
                                     float* __restrict__ y, int T, int F, i64 ld) {
+    pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * F) return;
     const i64 at = (i / F) * ld + i % F;
@@ -32,6 +34,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gate, const float*
 
 extern "C" __global__ void add(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                i64 n) {
+    pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(a[i], b[i]);
 }
@@ -40,6 +43,7 @@ extern "C" __global__ void add(const float* __restrict__ a, const float* __restr
 template <typename S>
 __device__ __forceinline__ void embed_rows(const typename S::T* __restrict__ table, const int* __restrict__ ids,
                                            float* __restrict__ out, int T, int K, int Kp) {
+    pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * K) return;
     const int r = (int)(i / K), k = (int)(i % K);
@@ -58,6 +62,7 @@ extern "C" __global__ void embed_bf16(const u16* t, const int* ids, float* out, 
 // q8_0: value = q * d, d the block's f16 scale (the ggml rule, as kernels.weights dequantizes)
 extern "C" __global__ void embed_q8(const signed char* __restrict__ t, const u16* __restrict__ scales,
                                     const int* __restrict__ ids, float* __restrict__ out, int T, int K, int Kp) {
+    pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * K) return;
     const int r = (int)(i / K), k = (int)(i % K);

@@ -7,6 +7,7 @@
 // y = (x * (1 / sqrt(mean(x^2) + eps))) * w, the reference's float32 steps.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int D, float eps) {
+    pdl_start();
     __shared__ float scratch[ROW_THREADS / 32];
     const float* xr = x + (i64)blockIdx.x * D;
     float* yr = y + (i64)blockIdx.x * D;
@@ -46,6 +47,7 @@ __device__ __forceinline__ void block_best(float& v, int& idx) {
 
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 argmax_part(const float* __restrict__ x, float* __restrict__ part_v, int* __restrict__ part_i, int V) {
+    pdl_start();
     const int span = (V + gridDim.y - 1) / gridDim.y;
     const int lo = blockIdx.y * span, hi = imin(V, lo + span);
     const float* xr = x + (i64)blockIdx.x * V;
@@ -62,6 +64,7 @@ argmax_part(const float* __restrict__ x, float* __restrict__ part_v, int* __rest
 // One block per row folds its parts; a row whose values are all -inf (or NaN) answers 0.
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 argmax_final(const float* __restrict__ part_v, const int* __restrict__ part_i, int* __restrict__ out, int parts) {
+    pdl_start();
     float v = NEG_INF;
     int idx = 0x7fffffff;
     for (int p = threadIdx.x; p < parts; p += ROW_THREADS)
