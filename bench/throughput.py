@@ -75,8 +75,9 @@ async def cell(session, url: str, prompts: list[list[int]], n_predict: int, cach
     before = await engine_counters(session, url)
     results = await asyncio.gather(*(one_request(session, url, p, n_predict, cached) for p in prompts))
     after = await engine_counters(session, url)
-    d = {k: after[k] - before.get(k, 0.0) for k in ("steps_total", "step_seconds_total", "busy_seconds_total",
-                                                     "decode_steps_total", "decode_step_seconds_total")}
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0)
+         for k in ("steps_total", "step_seconds_total", "busy_seconds_total", "decode_steps_total",
+                   "decode_step_seconds_total", "ahead_steps_total")}
     steps = max(d["steps_total"], 1.0)
     return {"decode_tps": sum(r["decode_tps"] for r in results),
             "ttft_s": statistics.median(r["ttft_s"] for r in results),
@@ -84,9 +85,11 @@ async def cell(session, url: str, prompts: list[list[int]], n_predict: int, cach
             "generated": sum(r["generated"] for r in results),
             "prompt_evaluated": sum(r["prompt_n"] for r in results),
             # where the compute thread's time went: forward steps (device work and the wait for it)
-            # against scheduling, sampling and event dispatch around them
+            # against scheduling, sampling and event dispatch around them (which overlap the device
+            # work of the steps launched ahead)
             "decode_step_ms": d["decode_step_seconds_total"] / max(d["decode_steps_total"], 1.0) * 1000,
-            "host_ms_per_step": (d["busy_seconds_total"] - d["step_seconds_total"]) / steps * 1000}
+            "host_ms_per_step": (d["busy_seconds_total"] - d["step_seconds_total"]) / steps * 1000,
+            "ahead_fraction": round(d["ahead_steps_total"] / steps, 3)}
 
 
 def gpu_memory_mib(pids: set[int]) -> int | None:
@@ -136,7 +139,7 @@ async def run(args) -> dict:
                         warm = await cell(session, servers[m].url, prompts, args.gen, cached=True)
                         got |= {"decode_tps_cached": warm["decode_tps"], "decode_step_ms": warm["decode_step_ms"],
                                 "cached_prompt_evaluated": warm["prompt_evaluated"],
-                                "host_ms_per_step": warm["host_ms_per_step"]}
+                                "host_ms_per_step": warm["host_ms_per_step"], "ahead_fraction": warm["ahead_fraction"]}
                         raw[m][c].append(got)
                         print(f"rep {rep} cell {c:>2} exact {m:<3} decode {got['decode_tps']:8.1f} tok/s  "
                               f"cached prompts {warm['decode_tps']:8.1f} tok/s  ttft {got['ttft_s'] * 1000:7.1f} ms  "
@@ -167,6 +170,8 @@ def summarize(args, raw, peak, servers) -> dict:
                       "bandwidth_fraction": round(step_bytes * tps / c / COPY_BANDWIDTH, 3),
                       "decode_step_ms": round(_med(raw[m][c], "decode_step_ms"), 3),
                       "host_ms_per_step": round(_med(raw[m][c], "host_ms_per_step"), 3),
+                      # decode steps of the cached cells launched before the previous step's tokens were read
+                      "ahead_fraction": _med(raw[m][c], "ahead_fraction"),
                       "runs": [round(r["decode_tps"], 1) for r in raw[m][c]],
                       "runs_cached": [round(r["decode_tps_cached"], 1) for r in raw[m][c]],
                       # prompt tokens the cached cells still evaluated (one per chat when the cache hit)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,13 +39,17 @@ class RowsOut:
 
 
 class Pending:
-    """A launched step; `collect()` waits for it and returns its outputs (once)."""
+    """A launched step; `collect()` waits for it and returns its outputs. `argmax` is each logits
+    row's argmax on the device where the step made one (a later step may take its tokens from it)."""
 
-    def __init__(self, finish: Callable[[], list[RowsOut | None]]):
-        self._finish = finish
+    def __init__(self, finish: Callable[[], list[RowsOut | None]], argmax=None):
+        self._finish, self.argmax = finish, argmax
+        self._out: list[RowsOut | None] | None = None
 
     def collect(self) -> list[RowsOut | None]:
-        return self._finish()
+        if self._out is None:
+            self._out = self._finish()
+        return self._out
 
 
 class Runner:
@@ -72,10 +76,32 @@ class Runner:
         things (the scheduler hands the previous step's tokens to the server); `collect` waits.
         Elsewhere the whole step runs in `collect`, so that work still comes first."""
         if not getattr(self.ops, "asynchronous", False):
-            return Pending(lambda: self._run(entries)())
-        return Pending(self._run(entries))
+            return Pending(lambda: self._run(entries)[0]())
+        return Pending(*self._run(entries))
 
-    def _run(self, entries: list[StepEntry]) -> Callable[[], list[RowsOut | None]]:
+    def can_launch_ahead(self, entries: list[StepEntry]) -> bool:
+        """Whether launch_ahead overlaps anything for these decode entries: on an asynchronous
+        backend only a replayed graph takes its tokens on the device (elsewhere it would wait for
+        the previous step); a synchronous one runs steps in collect() anyway."""
+        return not getattr(self.ops, "asynchronous", False) or self._graphable(entries)
+
+    def launch_ahead(self, prev: Pending, entries: list[StepEntry]) -> Pending:
+        """Starts a decode step whose entry i takes as its token the argmax of `prev`'s row i (the
+        entries' own tokens are placeholders), before `prev`'s tokens reach the host."""
+
+        def with_tokens() -> list[StepEntry]:
+            out = prev.collect()
+            return [replace(e, tokens=[int(r.argmax[-1])]) for e, r in zip(entries, out, strict=True)]
+
+        if not getattr(self.ops, "asynchronous", False):
+            return Pending(lambda: self._run(with_tokens())[0]())
+        if prev.argmax is not None and self._graphable(entries):
+            return Pending(*self._graph_step(entries, prev.argmax))
+        return Pending(lambda: self._run(with_tokens())[0]())
+
+    def _run(self, entries: list[StepEntry]) -> tuple[Callable[[], list[RowsOut | None]], object]:
+        """Issues the step's device work; returns a function that waits for it and reads the
+        results, and the device argmax of the step's logits rows."""
         """Issues the step's device work; the returned function waits for it and reads the results."""
         if self._graphable(entries):
             return self._graph_step(entries)
@@ -110,7 +136,7 @@ class Runner:
         ids = ops.tensor(np.asarray(tokens, dtype=np.int32))
         if not logit_rows:
             self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.zeros(0, dtype=np.int64)))
-            return lambda: [None] * len(entries)
+            return (lambda: [None] * len(entries)), None
         logits = self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.asarray(logit_rows, dtype=np.int64)))
         return self._outputs(entries, logits, spans)
 
@@ -121,7 +147,7 @@ class Runner:
                 and all((e.logits == "all" or len(e.tokens) == 1 and e.logits == "last") and len(e.pages) <= g.width
                         for e in entries))
 
-    def _graph_step(self, entries: list[StepEntry]) -> Callable[[], list[RowsOut | None]]:
+    def _graph_step(self, entries: list[StepEntry], ids_from=None):
         # Each row gets its own copy of its sequence's page table, so a verify row sees the rows
         # before it in the same step exactly as a decode row would see them in later steps.
         n = sum(len(e.tokens) for e in entries)
@@ -135,18 +161,19 @@ class Runner:
                 tokens.append(tok)
                 positions.append(p)
                 slots.append(e.pages[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE)
-        logits = self.graphs(tokens, positions, tables, slots)
+        logits = self.graphs(tokens, positions, tables, slots, ids_from=ids_from)
         return self._outputs(entries, logits, spans, getattr(self.graphs, "last_argmax", None))
 
-    def _outputs(self, entries: list[StepEntry], logits, spans, argmax=None) -> Callable[[], list[RowsOut | None]]:
-        """One device argmax for all rows (the replay's own when it made one); host copies of only the
-        rows whose entries need them, read when the returned function is called."""
+    def _outputs(self, entries: list[StepEntry], logits, spans, argmax=None):
+        """One device argmax for all rows (the replay's own when it made one) and host copies of
+        only the rows whose entries need them, both started now (the next step may overwrite the
+        device buffers); the returned function waits for them. Also returns the device argmax."""
         ops = self.ops
         argmax = ops.argmax(logits) if argmax is None else argmax
         wanted = [r for e, (a, b) in zip(entries, spans, strict=True) if e.full_rows for r in range(a, b)]
-        picked = logits[ops.tensor(np.asarray(wanted, dtype=np.int64))] if wanted else None
-        return lambda: self._read(entries, spans, ops.to_host(argmax),
-                                  None if picked is None else ops.to_host(picked))
+        picked = ops.to_host_async(logits[ops.tensor(np.asarray(wanted, dtype=np.int64))]) if wanted else None
+        am = ops.to_host_async(argmax)
+        return (lambda: self._read(entries, spans, am(), None if picked is None else picked())), argmax
 
     @staticmethod
     def _read(entries: list[StepEntry], spans, am: np.ndarray, host: np.ndarray | None) -> list[RowsOut | None]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from engine.kv_cache import pages_for, seq_context
 from engine.requests import DoneEvent, Event, QueueFullError, Request, Row, TokenEvent, call_each
-from engine.runner import RowsOut, Runner, StepEntry
+from engine.runner import Pending, RowsOut, Runner, StepEntry
 from engine.sampler import log_softmax, needs_logits, sample, top_logprobs
 from engine.sequences import Seq, Slot, common_prefix
 from engine.speculative import DraftState, lookup
@@ -56,9 +56,12 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        # a decode step launched before the previous step's tokens reached the host (_launch_ahead)
+        self._ahead: tuple[list[tuple[Seq, StepEntry]], Pending] | None = None
         self.counters = dict.fromkeys(("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total",
                                        "tokens_predicted_total", "drafted_total",
-                                       "draft_accepted_total", "steps_total", "decode_steps_total"), 0)
+                                       "draft_accepted_total", "steps_total", "decode_steps_total",
+                                       "ahead_steps_total"), 0)
         self.counters |= {"step_seconds_total": 0.0, "decode_step_seconds_total": 0.0, "busy_seconds_total": 0.0}
 
     # ------------------------------------------------------------------ public API
@@ -136,6 +139,7 @@ class Scheduler:
                 self._step()
             except Exception as e:  # a failed step fails its requests, never the server
                 log.exception("step failed")
+                self._ahead = None
                 with self._cv:
                     for seq in list(self._running) + list(self._parked):
                         self._finish(seq, "error", error=str(e))
@@ -151,7 +155,7 @@ class Scheduler:
             self.dispatch(batch)
 
     def _has_work(self) -> bool:
-        return bool(self._running or self._parked or self._waiting or self._cancel)
+        return bool(self._running or self._parked or self._waiting or self._cancel or self._ahead)
 
     def _apply_cancels(self) -> None:
         if not self._cancel:
@@ -284,13 +288,22 @@ class Scheduler:
 
     # --- one step
     def _step(self) -> None:
-        with self._cv:
-            plan = self._plan()
-        if not plan:
-            self._flush()
-            return
         t0 = time.perf_counter()
-        pending = self.runner.launch([e for _, e in plan])
+        ahead = self._ahead is not None
+        if ahead:
+            (plan, pending), self._ahead = self._ahead, None
+        else:
+            with self._cv:
+                plan = self._plan()
+            if not plan:
+                self._flush()
+                return
+            pending = self.runner.launch([e for _, e in plan])
+        with self._cv:
+            nxt = self._plan_ahead(plan)
+        if nxt:
+            self._ahead = nxt, self.runner.launch_ahead(pending, [e for _, e in nxt])
+            self.counters["ahead_steps_total"] += 1
         # The previous step's tokens go out while the device runs this one: the server's work on
         # them (sharing the GIL) then overlaps the step instead of delaying its launch.
         self._flush()
@@ -303,6 +316,8 @@ class Scheduler:
             self.counters["decode_steps_total"] += 1
         with self._cv:
             for (seq, entry), logits in zip(plan, results, strict=True):
+                if ahead and (seq.done or seq not in self._running):
+                    continue  # ended, cancelled or parked after this step was launched: its row is dropped
                 if seq.draft:
                     self._verify(seq, logits)
                     continue
@@ -334,6 +349,36 @@ class Scheduler:
             budget -= n
         plan = [(s, n) for s, n in plan if s in self._running]
         return [(s, self._entry(s, n)) for s, n in plan]
+
+    def _plan_ahead(self, plan: list[tuple[Seq, StepEntry]]) -> list[tuple[Seq, StepEntry]] | None:
+        """In the steady decode state (every running sequence decoding greedily from the argmax,
+        no drafts, nothing waiting), the next step can be launched before this one's tokens reach
+        the host, its tokens taken on the device from this step's argmax: the device then need not
+        wait while the host reads this step's tokens and plans the next. A sequence that ends on
+        this step's token (end of generation) wastes its row in that step: the row writes only the
+        cell after its last token, in its own pages, and is dropped. Returns that step's plan (its
+        entries' tokens are placeholders) with the pages it needs allocated, or None."""
+        if self.spec_n_max or self._waiting or self._cancel or self._parked or len(plan) != len(self._running):
+            return None
+        entries = []
+        for seq, e in plan:
+            after = seq.generated + 1  # tokens generated once this step's is read
+            if (seq.done or seq not in self._running or seq.draft or len(e.tokens) != 1 or e.logits != "last"
+                    or e.full_rows or seq.generated == 0 or 0 <= seq.req.max_tokens <= after
+                    or len(seq.tokens) + 1 >= self.n_ctx_seq
+                    or (self.preempt_every and after % self.preempt_every == 0)):
+                return None
+            entries.append(StepEntry(seq.pages, [0], e.start + 1, "last", False))
+        if not self.runner.can_launch_ahead(entries):
+            return None
+        need = [pages_for(e.start + 1) - len(seq.pages) for (seq, _), e in zip(plan, entries, strict=True)]
+        if sum(n for n in need if n > 0) > self.pool.n_free:
+            return None
+        for (seq, _), e, n in zip(plan, entries, need, strict=True):
+            if n > 0:
+                seq.pages = seq.pages + self.pool.alloc(n)  # a new list: this step's entry keeps its own
+            e.pages = seq.pages
+        return [(seq, e) for (seq, _), e in zip(plan, entries, strict=True)]
 
     def _entry(self, s: Seq, n: int) -> StepEntry:
         full = needs_logits(s.params, s.req.logprobs)

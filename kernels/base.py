@@ -8,6 +8,7 @@ or where a sequence's KV pages sit physically.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +60,9 @@ class Ops(Protocol):
     def upload(self, w: Weight) -> Any: ...
     def tensor(self, a: np.ndarray) -> Any: ...
     def to_host(self, x: Any) -> np.ndarray: ...
+    def to_host_async(self, x: Any) -> Callable[[], np.ndarray]:
+        """Starts copying x to the host after the work queued so far; the returned function waits
+        for it. Work queued later may overwrite x without changing the copy."""
 
     # --- math; x is [T, D] float32 unless stated
     def embedding(self, table: Any, ids: Any) -> Any: ...

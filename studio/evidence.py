@@ -28,6 +28,7 @@ BASE_FLAGS = ("--parallel", "8", "--ctx-size", "4096", "--kv-unified", "--exact-
 
 CELLS: tuple[str, ...] = (
     "solo_twice", "beside_3", "beside_7", "prompt_cache_hit", "n2_first", "n2_second", "seeded_beside_7",
+    "ids_only_beside_7",
     "forced_parks_7", "parallel_2", "ctx_1024", "ubatch_16", "speculation_4", "speculation_2_parks",
 )
 
@@ -49,7 +50,10 @@ class Sample:
         return None if len(self.tokens) == len(other.tokens) else min(len(self.tokens), len(other.tokens))
 
     def first_difference(self, other: Sample) -> int | None:
-        """Index of the first token whose id or logprob bits differ; None when identical."""
+        """Index of the first token whose id or logprob bits differ; None when identical. Ids only
+        where a sample was taken without logprobs."""
+        if not self.logprobs or not other.logprobs:
+            return self.first_token_difference(other)
         for i, (a, b) in enumerate(zip(self.tokens, other.tokens, strict=False)):
             if a != b or struct.pack("<d", self.logprobs[i]) != struct.pack("<d", other.logprobs[i]):
                 return i
@@ -164,9 +168,14 @@ def _lockstep_environ(pid: int) -> dict[str, str]:
 
 
 async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], n_predict: int, *,
-                   temperature: float = 0.0, seed: int = 0, cache_prompt: bool = False, n: int = 1) -> list[Sample]:
+                   temperature: float = 0.0, seed: int = 0, cache_prompt: bool = False, n: int = 1,
+                   logprobs: bool = True) -> list[Sample]:
+    """`logprobs=False` takes the token ids alone: greedy steps then need no logits rows on the host,
+    and the engine launches decode steps ahead (fed from the previous step's argmax on the device)."""
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, "seed": seed,
-            "n_probs": 1, "cache_prompt": cache_prompt, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+            "cache_prompt": cache_prompt, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    if logprobs:
+        body["n_probs"] = 1
     if n > 1:
         body["n"] = n
     async with session.post(url + "/completion", json=body) as r:
@@ -174,6 +183,8 @@ async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], 
         if r.status != 200:
             raise EvidenceError(f"completion failed with HTTP {r.status}: {data}")
     results = data if isinstance(data, list) else [data]
+    if not logprobs:
+        return [Sample(list(d["tokens"]), []) for d in results]
     return [Sample([p["id"] for p in d["completion_probabilities"]],
                    [p["logprob"] for p in d["completion_probabilities"]]) for d in results]
 
@@ -238,6 +249,8 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
             seeded = await solo(b, temperature=0.9, seed=1234)
             cell("seeded_beside_7", "temperature 0.9 seed 1234, beside 7", seeded,
                  await beside(b, 7, temperature=0.9, seed=1234))
+            cell("ids_only_beside_7", "no logprobs asked (decode steps launched ahead), beside 7; ids", ref,
+                 await beside(b, 7, logprobs=False))
             await b.stop()
             variants = [
                 ("forced_parks_7", "parked and restored every 7 tokens, beside 3", (),

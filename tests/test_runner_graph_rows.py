@@ -18,10 +18,12 @@ class RowsStandIn:
 
     def __init__(self, runner: Runner, width: int, max_batch: int = 64):
         self.runner, self.width, self.max_batch = runner, width, max_batch
-        self.calls = 0
+        self.calls = self.fed = 0
 
-    def __call__(self, tokens, positions, tables, slots):
+    def __call__(self, tokens, positions, tables, slots, ids_from=None):
         self.calls += 1
+        self.fed += ids_from is not None
+        tokens = tokens if ids_from is None else ids_from  # the previous replay's argmax, on the "device"
         n = len(tokens)
         rows = PagedRows(np.asarray(positions, np.int32), np.arange(n, dtype=np.int32), tables,
                          np.asarray(slots, np.int64))

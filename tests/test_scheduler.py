@@ -30,7 +30,10 @@ def prompts(model):
 
 
 def run(model, prompts, *, n_pages=8, parallel=4, every=0, ub=512, params=GREEDY, n=1, ram=1 << 30, spec=0,
-        max_tokens=40):
+        max_tokens=40, logprobs=0, stop_ok=False):
+    """Outputs {(prompt, completion): [(token, logprob)]} and the scheduler's stats (with the
+    completions' finish reasons under "reasons"); every completion must run to its length unless
+    `stop_ok`."""
     runner = Runner(model, make_ops("cpu", True), n_pages, "f16")
     sched = Scheduler(runner, model.tokenizer, n_slots=parallel, n_ctx=n_pages * 256, n_batch=2048, n_ubatch=ub,
                       kv_unified=True, preempt_ram_bytes=ram, preempt_every=every, spec_n_max=spec)
@@ -39,13 +42,15 @@ def run(model, prompts, *, n_pages=8, parallel=4, every=0, ub=512, params=GREEDY
     finished = threading.Event()
     left = [len(prompts) * n]
     lock = threading.Lock()
+    reasons = {}
 
     def listener(i):
         def on_event(ev):
             if isinstance(ev, TokenEvent):
                 outs.setdefault((i, ev.index), []).append((ev.token, ev.logprob))
             elif isinstance(ev, DoneEvent):
-                assert ev.finish_reason == "length", ev
+                assert ev.finish_reason == "length" or stop_ok and ev.finish_reason == "stop", ev
+                reasons[(i, ev.index)] = ev.finish_reason
                 with lock:
                     left[0] -= 1
                     if left[0] == 0:
@@ -54,13 +59,13 @@ def run(model, prompts, *, n_pages=8, parallel=4, every=0, ub=512, params=GREEDY
 
     try:
         for i, p in enumerate(prompts):
-            sched.submit(Request(p, params, max_tokens, n=n, logprobs=0), listener(i))
+            sched.submit(Request(p, params, max_tokens, n=n, logprobs=logprobs), listener(i))
         assert finished.wait(120), "requests did not finish"
         stats = sched.stats()
     finally:
         sched.stop()
     assert stats["pages_free"] + stats["pages_cached"] == stats["pages_total"], "pages leaked"
-    return outs, stats
+    return outs, {**stats, "reasons": reasons}
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,10 @@ class CpuOps:
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x)
 
+    def to_host_async(self, x):
+        host = np.array(x)  # a copy: later steps may reuse x's memory
+        return lambda: host
+
     # --- math
     def embedding(self, table: Weight, ids) -> np.ndarray:
         ids = np.asarray(ids)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cupy as cp
@@ -32,11 +32,13 @@ class _Graph:
     ints: Any  # device int32 [3 * bucket + bucket * width]
     slots: Any  # device int64 [bucket]
     logit_rows: Any  # device int64 [bucket]; the graph reads it on every replay, so it must stay alive
-    host: np.ndarray  # pinned staging of `ints`
-    slots_host: np.ndarray
+    host: list[np.ndarray]  # pinned staging of `ints`, two of them (see __call__)
+    slots_host: list[np.ndarray]
     graph: Any
     logits: Any  # device [bucket, vocab], written by every replay
     argmax: Any  # device int32 [bucket]: each row's greedy token, computed in the same replay
+    copied: list = field(default_factory=lambda: [None, None])  # events: each staging's copy done
+    turn: int = 0
 
 
 class DecodeGraphs:
@@ -53,27 +55,38 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
-    def __call__(self, tokens, positions, block_tables, slots):
-        """Logits [n, vocab] on the device for n sequences' next tokens (one row each)."""
+    def __call__(self, tokens, positions, block_tables, slots, ids_from=None):
+        """Logits [n, vocab] on the device for n sequences' next tokens (one row each). `ids_from`
+        (device int32 [n], e.g. the argmax of the replay before) replaces `tokens` on the device,
+        so a step can be launched before the previous one's tokens reach the host."""
         n = len(tokens)
         b = bucket_for(n, self.buckets)
         if b is None:
             raise ValueError(f"{n} rows exceed the largest decode graph ({self.max_batch})")
         g = self._graphs.get(b) or self._capture(b)
-        pack_inputs(g.host, g.slots_host, b, self.width, tokens, positions, block_tables, slots)
+        # Two staging buffers in turn: a step may be launched while the one before still waits
+        # for its input copy, which must not see this step's inputs.
+        k, g.turn = g.turn, 1 - g.turn
+        if g.copied[k] is not None:
+            g.copied[k].synchronize()
+        host, slots_host = g.host[k], g.slots_host[k]
+        pack_inputs(host, slots_host, b, self.width, tokens, positions, block_tables, slots)
         stream = cp.cuda.get_current_stream()
-        g.ints.data.copy_from_host_async(ctypes.c_void_p(g.host.ctypes.data), g.host.nbytes, stream)
-        g.slots.data.copy_from_host_async(ctypes.c_void_p(g.slots_host.ctypes.data), g.slots_host.nbytes, stream)
+        g.ints.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
+        g.slots.data.copy_from_host_async(ctypes.c_void_p(slots_host.ctypes.data), slots_host.nbytes, stream)
+        g.copied[k] = stream.record()
+        if ids_from is not None:
+            g.ints.data.copy_from_device_async(ids_from.data, n * 4, stream)
         g.graph.launch(stream)
         self.last_argmax = g.argmax[:n]
         return g.logits[:n]
 
     def _capture(self, b: int) -> _Graph:
         w = self.width
-        host = cupyx.empty_pinned(3 * b + b * w, dtype=np.int32)
-        slots_host = cupyx.empty_pinned(b, dtype=np.int64)
-        pack_inputs(host, slots_host, b, w, [], [], np.zeros((0, 0), np.int32), [])
-        ints, slots = cp.asarray(host), cp.asarray(slots_host)
+        host = [cupyx.empty_pinned(3 * b + b * w, dtype=np.int32) for _ in range(2)]
+        slots_host = [cupyx.empty_pinned(b, dtype=np.int64) for _ in range(2)]
+        pack_inputs(host[0], slots_host[0], b, w, [], [], np.zeros((0, 0), np.int32), [])
+        ints, slots = cp.asarray(host[0]), cp.asarray(slots_host[0])
         rows = PagedRows(positions=ints[b : 2 * b], seq=ints[2 * b : 3 * b],
                          block_tables=ints[3 * b :].reshape(b, w), slots=slots)
         ids, logit_rows = ints[:b], cp.arange(b, dtype=cp.int64)

@@ -12,10 +12,12 @@ can be captured into a CUDA graph (kernels/cuda/graphs.py).
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
 import cupy as cp
+import cupyx
 import numpy as np
 
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
@@ -97,6 +99,20 @@ class CudaOps:
 
     def to_host(self, x) -> np.ndarray:
         return cp.asnumpy(x)
+
+    def to_host_async(self, x):
+        x = cp.ascontiguousarray(x)
+        host = cupyx.empty_pinned(x.shape, x.dtype)
+        stream = cp.cuda.get_current_stream()
+        if x.nbytes:
+            x.data.copy_to_host_async(ctypes.c_void_p(host.ctypes.data), x.nbytes, stream)
+        done = stream.record()
+
+        def wait() -> np.ndarray:
+            done.synchronize()
+            return host
+
+        return wait
 
     # --- math
     def embedding(self, table: CudaWeight, ids):

@@ -1,0 +1,81 @@
+"""Decode steps launched ahead (tokens fed from the previous step's argmax, before the host reads
+them) never change an output: greedy runs without logprobs (which launch ahead) against the same
+runs with logprobs (which never do), on the CPU backend."""
+
+import numpy as np
+import pytest
+
+from engine.loader import load_model
+from engine.runner import Runner
+from tests.test_runner_graph_rows import RowsStandIn
+from tests.test_scheduler import run
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    loaded = load_model(tiny_llama)
+    loaded.tokenizer.eos_ids = set()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    rng = np.random.default_rng(7)
+    v = model.config.vocab_size
+    # 230..250 tokens: with 40 generated every sequence crosses a page boundary while decoding ahead
+    return [[int(t) for t in rng.integers(4, v, int(rng.integers(230, 250)))] for _ in range(6)]
+
+
+def tokens(outs):
+    return {k: [t for t, _ in v] for k, v in outs.items()}
+
+
+def test_steps_launched_ahead_give_the_same_tokens(model, prompts):
+    ref, ref_stats = run(model, prompts, logprobs=0)
+    got, stats = run(model, prompts, logprobs=-1)
+    assert ref_stats["ahead_steps_total"] == 0  # logprobs need the rows on the host
+    assert stats["ahead_steps_total"] > 20
+    assert tokens(got) == tokens(ref)
+
+
+def test_ahead_with_parks_and_a_tight_pool(model, prompts):
+    ref, _ = run(model, prompts, n_pages=6, every=5, logprobs=0)
+    got, stats = run(model, prompts, n_pages=6, every=5, logprobs=-1)
+    assert stats["parks"] > 0 and stats["ahead_steps_total"] > 0
+    assert tokens(got) == tokens(ref)
+
+
+def test_sequences_ending_on_a_token_drop_their_ahead_row(model, prompts):
+    """End of generation is only known once the token is read: the step launched ahead computed a
+    row for the ended sequence, which must change nothing for it or anyone else."""
+    solo, _ = run(model, prompts[:4], logprobs=0)
+    eos = {solo[(i, 0)][5 + 3 * i][0] for i in range(4)}  # tokens that come up early in each output
+    saved = model.tokenizer.eos_ids
+    model.tokenizer.eos_ids = eos
+    try:
+        ref, ref_stats = run(model, prompts, logprobs=0, stop_ok=True)
+        got, stats = run(model, prompts, logprobs=-1, stop_ok=True)
+    finally:
+        model.tokenizer.eos_ids = saved
+    assert "stop" in stats["reasons"].values() and stats["ahead_steps_total"] > 0
+    assert stats["reasons"] == ref_stats["reasons"]
+    assert tokens(got) == tokens(ref)
+
+
+def test_ahead_through_a_graph_takes_the_tokens_on_the_device(model, prompts, monkeypatch):
+    """The replayed-graph path: the runner passes the previous step's device argmax (`ids_from`)
+    instead of host tokens (a CPU stand-in with DecodeGraphs' call protocol plays the graphs)."""
+    ref, _ = run(model, prompts, logprobs=0)
+    stand_ins = []
+    real_init = Runner.__init__
+
+    def with_stand_in(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.ops.asynchronous = True  # the runner then feeds replays from the device argmax
+        self.graphs = RowsStandIn(self, width=self.pool.n_pages)
+        stand_ins.append(self.graphs)
+
+    monkeypatch.setattr(Runner, "__init__", with_stand_in)
+    got, stats = run(model, prompts, logprobs=-1)
+    assert stats["ahead_steps_total"] > 20 and stand_ins[0].fed == stats["ahead_steps_total"]
+    assert tokens(got) == tokens(ref)
