@@ -133,6 +133,30 @@ def test_early_launched_kernels_change_no_bits(monkeypatch):
             assert ops.to_host(early(*step)).tobytes() == want.tobytes()
 
 
+def test_tokens_fed_from_the_previous_replay_on_the_device():
+    """A step launched ahead takes its token ids from the previous replay's argmax on the device,
+    before the host has read them; it must equal the step given those ids from the host, and the
+    previous step's tokens, copied to the host as it was launched, must not see the next replay."""
+    ops = CudaOps(exact=True)
+    sess = Session(ops, "llama", "f16", seed=4)
+    sess.prefill()
+    seqs = list(range(len(PROMPTS)))
+    graphs = ops.decode_graphs(sess.forward, max_pages=PAGES_PER_SEQ, buckets=(8,))
+    first = _decode_inputs(sess, seqs, RNG.integers(0, 320, len(seqs)))
+    graphs(*first)
+    fed_from = graphs.last_argmax
+    tokens_first = ops.to_host_async(fed_from)  # copied now; the next replay overwrites the buffer
+    _, positions, tables, slots = first
+    nxt = (np.zeros(len(seqs), np.int32), positions + 1, tables,
+           np.array([sess.pages[s][(p + 1) // PAGE_SIZE] * PAGE_SIZE + (p + 1) % PAGE_SIZE
+                     for s, p in zip(seqs, positions, strict=True)], np.int64))
+    ahead = ops.to_host(graphs(*nxt, ids_from=fed_from))
+    host_tokens = tokens_first()
+    assert host_tokens.tolist() == ops.to_host(graphs(*first)).argmax(axis=1).tolist()
+    given = ops.to_host(graphs(host_tokens, *nxt[1:]))
+    assert ahead.tobytes() == given.tobytes()
+
+
 def test_prefill_chunking_and_batching_keep_bits():
     """A prompt prefilled whole, in chunks, or beside other prompts: the same last-row logits."""
     ops = CudaOps(exact=True)
