@@ -352,13 +352,15 @@ class Scheduler:
 
     def _plan_ahead(self, plan: list[tuple[Seq, StepEntry]]) -> list[tuple[Seq, StepEntry]] | None:
         """In the steady decode state (every running sequence decoding greedily from the argmax,
-        no drafts, nothing waiting), the next step can be launched before this one's tokens reach
+        no drafts), the next step can be launched before this one's tokens reach
         the host, its tokens taken on the device from this step's argmax: the device then need not
         wait while the host reads this step's tokens and plans the next. A sequence that ends on
         this step's token (end of generation) wastes its row in that step: the row writes only the
         cell after its last token, in its own pages, and is dropped. Returns that step's plan (its
         entries' tokens are placeholders) with the pages it needs allocated, or None."""
-        if self.spec_n_max or self._waiting or self._cancel or self._parked or len(plan) != len(self._running):
+        # Admissions, restores and cancels between steps change the running set; the step after
+        # then finds it differs from its plan and plans normally (one step later than without).
+        if self.spec_n_max or len(plan) != len(self._running):
             return None
         entries = []
         for seq, e in plan:

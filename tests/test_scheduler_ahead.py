@@ -38,6 +38,13 @@ def test_steps_launched_ahead_give_the_same_tokens(model, prompts):
     assert tokens(got) == tokens(ref)
 
 
+def test_ahead_while_requests_queue_for_slots(model, prompts):
+    ref, _ = run(model, prompts, parallel=2, logprobs=0)
+    got, stats = run(model, prompts, parallel=2, logprobs=-1)
+    assert stats["ahead_steps_total"] > 100
+    assert tokens(got) == tokens(ref)
+
+
 def test_ahead_with_parks_and_a_tight_pool(model, prompts):
     ref, _ = run(model, prompts, n_pages=6, every=5, logprobs=0)
     got, stats = run(model, prompts, n_pages=6, every=5, logprobs=-1)
