@@ -102,7 +102,6 @@ class Runner:
     def _run(self, entries: list[StepEntry]) -> tuple[Callable[[], list[RowsOut | None]], object]:
         """Issues the step's device work; returns a function that waits for it and reads the
         results, and the device argmax of the step's logits rows."""
-        """Issues the step's device work; the returned function waits for it and reads the results."""
         if self._graphable(entries):
             return self._graph_step(entries)
         tokens, positions, seq, slots, logit_rows = [], [], [], [], []

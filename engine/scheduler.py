@@ -56,7 +56,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
-        # a decode step launched before the previous step's tokens reached the host (_launch_ahead)
+        # a decode step launched before the previous step's tokens reached the host (_plan_ahead)
         self._ahead: tuple[list[tuple[Seq, StepEntry]], Pending] | None = None
         self.counters = dict.fromkeys(("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total",
                                        "tokens_predicted_total", "drafted_total",
@@ -352,12 +352,12 @@ class Scheduler:
 
     def _plan_ahead(self, plan: list[tuple[Seq, StepEntry]]) -> list[tuple[Seq, StepEntry]] | None:
         """In the steady decode state (every running sequence decoding greedily from the argmax,
-        no drafts), the next step can be launched before this one's tokens reach
-        the host, its tokens taken on the device from this step's argmax: the device then need not
-        wait while the host reads this step's tokens and plans the next. A sequence that ends on
-        this step's token (end of generation) wastes its row in that step: the row writes only the
-        cell after its last token, in its own pages, and is dropped. Returns that step's plan (its
-        entries' tokens are placeholders) with the pages it needs allocated, or None."""
+        no drafts), the next step can be launched before this one's tokens reach the host, its
+        tokens taken on the device from this step's argmax: the device then need not wait while
+        the host reads this step's tokens and plans the next. A sequence that ends on this step's
+        token (end of generation) wastes its row in that step: the row writes only the cell after
+        its last token, in its own pages, and is dropped. Returns that step's plan (its entries'
+        tokens are placeholders) with the pages it needs allocated, or None."""
         # Admissions, restores and cancels between steps change the running set; the step after
         # then finds it differs from its plan and plans normally (one step later than without).
         if self.spec_n_max or len(plan) != len(self._running):

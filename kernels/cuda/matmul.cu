@@ -251,7 +251,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     };
     for (int c0 = c_begin; c0 < c_end; c0 += U) {
         if (c0 != c_begin) load_weights(c0);
-        if (TM > 1 && c0 + U <= c_end) {  // one tile: per-chunk loads keep the registers under the bound
+        // Several token tiles: the batch's chunks unrolled as one block of code. One tile keeps a
+        // branch per chunk, which holds its registers under the 1024-thread bound (no spills).
+        if (TM > 1 && c0 + U <= c_end) {
 #pragma unroll
             for (int u = 0; u < U; ++u) chunk(u, c0 + u);
         } else {
