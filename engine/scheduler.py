@@ -300,7 +300,7 @@ class Scheduler:
                 return
             pending = self.runner.launch([e for _, e in plan])
         with self._cv:
-            nxt = self._plan_ahead(plan)
+            nxt = self._plan_ahead(plan, ahead)
         if nxt:
             self._ahead = nxt, self.runner.launch_ahead(pending, [e for _, e in nxt])
             self.counters["ahead_steps_total"] += 1
@@ -350,17 +350,18 @@ class Scheduler:
         plan = [(s, n) for s, n in plan if s in self._running]
         return [(s, self._entry(s, n)) for s, n in plan]
 
-    def _plan_ahead(self, plan: list[tuple[Seq, StepEntry]]) -> list[tuple[Seq, StepEntry]] | None:
+    def _plan_ahead(self, plan: list[tuple[Seq, StepEntry]], after_ahead: bool) -> list[tuple[Seq, StepEntry]] | None:
         """In the steady decode state (every running sequence decoding greedily from the argmax,
         no drafts), the next step can be launched before this one's tokens reach the host, its
         tokens taken on the device from this step's argmax: the device then need not wait while
         the host reads this step's tokens and plans the next. A sequence that ends on this step's
         token (end of generation) wastes its row in that step: the row writes only the cell after
         its last token, in its own pages, and is dropped. Returns that step's plan (its entries'
-        tokens are placeholders) with the pages it needs allocated, or None."""
+        tokens are placeholders) with the pages it needs allocated, or None. `after_ahead`: this
+        step was itself launched ahead."""
         # Admissions, restores and cancels between steps change the running set; the step after
         # then finds it differs from its plan and plans normally (one step later than without).
-        if self.spec_n_max or len(plan) != len(self._running):
+        if len(plan) != len(self._running):
             return None
         entries = []
         for seq, e in plan:
@@ -368,7 +369,11 @@ class Scheduler:
             if (seq.done or seq not in self._running or seq.draft or len(e.tokens) != 1 or e.logits != "last"
                     or e.full_rows or seq.generated == 0 or 0 <= seq.req.max_tokens <= after
                     or len(seq.tokens) + 1 >= self.n_ctx_seq
-                    or (self.preempt_every and after % self.preempt_every == 0)):
+                    or (self.preempt_every and after % self.preempt_every == 0)
+                    # A draft needs this step's token on the host: with drafting on, a step without
+                    # drafts is followed by one launched ahead while drafts back off, else only
+                    # every other step (the one after is planned, drafts looked up again).
+                    or (self.spec_n_max and not (seq.spec and (seq.spec.skip or not after_ahead)))):
                 return None
             entries.append(StepEntry(seq.pages, [0], e.start + 1, "last", False))
         if not self.runner.can_launch_ahead(entries):
@@ -380,6 +385,8 @@ class Scheduler:
             if n > 0:
                 seq.pages = seq.pages + self.pool.alloc(n)  # a new list: this step's entry keeps its own
             e.pages = seq.pages
+            if seq.spec:
+                seq.spec.wants_draft()  # that step is one of the sequence's steps without drafts
         return [(seq, e) for (seq, _), e in zip(plan, entries, strict=True)]
 
     def _entry(self, s: Seq, n: int) -> StepEntry:

@@ -45,6 +45,14 @@ def test_ahead_while_requests_queue_for_slots(model, prompts):
     assert tokens(got) == tokens(ref)
 
 
+def test_ahead_while_speculative_drafts_back_off(model, prompts):
+    """Random prompts give drafts that fail, so drafting backs off; those steps may run ahead."""
+    ref, _ = run(model, prompts, logprobs=0)
+    got, stats = run(model, prompts, logprobs=-1, spec=3)
+    assert stats["drafted_total"] > 0 and stats["ahead_steps_total"] > 0
+    assert tokens(got) == tokens(ref)
+
+
 def test_ahead_with_parks_and_a_tight_pool(model, prompts):
     ref, _ = run(model, prompts, n_pages=6, every=5, logprobs=0)
     got, stats = run(model, prompts, n_pages=6, every=5, logprobs=-1)
