@@ -212,37 +212,41 @@ def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl
     pool = PagePool(ops, cfg.n_layers, max(batches) * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
     weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
     weight_bytes += model.lm_head.nbytes
+    supported = kernel_launch.pdl_supported
     if not pdl:
         kernel_launch.pdl_supported = lambda: False  # every graph of this call captured with plain launches
-    graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
-                               tuple(batches))
-    out = []
-    for b in batches:
-        tables = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
-        positions = np.full(b, ctx, np.int32)
-        slots = tables[:, ctx // 256].astype(np.int64) * 256 + ctx % 256
-        tokens = np.arange(b, dtype=np.int32)
-        graphs(tokens, positions, tables, slots)  # capture
-        cp.cuda.get_current_stream().synchronize()
-        g = graphs._graphs[b]
-        times = []
-        for _ in range(9):
-            a, e = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            g.graph.launch()
-            e.record()
-            e.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, e) / 1e3)
-        t_graph = float(np.median(times))
-        host = []
-        for _ in range(5):  # what a runner sees: inputs up, replay, logits down to the host
-            t0 = time.perf_counter()
-            cp.asnumpy(graphs(tokens, positions, tables, slots))
-            host.append(time.perf_counter() - t0)
-        kv_read = b * (ctx + 1) * cfg.n_kv_heads * cfg.head_dim * 2 * 2 * cfg.n_layers
-        out.append({"shape": shape, "exact": exact, "pdl": pdl, "batch": b, "ctx": ctx, "step_ms": t_graph * 1e3,
-                    "tok_s": b / t_graph, "step_with_host_logits_ms": float(np.median(host)) * 1e3,
-                    "weight_bytes": weight_bytes, "bandwidth_TBps": (weight_bytes + kv_read) / t_graph / 1e12})
+    try:
+        graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
+                                   tuple(batches))
+        out = []
+        for b in batches:
+            tables = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
+            positions = np.full(b, ctx, np.int32)
+            slots = tables[:, ctx // 256].astype(np.int64) * 256 + ctx % 256
+            tokens = np.arange(b, dtype=np.int32)
+            graphs(tokens, positions, tables, slots)  # capture
+            cp.cuda.get_current_stream().synchronize()
+            g = graphs._graphs[b]
+            times = []
+            for _ in range(9):
+                a, e = cp.cuda.Event(), cp.cuda.Event()
+                a.record()
+                g.graph.launch()
+                e.record()
+                e.synchronize()
+                times.append(cp.cuda.get_elapsed_time(a, e) / 1e3)
+            t_graph = float(np.median(times))
+            host = []
+            for _ in range(5):  # what a runner sees: inputs up, replay, logits down to the host
+                t0 = time.perf_counter()
+                cp.asnumpy(graphs(tokens, positions, tables, slots))
+                host.append(time.perf_counter() - t0)
+            kv_read = b * (ctx + 1) * cfg.n_kv_heads * cfg.head_dim * 2 * 2 * cfg.n_layers
+            out.append({"shape": shape, "exact": exact, "pdl": pdl, "batch": b, "ctx": ctx, "step_ms": t_graph * 1e3,
+                        "tok_s": b / t_graph, "step_with_host_logits_ms": float(np.median(host)) * 1e3,
+                        "weight_bytes": weight_bytes, "bandwidth_TBps": (weight_bytes + kv_read) / t_graph / 1e12})
+    finally:
+        kernel_launch.pdl_supported = supported
     return out
 
 
@@ -295,12 +299,10 @@ def main() -> None:
         ops_benchmarks(res, ex, off)
 
     res["decode_step"] = []
-    supported = kernel_launch.pdl_supported
     for shape in ("1B", "8B"):
         for exact, pdl in ((True, True), (False, True), (True, False)):
             guarded(res["decode_step"], lambda shape=shape, exact=exact, pdl=pdl:
                     bench_decode_step(exact, shape, [1, 4, 8, 16], 600, pdl))
-            kernel_launch.pdl_supported = supported
             cp.get_default_memory_pool().free_all_blocks()  # the model of the last call is gone
     res["seconds"] = time.time() - t0
 

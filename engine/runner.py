@@ -93,11 +93,9 @@ class Runner:
             out = prev.collect()
             return [replace(e, tokens=[int(r.argmax[-1])]) for e, r in zip(entries, out, strict=True)]
 
-        if not getattr(self.ops, "asynchronous", False):
-            return Pending(lambda: self._run(with_tokens())[0]())
-        if prev.argmax is not None and self._graphable(entries):
+        if getattr(self.ops, "asynchronous", False) and prev.argmax is not None and self._graphable(entries):
             return Pending(*self._graph_step(entries, prev.argmax))
-        return Pending(lambda: self._run(with_tokens())[0]())
+        return Pending(lambda: self._run(with_tokens())[0]())  # runs once `prev` is read
 
     def _run(self, entries: list[StepEntry]) -> tuple[Callable[[], list[RowsOut | None]], object]:
         """Issues the step's device work; returns a function that waits for it and reads the

@@ -15,7 +15,7 @@
 // chunk (blockIdx.z strides by gridDim.z) and which block merges change no bits: every chunk's
 // partial is stored as is and the merge order is fixed.
 //
-// Compiled once per (HEAD_DIM, GROUP_MAX, KV_T) through -D options. Where a chunk's values fit
+// Compiled once per (HEAD_DIM, GROUP_MAX, KV_T, V_STAGE) through -D options. Where a chunk's values fit
 // (V_STAGE), they are copied into shared memory while the scores are computed; the value pass then
 // reads them there, in the same order.
 #include "common.cuh"
@@ -35,7 +35,9 @@
 #define PARTS (PAGE / D)  // key ranges of the value pass
 #define VBATCH (GM > 4 ? 16 : 32)  // value loads issued before their FMAs (latency, not order)
 #define KV_BYTES (KV_T == 0 ? 4 : 2)
-#define V_STAGE (PAGE * D * KV_BYTES <= 32768)  // dynamic shared memory: plan.attention_smem sizes it
+#ifndef V_STAGE
+#define V_STAGE 0  // 1: values staged in PAGE * D * KV_BYTES of dynamic shared memory (plan.attention_smem)
+#endif
 
 #if KV_T == 0
 typedef F32 KV;

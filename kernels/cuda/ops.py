@@ -294,8 +294,8 @@ class CudaOps:
         tables = _index(rows.block_tables)
         width = int(tables.shape[1])
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
-        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]))
         smem = plan.attention_smem(d, layer.kv_type)
+        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]), ("V_STAGE", int(smem > 0)))
         partial = big_smem_kernel("attention.cu", "attn_partial", smem, defines)
         merge = kernel("attention.cu", "attn_merge", defines)
         step = at.row_slice

@@ -158,8 +158,8 @@ def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
 
 
 def attention_smem(head_dim: int, kv_type: str) -> int:
-    """Dynamic shared memory of attn_partial: a chunk's values where they fit in 32 KB (attention.cu's
-    V_STAGE), else none (they are read from the cache directly). More stalled the 8B decode step
+    """Dynamic shared memory of attn_partial: a chunk's values where they fit in 32 KB (compiled with
+    V_STAGE=1), else none (they are read from the cache directly). More stalled the 8B decode step
     (head dim 128: 5.60 against 5.02 ms): SMs may have to drain to give one kernel that much."""
     size = ATTN_THREADS * head_dim * (4 if kv_type == "f32" else 2)
     return size if size <= 32768 else 0
