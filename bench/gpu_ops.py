@@ -102,7 +102,8 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
         fn = kernel("matmul.cu", mm.kernel)
         out = cp.empty((m, n), cp.float32)
         args = lambda w: (w.data, w.scales if w.scales is not None else out, x, out, out, out,  # noqa: E731
-                          np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]), np.int32(0))
+                          np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]), np.int32(0), out,
+                          np.float32(0), np.int32(k))
 
         def run():
             for w in ws:
@@ -198,7 +199,9 @@ def _fake_weights(cfg) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl: bool = True) -> list[dict]:
+def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int):
+    """The 1B or 8B shape with random f16 weights, a page pool for `batches` sequences of `ctx`
+    cells and its decode graphs: (cfg, graphs, pages per sequence, weight bytes)."""
     from engine.config import ModelConfig
     from engine.kv_cache import PagePool
     from engine.models.llama import LlamaModel
@@ -212,18 +215,28 @@ def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl
     pool = PagePool(ops, cfg.n_layers, max(batches) * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
     weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
     weight_bytes += model.lm_head.nbytes
+    graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
+                               tuple(batches))
+    return cfg, graphs, pages_per_seq, weight_bytes
+
+
+def step_inputs(b: int, pages_per_seq: int, ctx: int):
+    """tokens, positions, block tables and slots of b sequences decoding at position ctx."""
+    tables = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
+    positions = np.full(b, ctx, np.int32)
+    slots = tables[:, ctx // 256].astype(np.int64) * 256 + ctx % 256
+    return np.arange(b, dtype=np.int32), positions, tables, slots
+
+
+def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl: bool = True) -> list[dict]:
     supported = kernel_launch.pdl_supported
     if not pdl:
         kernel_launch.pdl_supported = lambda: False  # every graph of this call captured with plain launches
     try:
-        graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
-                                   tuple(batches))
+        cfg, graphs, pages_per_seq, weight_bytes = decode_setup(exact, shape, batches, ctx)
         out = []
         for b in batches:
-            tables = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
-            positions = np.full(b, ctx, np.int32)
-            slots = tables[:, ctx // 256].astype(np.int64) * 256 + ctx % 256
-            tokens = np.arange(b, dtype=np.int32)
+            tokens, positions, tables, slots = step_inputs(b, pages_per_seq, ctx)
             graphs(tokens, positions, tables, slots)  # capture
             cp.cuda.get_current_stream().synchronize()
             g = graphs._graphs[b]
@@ -279,6 +292,20 @@ def ops_benchmarks(res: dict, ex: CudaOps, off: CudaOps) -> None:
         guarded(res["attention"], lambda a=(512, 512, n_heads, n_kv, hd): bench_attention(ex, *a, prefill=True))
 
 
+def attention_builds(res: dict, ex: CudaOps) -> None:
+    """Decode attention with each register budget forced (plan.attention_launch picks by batch)."""
+    saved = plan.ATTN_LATENCY_PAIRS
+    try:
+        for build, pairs in (("latency", 1e9), ("throughput", 0)):
+            plan.ATTN_LATENCY_PAIRS = pairs
+            for hd in (64, 128):
+                for rows in (1, 4, 16):
+                    guarded(res["attention"], lambda rows=rows, hd=hd: bench_attention(ex, rows, 640, 32, 8, hd, False),
+                            build=build)
+    finally:
+        plan.ATTN_LATENCY_PAIRS = saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu-ops.json")
@@ -297,6 +324,7 @@ def main() -> None:
         res[key] = []
     if not args.steps_only:
         ops_benchmarks(res, ex, off)
+    attention_builds(res, ex)
 
     res["decode_step"] = []
     for shape in ("1B", "8B"):
@@ -333,8 +361,8 @@ def print_table(res: dict, bw: float) -> None:
         print(f"  {r['name']:<12} exact={r['exact']!s:<5} {r['us']:8.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
     print("\nattention, f16 KV")
     for r in res["attention"]:
-        kind = "prefill" if r["prefill"] else "decode"
-        print(f"  {kind:<7} rows={r['rows']:<4} ctx={r['ctx']:<5} d={r['head_dim']:<4} {r['us']:8.1f} us"
+        kind = ("prefill" if r["prefill"] else "decode") + (f" {r['build']}" if "build" in r else "")
+        print(f"  {kind:<18} rows={r['rows']:<4} ctx={r['ctx']:<5} d={r['head_dim']:<4} {r['us']:8.1f} us"
               f"  {r['kv_GBps']:7.0f} GB/s")
     print("\ndecode step (graph replay; forward only, then with logits copied to the host)")
     for r in res["decode_step"]:

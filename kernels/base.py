@@ -70,6 +70,8 @@ class Ops(Protocol):
     def matmul(self, x: Any, w: Any, bias: Any | None = None, residual: Any | None = None) -> Any:
         """x [T, K] @ w[N, K]^T (+ bias) -> [T, N], float32 accumulation; with `residual` [T, N],
         residual + that (the bits of add(residual, matmul(x, w, bias)))."""
+    def norm_matmul(self, x: Any, norm_weight: Any, eps: float, w: Any, bias: Any | None = None) -> Any:
+        """matmul(rms_norm(x, norm_weight, eps), w, bias), the same bits (one kernel where that is faster)."""
     def rope(self, x: Any, positions: Any, table: RopeTable) -> Any:
         """x [T, heads, head_dim] rotated by each row's position."""
     def silu_mul(self, gate: Any, up: Any) -> Any:

@@ -137,7 +137,8 @@ def test_attention_pages_shuffled(gpu, config):
 
 
 def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
-    """How chunks are spread over blocks and rows over launches is free; the bits are not."""
+    """How chunks are spread over blocks, rows over launches and registers over loads in flight is
+    free; the bits are not."""
     hd, n_heads, n_kv, kv_type = CONFIGS[0]
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv))
     seqs, positions = _sample_rows(50)
@@ -146,6 +147,9 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
     for blocks, part_bytes in ((1, plan.ATTN_PART_BYTES), (10_000, plan.ATTN_PART_BYTES), (4, 3 * 2**20)):
         monkeypatch.setattr(plan, "BLOCKS_PER_SM", blocks)
         monkeypatch.setattr(plan, "ATTN_PART_BYTES", part_bytes)
+        assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+    for pairs in (0, 1e9):  # the throughput build for every launch, then the latency build
+        monkeypatch.setattr(plan, "ATTN_LATENCY_PAIRS", pairs)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
 
 

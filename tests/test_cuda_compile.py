@@ -16,7 +16,6 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
 # attention.cu is compiled per (head dim, query heads per block, KV type)
 ATTENTION_VARIANTS = [(d, g, kv) for d in (32, 64, 128, 256) for g in (1, 2, 4, 8) for kv in (0, 1, 2)]
-KV_NAMES = {0: "f32", 1: "f16", 2: "bf16"}
 
 
 def _compile(path, tmp_path, defines=()):
@@ -33,12 +32,12 @@ def test_source_compiles(path, tmp_path):
     _compile(path, tmp_path)
 
 
+@pytest.mark.parametrize("build", [plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD], ids=["latency", "throughput"])
 @pytest.mark.parametrize("variant", ATTENTION_VARIANTS[::5] + [ATTENTION_VARIANTS[-1]], ids=str)
-def test_attention_variants_compile(variant, tmp_path):
+def test_attention_variants_compile(variant, build, tmp_path):
     d, g, kv = variant
     path = next(p for p in sources() if p.name == "attention.cu")
-    staged = int(plan.attention_smem(d, KV_NAMES[kv]) > 0)  # as ops.attention compiles it
-    _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), ("V_STAGE", staged)))
+    _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), *build))
 
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: p.name)

@@ -247,6 +247,24 @@ def test_matmul_residual_epilogue_equals_add(gpu, gpu_off, dtype, monkeypatch):
             assert fused.tobytes() == apart.tobytes(), f"{dtype} exact={ops.exact} m={m}"
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("shape", [(3072, 2048), (40, 96), (37, 64), (520, 4096), (28672, 4096)], ids=str)
+def test_norm_matmul_equals_the_separate_ops(gpu, gpu_off, dtype, shape):
+    """One row runs as one kernel that normalises its own input (where plan.norm_prologue says so);
+    the bits must be rms_norm's then matmul's, with and without bias, exact or not; wider batches
+    take the separate ops."""
+    n, k = shape
+    w = _weight(n, k, dtype)
+    for ops in (gpu, gpu_off):
+        dw, nw, db = ops.upload(w), ops.tensor(_rand(k)), ops.tensor(_rand(n))
+        for m in (1, 2, 9):
+            x = cp.asarray(_rand(m, k, scale=3.0))
+            for bias in (None, db):
+                fused = cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, dw, bias))
+                apart = cp.asnumpy(ops.matmul(ops.rms_norm(x, nw, 1e-5), dw, bias))
+                assert fused.tobytes() == apart.tobytes(), f"{dtype} m={m} bias={bias is not None}"
+
+
 def test_silu_mul_reads_the_halves_in_place(gpu):
     gu = cp.asarray(_rand(33, 2 * 300))
     halves = cp.asnumpy(gpu.silu_mul(gu[:, :300], gu[:, 300:]))

@@ -54,6 +54,21 @@ def test_attention_groups(group):
     assert launch.gm & (launch.gm - 1) == 0
 
 
+def test_attention_build_follows_the_batch_not_the_row():
+    """Decode of one or a few rows is built for latency, batches for throughput (same arithmetic)."""
+    assert plan.attention_launch(1, 32, 8, 128, 4, 132).build == plan.LATENCY_BUILD
+    assert plan.attention_launch(16, 32, 8, 128, 4, 132).build == plan.THROUGHPUT_BUILD
+    assert plan.attention_launch(512, 32, 8, 64, 4, 132).build == plan.THROUGHPUT_BUILD
+
+
+def test_norm_prologue_only_where_its_reads_stay_small():
+    assert plan.norm_prologue(3072, 2048) and plan.norm_prologue(6144, 4096)  # q|k|v of 1B, 8B
+    assert not plan.norm_prologue(28672, 4096) and not plan.norm_prologue(128256, 2048)  # 8B gate|up, lm_head
+    assert plan.matmul_launch("f16", 1, 3072, 2048, 132, prologue="norm").kernel == "mm_f16_norm"
+    with pytest.raises(ValueError):
+        plan.matmul_launch("f16", 2, 3072, 2048, 132, prologue="norm")
+
+
 def test_attention_scratch_is_bounded():
     launch = plan.attention_launch(100_000, 32, 8, 128, 128, 132)
     assert launch.row_slice * 32 * 128 * 130 * 4 <= plan.ATTN_PART_BYTES

@@ -117,23 +117,23 @@ class LlamaModel:
         self.scale = float(config.head_dim) ** -0.5
 
     def forward(self, tokens, rows: PagedRows, kv: list, logit_rows) -> Any:
-        """One step over a batch of token rows; returns float32 logits for `logit_rows` only."""
+        """One step over a batch of token rows; returns float32 logits for `logit_rows` only (all
+        rows where it is None)."""
         c, ops = self.config, self.ops
         x = ops.embedding(self.embed, tokens)
         for layer, cache in zip(self.layers, kv, strict=True):
-            h = ops.rms_norm(x, layer.attn_norm, c.rms_eps)
-            qkv = ops.matmul(h, layer.w_qkv, layer.b_qkv)
+            qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
             if layer.q_norm is None:
                 q = ops.qkv_rope_write(qkv, rows, self.rope, cache, c.n_heads, c.n_kv_heads)
             else:
                 q = self._qk_norm_rope_write(qkv, layer, rows, cache)
             attn = ops.attention(q, cache, rows, self.scale)
             x = ops.matmul(attn, layer.wo, residual=x)
-            h = ops.rms_norm(x, layer.ffn_norm, c.rms_eps)
-            gu = ops.matmul(h, layer.w_gate_up)
+            gu = ops.norm_matmul(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up)
             x = ops.matmul(ops.silu_mul(gu[:, : c.ffn], gu[:, c.ffn :]), layer.w_down, residual=x)
-        x = x[logit_rows]
-        return ops.matmul(ops.rms_norm(x, self.norm, c.rms_eps), self.lm_head)
+        if logit_rows is not None:
+            x = x[logit_rows]
+        return ops.norm_matmul(x, self.norm, c.rms_eps, self.lm_head)
 
     def _qk_norm_rope_write(self, qkv, layer: _Layer, rows: PagedRows, cache) -> Any:
         """Qwen3: q and k are normalised per head before RoPE, so the fused write does not apply."""

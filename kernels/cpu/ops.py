@@ -155,6 +155,9 @@ class CpuOps:
         out[..., 1::2] = xo * cos + xe * sin
         return out
 
+    def norm_matmul(self, x, norm_weight, eps: float, w, bias=None) -> np.ndarray:
+        return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
+
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (np.float32(1.0) + np.exp(-gate)) * up
 

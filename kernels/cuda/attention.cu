@@ -8,16 +8,21 @@
 //   max      exact, any order;
 //   weights  expf(s - max), exact zero for keys past p;
 //   sum      warp butterfly, then warps in index order;
-//   values   thread (d, part) sums keys part*D .. part*D+D-1 ascending; parts added in order.
+//   values   thread (dg, part) takes dims 8 dg .. 8 dg + 7 and keys part * KP .. part * KP + KP - 1
+//            (KP = D / 8), summed ascending (fmaf); the parts of a warp meet in an xor butterfly,
+//            then the warps are added in index order.
 // It writes (o, m, l) of the chunk to `part`. The chunks of a row are then folded in ascending
 // order with merge_coeffs/merge_add from common.cuh (merge_row): by the last of a row's blocks to
 // finish when `merge_here` (one launch), else by `attn_merge`. Which block computes which
 // chunk (blockIdx.z strides by gridDim.z) and which block merges change no bits: every chunk's
 // partial is stored as is and the merge order is fixed.
 //
-// Compiled once per (HEAD_DIM, GROUP_MAX, KV_T, V_STAGE) through -D options. Where a chunk's values fit
-// (V_STAGE), they are copied into shared memory while the scores are computed; the value pass then
-// reads them there, in the same order.
+// Loads are issued as early as they may be: a block's first chunk's keys before pdl_start (a
+// captured decode step launches this kernel while the KV write before it runs; that write only
+// touches each row's own cell p, which is loaded again after the wait), its values right after
+// the wait, so that both arrive while the scores are computed. Compiled per (HEAD_DIM, GROUP_MAX,
+// KV_T) and register budget (MIN_BLOCKS, K_EARLY_OK, VBATCH: how many loads are in flight, never
+// the arithmetic) through -D options.
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -32,12 +37,24 @@
 
 #define D HEAD_DIM
 #define GM GROUP_MAX
-#define PARTS (PAGE / D)  // key ranges of the value pass
-#define VBATCH (GM > 4 ? 16 : 32)  // value loads issued before their FMAs (latency, not order)
 #define KV_BYTES (KV_T == 0 ? 4 : 2)
-#ifndef V_STAGE
-#define V_STAGE 0  // 1: values staged in PAGE * D * KV_BYTES of dynamic shared memory (plan.attention_smem)
+#define NDG (D / 8)                    // dim groups of the value pass
+#define KP NDG                         // keys per part: PAGE / (PAGE / NDG)
+#define PER_U (16 / KV_BYTES)          // cache values per 16-byte load
+#define KU (D / PER_U)                 // 16-byte loads per key row
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1  // blocks per SM the registers must allow (plan.attention_launch's build)
 #endif
+#ifndef K_EARLY_OK
+#define K_EARLY_OK 1
+#endif
+#ifndef VBATCH
+#define VBATCH 16  // 16-byte value loads in flight per thread
+#endif
+#define K_EARLY (K_EARLY_OK && KU <= 16)  // the key row kept in registers, loaded before the wait
+#define VU (8 / PER_U)                 // 16-byte loads per 8 values
+#define VB (KP * VU <= VBATCH ? KP : VBATCH / VU)  // keys per batch of value loads
+#define GB (GM * D * 8 <= 4096 ? GM : (4096 / (8 * D) > 0 ? 4096 / (8 * D) : 1))  // heads per fold of ob
 
 #if KV_T == 0
 typedef F32 KV;
@@ -48,19 +65,19 @@ typedef BF16 KV;
 #endif
 typedef KV::T kv_t;
 
-// 8 consecutive cache values as floats (16-byte loads for 16-bit caches).
-__device__ __forceinline__ void load8(const kv_t* __restrict__ p, float (&v)[8]) {
+// The cache values of one 16-byte load as floats (PER_U of them).
+__device__ __forceinline__ void unpack(const uint4& u, float (&v)[PER_U]) {
 #if KV_T == 0
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 #else
-    const uint4 q = *reinterpret_cast<const uint4*>(p);
-    KV::pair(q.x, v[0], v[1]);
-    KV::pair(q.y, v[2], v[3]);
-    KV::pair(q.z, v[4], v[5]);
-    KV::pair(q.w, v[6], v[7]);
+    KV::pair(u.x, v[0], v[1]);
+    KV::pair(u.y, v[2], v[3]);
+    KV::pair(u.z, v[4], v[5]);
+    KV::pair(u.w, v[6], v[7]);
 #endif
 }
+
+__device__ __forceinline__ uint4 ld16(const kv_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
 // Output element d of query head qh of row r from its chunks 0..last. Partials are read through L2
 // (ld.cg): other blocks of this launch wrote them.
@@ -80,70 +97,71 @@ __device__ __forceinline__ float merge_row(const float* __restrict__ part, int r
     return __fdiv_rn(acc, l);
 }
 
-extern "C" __global__ void __launch_bounds__(PAGE)
+extern "C" __global__ void __launch_bounds__(PAGE, MIN_BLOCKS)
 attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_t* __restrict__ vc,
              const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
              float* __restrict__ part, int n_heads, int n_kv, int W, float scale, int merge_here,
              int* __restrict__ counters, float* __restrict__ out) {
-    pdl_start();
     __shared__ float qs[GM][D];
     __shared__ float sc[GM][PAGE];
-    __shared__ float ob[PARTS][GM][D];
+    __shared__ float ob[PAGE / 32][GB][D];
     __shared__ float red_max[PAGE / 32][GM];
     __shared__ float red_sum[PAGE / 32][GM];
-#if V_STAGE
-    extern __shared__ __align__(16) unsigned char v_staged[];  // [n][D]: a chunk's values of this KV head
-#endif
+    __shared__ float ml[GM][2];  // the chunk's max and sum per head, for the partial's tail
 
     const int r = blockIdx.x;
     const int G = n_heads / n_kv;
     const int sgs = (G + GM - 1) / GM;
     const int h = blockIdx.y / sgs, g0 = (blockIdx.y % sgs) * GM;
     const int ng = imin(GM, G - g0);
-    const int p = positions[r], last = p / PAGE;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int* table = tables + (i64)seq[r] * W;
+    const int dg = tid % NDG, pt = tid / NDG;
     const i64 cell_stride = (i64)n_kv * D;
+    // Step inputs (positions, tables) are copied in before a captured step's first kernel runs.
+    const int p = positions[r], last = p / PAGE;
+    const int* table = tables + (i64)seq[r] * W;
+
+    auto key_row = [&](int c) { return kc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + tid * cell_stride; };
+    uint4 kr[K_EARLY ? KU : 1];
+    if (K_EARLY && blockIdx.z <= last) {
+        const kv_t* k = key_row(blockIdx.z);
+#pragma unroll
+        for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(k + u * PER_U);
+    }
+    pdl_start();
 
     for (int i = tid; i < GM * D; i += PAGE) {
         const int g = i / D, d = i % D;
         qs[g][d] = g < ng ? __fmul_rn(q[((i64)r * n_heads + h * G + g0 + g) * D + d], scale) : 0.f;
     }
-    __syncthreads();
 
     for (int c = blockIdx.z; c <= last; c += gridDim.z) {
-        const i64 page = table[c];
         const int n = c < last ? PAGE : p % PAGE + 1;
-        const kv_t* kpage = kc + page * PAGE * cell_stride + (i64)h * D;
-        const kv_t* vpage = vc + page * PAGE * cell_stride + (i64)h * D;
-#if V_STAGE
-        constexpr int SEGS = D * KV_BYTES / 16;
-        for (int i = tid; i < n * SEGS; i += PAGE) {
-            const int j = i / SEGS, seg = i % SEGS;
-            cp_async16(v_staged + (j * SEGS + seg) * 16,
-                       reinterpret_cast<const unsigned char*>(vpage + j * cell_stride) + seg * 16, 16);
+        const kv_t* vpage = vc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + dg * 8;
+        const kv_t* krow = key_row(c);
+        if (K_EARLY && (c != blockIdx.z || (c == last && tid == n - 1))) {  // a later chunk, or the cell just written
+#pragma unroll
+            for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(krow + u * PER_U);
         }
-        cp_async_commit();
-        const kv_t* vsrc = reinterpret_cast<const kv_t*>(v_staged);
-        const i64 vstride = D;
-#else
-        const kv_t* vsrc = vpage;
-        const i64 vstride = cell_stride;
-#endif
+        uint4 vr[VB][VU];
+#pragma unroll
+        for (int b = 0; b < VB; ++b)
+#pragma unroll
+            for (int u = 0; u < VU; ++u) vr[b][u] = ld16(vpage + (pt * KP + b) * cell_stride + u * PER_U);
+        __syncthreads();  // qs written; sc, ob and the reduction slots free again
 
         float s[GM];
 #pragma unroll
         for (int g = 0; g < GM; ++g) s[g] = 0.f;
         if (tid < n) {
-            const kv_t* kr = kpage + tid * cell_stride;
 #pragma unroll
-            for (int d0 = 0; d0 < D; d0 += 8) {
-                float kv[8];
-                load8(kr + d0, kv);
+            for (int u = 0; u < KU; ++u) {
+                float kv[PER_U];
+                unpack(K_EARLY ? kr[K_EARLY ? u : 0] : ld16(krow + u * PER_U), kv);
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
+                for (int i = 0; i < PER_U; ++i)
 #pragma unroll
-                    for (int g = 0; g < GM; ++g) s[g] = __fmaf_rn(qs[g][d0 + i], kv[i], s[g]);
+                    for (int g = 0; g < GM; ++g) s[g] = __fmaf_rn(qs[g][u * PER_U + i], kv[i], s[g]);
             }
         }
 #pragma unroll
@@ -165,54 +183,84 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
             const float w = warp_sum(e);
             if (lane == 0) red_sum[warp][g] = w;
         }
-#if V_STAGE
-        cp_async_wait_all();  // this thread's copies; the barrier then makes everyone's visible
-#endif
         __syncthreads();
         float l[GM];
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
             l[g] = red_sum[0][g];
             for (int w = 1; w < PAGE / 32; ++w) l[g] = __fadd_rn(l[g], red_sum[w][g]);
+            if (tid == 0) {
+                ml[g][0] = m[g];
+                ml[g][1] = l[g];
+            }
         }
 
-        const int d = tid % D, pt = tid / D;
-        float acc[GM];
+        float acc[GM][8];
 #pragma unroll
-        for (int g = 0; g < GM; ++g) acc[g] = 0.f;
-        const int j1 = imin(n, pt * D + D);
-        const kv_t* vcol = vsrc + d;
-        int j = pt * D;
-        for (; j + VBATCH <= j1; j += VBATCH) {  // VBATCH loads in flight, then the same ascending FMA chain
-            float v[VBATCH];
+        for (int g = 0; g < GM; ++g)
 #pragma unroll
-            for (int u = 0; u < VBATCH; ++u) v[u] = KV::load(vcol, (i64)(j + u) * vstride);
+            for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
 #pragma unroll
-            for (int u = 0; u < VBATCH; ++u)
+        for (int b0 = 0; b0 < KP; b0 += VB) {
+            if (b0 > 0) {
 #pragma unroll
-                for (int g = 0; g < GM; ++g) acc[g] = __fmaf_rn(sc[g][j + u], v[u], acc[g]);
-        }
-        for (; j < j1; ++j) {
-            const float v = KV::load(vcol, (i64)j * vstride);
+                for (int b = 0; b < VB; ++b)
 #pragma unroll
-            for (int g = 0; g < GM; ++g) acc[g] = __fmaf_rn(sc[g][j], v, acc[g]);
-        }
+                    for (int u = 0; u < VU; ++u)
+                        vr[b][u] = ld16(vpage + (pt * KP + b0 + b) * cell_stride + u * PER_U);
+            }
 #pragma unroll
-        for (int g = 0; g < GM; ++g) ob[pt][g][d] = acc[g];
-        __syncthreads();
-        if (tid < D) {
-            for (int g = 0; g < ng; ++g) {
-                float o = ob[0][g][d];
-                for (int k = 1; k < PARTS; ++k) o = __fadd_rn(o, ob[k][g][d]);
-                float* dst = part + (((i64)r * n_heads + h * G + g0 + g) * W + c) * (D + 2);
-                dst[d] = o;
-                if (d == 0) {
-                    dst[D] = m[g];
-                    dst[D + 1] = l[g];
+            for (int b = 0; b < VB; ++b) {
+                const int j = pt * KP + b0 + b;
+                if (j < n) {
+                    float v[8];
+#pragma unroll
+                    for (int u = 0; u < VU; ++u) {
+                        float t[PER_U];
+                        unpack(vr[b][u], t);
+#pragma unroll
+                        for (int i = 0; i < PER_U; ++i) v[u * PER_U + i] = t[i];
+                    }
+#pragma unroll
+                    for (int g = 0; g < GM; ++g) {
+                        const float e = sc[g][j];
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) acc[g][i] = __fmaf_rn(e, v[i], acc[g][i]);
+                    }
                 }
             }
         }
-        __syncthreads();  // sc, ob and the reduction slots are reused by the next chunk
+        // the parts of a warp: xor butterfly over the lanes that share dg
+#pragma unroll
+        for (int off = NDG; off < 32; off <<= 1)
+#pragma unroll
+            for (int g = 0; g < GM; ++g)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] = __fadd_rn(acc[g][i], __shfl_xor_sync(0xffffffffu, acc[g][i], off));
+        // then the warps in order, GB heads at a time
+#pragma unroll
+        for (int gb = 0; gb < GM; gb += GB) {
+            if (lane < NDG) {
+#pragma unroll
+                for (int g = 0; g < GB; ++g)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) ob[warp][g][dg * 8 + i] = acc[gb + g][i];
+            }
+            __syncthreads();
+            for (int idx = tid; idx < GB * D; idx += PAGE) {
+                const int g = idx / D, d = idx % D;
+                if (gb + g >= ng) continue;
+                float o = ob[0][g][d];
+                for (int w = 1; w < PAGE / 32; ++w) o = __fadd_rn(o, ob[w][g][d]);
+                float* dst = part + (((i64)r * n_heads + h * G + g0 + gb + g) * W + c) * (D + 2);
+                dst[d] = o;
+                if (d == 0) {
+                    dst[D] = ml[gb + g][0];
+                    dst[D + 1] = ml[gb + g][1];
+                }
+            }
+            __syncthreads();
+        }
     }
     if (!merge_here) return;
 

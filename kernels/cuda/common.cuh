@@ -121,16 +121,23 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum over a block of `nwarps` warps; `scratch` holds nwarps floats. Every thread gets the result.
-__device__ __forceinline__ float block_sum(float v, float* scratch, int nwarps) {
-    v = warp_sum(v);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
+// 1 / sqrt(mean(x^2) + eps) of one row, summed as a block of 256 threads would: virtual thread v
+// takes elements v, v + 256, ... ascending (fmaf), each 32 of them meet in warp_sum, the 8 sums are
+// added in order. A block of any 32 * S threads gets the same bits (warp w takes the virtual warps
+// w, w + S, ...), so rms_norm and a matmul that normalises its own input row agree. `scratch`: 8
+// floats of shared memory. Contains a barrier: every thread of the block must call it.
+__device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int D, float eps, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int vw = warp; vw < 8; vw += nwarps) {
+        float acc = 0.f;
+        for (int i = vw * 32 + lane; i < D; i += 256) acc = __fmaf_rn(xr[i], xr[i], acc);
+        acc = warp_sum(acc);
+        if (lane == 0) scratch[vw] = acc;
+    }
     __syncthreads();
     float s = scratch[0];
-    for (int w = 1; w < nwarps; ++w) s = __fadd_rn(s, scratch[w]);
-    return s;
+    for (int w = 1; w < 8; ++w) s = __fadd_rn(s, scratch[w]);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
 }
 
 // ---- the one merge of two softmax partials (running state and a later chunk), in ascending order.

@@ -31,7 +31,6 @@ class _Graph:
     bucket: int
     ints: Any  # device int32 [3 * bucket + bucket * width]
     slots: Any  # device int64 [bucket]
-    logit_rows: Any  # device int64 [bucket]; the graph reads it on every replay, so it must stay alive
     host: list[np.ndarray]  # pinned staging of `ints`, two of them (see __call__)
     slots_host: list[np.ndarray]
     graph: Any
@@ -89,18 +88,18 @@ class DecodeGraphs:
         ints, slots = cp.asarray(host[0]), cp.asarray(slots_host[0])
         rows = PagedRows(positions=ints[b : 2 * b], seq=ints[2 * b : 3 * b],
                          block_tables=ints[3 * b :].reshape(b, w), slots=slots)
-        ids, logit_rows = ints[:b], cp.arange(b, dtype=cp.int64)
+        ids = ints[:b]
         with cp.cuda.using_allocator(self._pool.malloc), self._stream:
-            self.argmax(self.forward(ids, rows, logit_rows))  # compiles kernels, sizes the pool outside the capture
+            self.argmax(self.forward(ids, rows, None))  # compiles kernels, sizes the pool outside the capture
             self._stream.synchronize()
             self._stream.begin_capture()
             try:
-                logits = self.forward(ids, rows, logit_rows)
+                logits = self.forward(ids, rows, None)  # logits of every row
                 argmax = self.argmax(logits)
             finally:
                 graph = self._stream.end_capture()
         graph.upload(self._stream)
         self._stream.synchronize()
-        g = _Graph(b, ints, slots, logit_rows, host, slots_host, graph, logits, argmax)
+        g = _Graph(b, ints, slots, host, slots_host, graph, logits, argmax)
         self._graphs[b] = g
         return g

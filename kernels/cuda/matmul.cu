@@ -41,6 +41,9 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // Bias, then the residual stream: the same two roundings as add(x, matmul(h, w, bias)).
 #define EPI_BIAS 1
 #define EPI_RESIDUAL 2
+// A one-row streaming matmul may normalise its own input row (PRO_NORM): rms_norm's expressions in
+// rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
+#define PRO_NORM 4
 __device__ __forceinline__ float epilogue(float v, const float* __restrict__ bias, const float* __restrict__ res,
                                           int m, int n, int N, int flags) {
     if (flags & EPI_BIAS) v = __fadd_rn(v, bias[n]);
@@ -60,19 +63,19 @@ __device__ __forceinline__ unsigned q8_pair(unsigned q, int shift) {
     return pack_f16x2(lo, hi);
 }
 
-// A token's 8 activations x[m][k0 .. k0+7]; zeros past K or past M.
-__device__ __forceinline__ void load_x8(const float* __restrict__ x, int m, int M, int K, int k0, bool vec,
+// A token's 8 activations x[m][k0 .. k0+7] (rows ldx floats apart); zeros past K or past M.
+__device__ __forceinline__ void load_x8(const float* __restrict__ x, int m, int M, int K, i64 ldx, int k0, bool vec,
                                         float (&v)[8]) {
     if (vec) {
         const bool ok = m < M && k0 < K;
-        const float4* p = reinterpret_cast<const float4*>(x + (ok ? (i64)m * K + k0 : 0));
+        const float4* p = reinterpret_cast<const float4*>(x + (ok ? (i64)m * ldx + k0 : 0));
         const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 lo = ok ? p[0] : zero, hi = ok ? p[1] : zero;
         v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
         v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = (m < M && k0 + i < K) ? x[(i64)m * K + k0 + i] : 0.f;
+        for (int i = 0; i < 8; ++i) v[i] = (m < M && k0 + i < K) ? x[(i64)m * ldx + k0 + i] : 0.f;
     }
 }
 
@@ -186,11 +189,12 @@ __device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int 
             }
 }
 
-template <int WT, int TM, int U>
+template <int WT, int TM, int U, int PRO>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
-                                      int K, int Kp, int flags) {
+                                      int K, int Kp, int flags, const float* __restrict__ nw, float eps,
+                                      int ldx) {
     extern __shared__ float red[];
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -199,7 +203,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int m_base = blockIdx.y * (8 * TM);
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
-    const bool vec = (K & 7) == 0;
+    const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
 
     float acc[TM][4];
 #pragma unroll
@@ -233,13 +237,23 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // The first weights are in flight while the previous kernel finishes (weights are never written).
     load_weights(c_begin);
     pdl_start();
+    // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
+    __shared__ float norm_scratch[8];
+    float inv = 0.f;
+    if (PRO == PRO_NORM) inv = rms_inv(x, K, eps, norm_scratch);
     // One chunk into the accumulators. No branch on the token tiles (a tile past M multiplies zeros
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together
     // (at 16 rows: 12.5 against 15.2 us for an 8B q or o matmul, 37.9 against 53.7 us for gate).
     auto chunk = [&](int u, int c) {
         float xv[TM][8];
+        const int k0 = c * 32 + 8 * t;
 #pragma unroll
-        for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, c * 32 + 8 * t, vec, xv[tm]);
+        for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, k0, vec, xv[tm]);
+        if (PRO == PRO_NORM) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if (k0 + i < K) xv[0][i] = __fmul_rn(__fmul_rn(xv[0][i], inv), nw[k0 + i]);
+        }
         unsigned a1[4], a2[4];
         a_frags<WT>(wa[u], wb[u], a1, a2);
 #pragma unroll
@@ -299,26 +313,24 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 }
 
 // Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) so the bounds hold and the
-// accumulators stay in registers.
-#define MM_TC(NAME, WT, TM, U)                                                                           \
+// accumulators stay in registers. PRO (a one-row prologue) is 0 or PRO_NORM.
+#define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
     extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
-        int M, int N, int K, int Kp, int flags) {                                                        \
-        mm_tc<WT, TM, U>(w, scales, x, bias, res, out, M, N, K, Kp, flags);                               \
+        int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx) {                   \
+        mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx);            \
     }
 
-MM_TC(mm_f16_tm1, WT_F16, 1, 4)
-MM_TC(mm_f16_tm2, WT_F16, 2, 2)
-MM_TC(mm_f16_tm4, WT_F16, 4, 2)
-MM_TC(mm_f16_tm8, WT_F16, 8, 1)
-MM_TC(mm_bf16_tm1, WT_BF16, 1, 4)
-MM_TC(mm_bf16_tm2, WT_BF16, 2, 2)
-MM_TC(mm_bf16_tm4, WT_BF16, 4, 2)
-MM_TC(mm_bf16_tm8, WT_BF16, 8, 1)
-MM_TC(mm_q8_tm1, WT_Q8, 1, 4)
-MM_TC(mm_q8_tm2, WT_Q8, 2, 2)
-MM_TC(mm_q8_tm4, WT_Q8, 4, 2)
-MM_TC(mm_q8_tm8, WT_Q8, 8, 1)
+#define MM_TC_ALL(T, WT)                      \
+    MM_TC(mm_##T##_tm1, WT, 1, 4, 0)          \
+    MM_TC(mm_##T##_tm2, WT, 2, 2, 0)          \
+    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)          \
+    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)          \
+    MM_TC(mm_##T##_norm, WT, 1, 2, PRO_NORM)
+
+MM_TC_ALL(f16, WT_F16)
+MM_TC_ALL(bf16, WT_BF16)
+MM_TC_ALL(q8, WT_Q8)
 
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with

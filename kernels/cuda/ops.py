@@ -177,10 +177,29 @@ class CudaOps:
                    (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
                     flags, _i32(tiled.split)))
             return out
-        mm = plan.matmul_launch(w.dtype, t, n, k, self.sm_count)
+        return self._streaming(x, w, out, b, res, flags)
+
+    def _streaming(self, x, w: CudaWeight, out, bias, res, flags, prologue: str | None = None, norm_weight=None,
+                   eps: float = 0.0):
+        """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input."""
+        t, n, k, kp = int(out.shape[0]), w.shape[0], w.shape[1], int(w.data.shape[1])
+        mm = plan.matmul_launch(w.dtype, t, n, k, self.sm_count, prologue=prologue)
+        scales = w.scales if w.scales is not None else self._dummy
+        nw = norm_weight if norm_weight is not None else self._dummy
         launch(kernel("matmul.cu", mm.kernel), mm.grid, mm.block,
-               (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags), shared=mm.shared)
+               (w.data, scales, x, bias, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags, nw, np.float32(eps),
+                _i32(x.shape[1])), shared=mm.shared)
         return out
+
+    def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
+        x = _rows(x)
+        t, k = (int(s) for s in x.shape)
+        if not (t == 1 and w.dtype != "f32" and w.shape[1] == k and plan.norm_prologue(w.shape[0], k)):
+            return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
+        out = cp.empty((1, w.shape[0]), dtype=cp.float32)
+        flags = _i32(EPI_BIAS if bias is not None else 0)
+        return self._streaming(x, w, out, bias if bias is not None else self._dummy, self._dummy, flags, "norm",
+                               norm_weight, eps)
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):
         t, k = x.shape
@@ -294,9 +313,8 @@ class CudaOps:
         tables = _index(rows.block_tables)
         width = int(tables.shape[1])
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
-        smem = plan.attention_smem(d, layer.kv_type)
-        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]), ("V_STAGE", int(smem > 0)))
-        partial = big_smem_kernel("attention.cu", "attn_partial", smem, defines)
+        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type])) + at.build
+        partial = kernel("attention.cu", "attn_partial", defines)
         merge = kernel("attention.cu", "attn_merge", defines)
         step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32)
@@ -308,7 +326,7 @@ class CudaOps:
             launch(partial, (r1 - r0, groups, at.workers), (plan.ATTN_THREADS,),
                    (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, part,
                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale), _i32(fused),
-                    self._attn_counters, out[r0:r1]), smem)
+                    self._attn_counters, out[r0:r1]))
             if not fused:
                 launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
@@ -330,7 +348,7 @@ class CudaOps:
 
     # --- CUDA graphs
     def decode_graphs(self, forward, max_pages: int, buckets=None):
-        """Replayed decode steps for `forward(ids, rows, logit_rows) -> logits` (see graphs.py)."""
+        """Replayed decode steps for `forward(ids, rows, None) -> logits of every row` (see graphs.py)."""
         from kernels.cuda.graph_inputs import DEFAULT_BUCKETS
         from kernels.cuda.graphs import DecodeGraphs
 

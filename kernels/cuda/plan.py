@@ -71,9 +71,13 @@ class MatmulLaunch:
     token_tiles: int
 
 
-def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None) -> MatmulLaunch:
+def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None,
+                  prologue: str | None = None) -> MatmulLaunch:
     """The tensor-core launch for x[m, k] @ w[n, k]^T. `split` overrides split_k (benchmarks only:
-    a different split is a different summation order)."""
+    a different split is a different summation order). `prologue="norm"` (one row only) picks the
+    kernel that normalises its input row itself."""
+    if prologue is not None and m != 1:
+        raise ValueError(f"a {prologue} prologue is for one row, not {m}")
     s = split_k(n, k, sm_count) if split is None else split
     want = ceil_div(max(m, 1), TOKEN_TILE)
     tm = 1
@@ -82,7 +86,18 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
-    return MatmulLaunch(f"mm_{name}_tm{tm}", grid, (32 * s, 1, 1), shared, s, tm)
+    return MatmulLaunch(f"mm_{name}_{prologue or f'tm{tm}'}", grid, (32 * s, 1, 1), shared, s, tm)
+
+
+NORM_PROLOGUE_BYTES = 8 << 20  # L2 reads of a matmul whose every block normalises the input row itself
+
+
+def norm_prologue(n: int, k: int) -> bool:
+    """Whether a one-row matmul normalises its input row itself (kernel mm_*_norm) instead of after a
+    separate rms_norm launch. Every block reads the whole row: past ~8 MB in all that burst costs
+    more than the launch saves (H200: 8B gate|up 69.6 us fused against 61.6 + 3.6 us apart; 1B
+    gate|up, 8 MB, 21.3 against 20.9 + 2.4; q|k|v of both shapes gained 1.5-2 us)."""
+    return ceil_div(n, ROW_TILE) * k * 4 <= NORM_PROLOGUE_BYTES
 
 
 TILE_N = 64  # weight rows per block of the tiled kernel (mm_tile_*)
@@ -144,9 +159,18 @@ class AttentionLaunch:
     workers: int  # grid.z: blocks that share a row's chunks (bits do not depend on it)
     subgroups: int
     gm: int
+    build: tuple[tuple[str, int], ...]  # register budget of attn_partial (bits do not depend on it)
+
+
+ATTN_LATENCY_PAIRS = 0.25  # (row, head group) pairs per SM up to which attention is built for latency
+LATENCY_BUILD = (("MIN_BLOCKS", 1), ("K_EARLY_OK", 1), ("VBATCH", 16))
+THROUGHPUT_BUILD = (("MIN_BLOCKS", 3), ("K_EARLY_OK", 0), ("VBATCH", 8))
 
 
 def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int) -> AttentionLaunch:
+    """Few (row, head group) pairs: every load of a chunk in flight at once, one block per SM
+    (H200, 8B shape, 1 row: 11.9 against 19.0 us). Many: three blocks per SM, values in batches,
+    so that a whole batch's blocks are resident."""
     group = n_heads // n_kv
     gm = group_max(group)
     sub = ceil_div(group, gm)
@@ -154,15 +178,8 @@ def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
     row_slice = max(1, min(t, ATTN_PART_BYTES // per_row))
     blocks = max(1, min(t, row_slice) * n_kv * sub)
     workers = max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
-    return AttentionLaunch(row_slice, workers, sub, gm)
-
-
-def attention_smem(head_dim: int, kv_type: str) -> int:
-    """Dynamic shared memory of attn_partial: a chunk's values where they fit in 32 KB (compiled with
-    V_STAGE=1), else none (they are read from the cache directly). More stalled the 8B decode step
-    (head dim 128: 5.60 against 5.02 ms): SMs may have to drain to give one kernel that much."""
-    size = ATTN_THREADS * head_dim * (4 if kv_type == "f32" else 2)
-    return size if size <= 32768 else 0
+    build = LATENCY_BUILD if blocks <= ATTN_LATENCY_PAIRS * sm_count else THROUGHPUT_BUILD
+    return AttentionLaunch(row_slice, workers, sub, gm, build)
 
 
 def argmax_parts(vocab: int) -> int:

@@ -4,18 +4,14 @@
 
 #define ROW_THREADS 256
 
-// y = (x * (1 / sqrt(mean(x^2) + eps))) * w, the reference's float32 steps.
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w, the reference's float32 steps (rms_inv's order).
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int D, float eps) {
     pdl_start();
-    __shared__ float scratch[ROW_THREADS / 32];
+    __shared__ float scratch[8];
     const float* xr = x + (i64)blockIdx.x * D;
     float* yr = y + (i64)blockIdx.x * D;
-    float acc = 0.f;
-    for (int i = threadIdx.x; i < D; i += ROW_THREADS) acc = __fmaf_rn(xr[i], xr[i], acc);
-    const float total = block_sum(acc, scratch, ROW_THREADS / 32);
-    const float ms = __fdiv_rn(total, (float)D);
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    const float inv = rms_inv(xr, D, eps, scratch);
     for (int i = threadIdx.x; i < D; i += ROW_THREADS) yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
