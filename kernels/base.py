@@ -58,6 +58,10 @@ class Ops(Protocol):
     def plan_weights(self, weights: list[Weight]) -> None:
         """Sees the whole model once before its weights are uploaded (how to store them)."""
     def upload(self, w: Weight) -> Any: ...
+    def upload_gate_up(self, gate: Weight, up: Weight) -> Any:
+        """The gate and up projections [F, K] as one weight whose products are gated: matmul and
+        norm_matmul with it give silu_mul(y[:, :F], y[:, F:]) [T, F], y the product with the two
+        stacked (concat_rows), in those bits."""
     def tensor(self, a: np.ndarray) -> Any: ...
     def to_host(self, x: Any) -> np.ndarray: ...
     def to_host_async(self, x: Any) -> Callable[[], np.ndarray]:

@@ -79,3 +79,11 @@ def quantize_q8_0(x: np.ndarray) -> Weight:
     inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
     q = np.round(blocks * inv[:, :, None]).astype(np.int8)
     return Weight(q.reshape(n, k), "q8_0", d.astype(np.float16))
+
+
+def concat_rows(parts: list[Weight]) -> Weight:
+    """One weight whose output rows are the parts' rows in order: one matmul instead of several
+    (small matrices are launch-bound on a GPU). The split depends on the fused shape, never on M."""
+    scales = [w.scales for w in parts]
+    return Weight(np.concatenate([w.data for w in parts]), parts[0].dtype,
+                  None if scales[0] is None else np.concatenate(scales))

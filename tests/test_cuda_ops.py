@@ -53,6 +53,10 @@ def _weight(n, k, dtype):
     return Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype)
 
 
+def _assert_same_bits(got, want, **_):
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
 def _row_alone_and_inside(op, row, pool, batch):
     """`row` computed alone, and as a random row of a batch of `batch` rows drawn from `pool`."""
     idx = RNG.integers(0, len(pool), batch)
@@ -263,6 +267,35 @@ def test_norm_matmul_equals_the_separate_ops(gpu, gpu_off, dtype, shape):
                 fused = cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, dw, bias))
                 apart = cp.asnumpy(ops.matmul(ops.rms_norm(x, nw, 1e-5), dw, bias))
                 assert fused.tobytes() == apart.tobytes(), f"{dtype} m={m} bias={bias is not None}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("ffn", [1024, 100, 20])
+def test_gated_product_equals_silu_mul_of_the_stacked_product(gpu, gpu_off, dtype, ffn, monkeypatch):
+    """upload_gate_up's weight (rows regrouped so that one thread holds a gate output and its up
+    output): every kernel's epilogue must give silu_mul of the stacked weight's product, bit for
+    bit, at every batch width, exact or not, with and without the norm prologue."""
+    from kernels.cuda import plan
+    from kernels.weights import concat_rows
+
+    monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
+    k = 256 if dtype == "q8_0" else 200
+    gate, up = _weight(ffn, k, dtype), _weight(ffn, k, dtype)
+    for ops in (gpu, gpu_off):
+        gated, stacked = ops.upload_gate_up(gate, up), ops.upload(concat_rows([gate, up]))
+        assert gated.gate_up == ("halves" if dtype == "f32" or ffn % 8 else "tiles")
+        nw = ops.tensor(_rand(k))
+        for m in (1, 2, 9, 64, 200, 512):
+            x = cp.asarray(_rand(m, k))
+            # exact off, wide: cuBLAS on the regrouped rows; it promises no bits, so only closeness
+            same = np.testing.assert_allclose if not ops.exact and m >= 65 else _assert_same_bits
+            y = ops.matmul(x, stacked)
+            same(cp.asnumpy(ops.matmul(x, gated)), cp.asnumpy(ops.silu_mul(y[:, :ffn], y[:, ffn:])), rtol=1e-5)
+            y = ops.matmul(ops.rms_norm(x, nw, 1e-5), stacked)
+            same(cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, gated)), cp.asnumpy(ops.silu_mul(y[:, :ffn], y[:, ffn:])),
+                 rtol=1e-5)
+        with pytest.raises(ValueError):
+            ops.matmul(cp.asarray(_rand(1, k)), gated, residual=cp.asarray(_rand(1, ffn)))
 
 
 def test_silu_mul_reads_the_halves_in_place(gpu):

@@ -13,7 +13,7 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from kernels.base import Ops, PagedRows, RopeTable
-from kernels.weights import Weight
+from kernels.weights import Weight, concat_rows
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -56,14 +56,6 @@ def check_weights(c: ModelConfig, weights: dict[str, Weight]) -> None:
             raise ModelLoadError(f"tensor {name}: shape {tuple(w.shape)} does not match the config's {shape}")
 
 
-def concat_rows(parts: list[Weight]) -> Weight:
-    """One weight whose output rows are the parts' rows in order: one matmul instead of several
-    (small matrices are launch-bound on a GPU). The split depends on the fused shape, never on M."""
-    scales = [w.scales for w in parts]
-    return Weight(np.concatenate([w.data for w in parts]), parts[0].dtype,
-                  None if scales[0] is None else np.concatenate(scales))
-
-
 @dataclass
 class _Layer:
     attn_norm: Any
@@ -73,7 +65,7 @@ class _Layer:
     q_norm: Any
     k_norm: Any
     ffn_norm: Any
-    w_gate_up: Any  # gate | up rows
+    w_gate_up: Any  # Ops.upload_gate_up: its products are silu(gate) * up
     w_down: Any
 
 
@@ -87,11 +79,14 @@ class LlamaModel:
         def opt(name: str):
             return up(weights[name]) if name in weights else None
 
-        def fused(*names: str):
-            parts = [weights[n] for n in names]
-            if len({w.dtype for w in parts}) > 1:
+        def parts(*names: str) -> list[Weight]:
+            ws = [weights[n] for n in names]
+            if len({w.dtype for w in ws}) > 1:
                 raise ModelLoadError(f"tensors {', '.join(names)} have different types")
-            return up(concat_rows(parts))
+            return ws
+
+        def fused(*names: str):
+            return up(concat_rows(parts(*names)))
 
         self.embed = up(weights["model.embed_tokens.weight"])
         self.norm = up(weights["model.norm.weight"])
@@ -109,7 +104,7 @@ class LlamaModel:
                 up(weights[a + "o_proj.weight"]),
                 opt(a + "q_norm.weight"), opt(a + "k_norm.weight"),
                 up(weights[p + "post_attention_layernorm.weight"]),
-                fused(m + "gate_proj.weight", m + "up_proj.weight"),
+                ops.upload_gate_up(*parts(m + "gate_proj.weight", m + "up_proj.weight")),
                 up(weights[m + "down_proj.weight"]),
             ))
         cos, sin = config.rope_tables(max_positions)
@@ -129,8 +124,8 @@ class LlamaModel:
                 q = self._qk_norm_rope_write(qkv, layer, rows, cache)
             attn = ops.attention(q, cache, rows, self.scale)
             x = ops.matmul(attn, layer.wo, residual=x)
-            gu = ops.norm_matmul(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up)
-            x = ops.matmul(ops.silu_mul(gu[:, : c.ffn], gu[:, c.ffn :]), layer.w_down, residual=x)
+            act = ops.norm_matmul(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up)  # silu(gate) * up
+            x = ops.matmul(act, layer.w_down, residual=x)
         if logit_rows is not None:
             x = x[logit_rows]
         return ops.norm_matmul(x, self.norm, c.rms_eps, self.lm_head)

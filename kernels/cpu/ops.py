@@ -12,13 +12,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
-from kernels.weights import QK8_0, Weight, bf16_to_f32, f32_to_bf16
+from kernels.weights import QK8_0, Weight, bf16_to_f32, concat_rows, f32_to_bf16
 
 BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
 # Small models keep float32 copies of their 16-bit weights: converting every weight at every step would
 # dominate a decode step. Larger ones stay in their stored form, converted block by block. The limit
 # is fixed (not taken from free memory) so that one model always takes one path, restart after restart.
 F32_COPY_LIMIT = 1 << 30
+
+
+@dataclass
+class GateUp:
+    """Ops.upload_gate_up on the CPU: the stacked weight; matmul gates its product."""
+
+    stacked: Weight
 
 
 @dataclass
@@ -87,6 +94,9 @@ class CpuOps:
             return Weight(np.ascontiguousarray(w.to_f32()), "f32")
         return w
 
+    def upload_gate_up(self, gate: Weight, up: Weight) -> GateUp:
+        return GateUp(self.upload(concat_rows([gate, up])))
+
     def tensor(self, a: np.ndarray) -> np.ndarray:
         return np.asarray(a)
 
@@ -112,6 +122,12 @@ class CpuOps:
 
     def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
                residual: np.ndarray | None = None) -> np.ndarray:
+        if isinstance(w, GateUp):
+            if bias is not None or residual is not None:
+                raise ValueError("a gated product takes no bias or residual")
+            y = self.matmul(x, w.stacked)
+            f = y.shape[1] // 2
+            return self.silu_mul(y[:, :f], y[:, f:])
         x = np.ascontiguousarray(x, dtype=np.float32)
         t, k = x.shape
         n = w.shape[0]

@@ -140,6 +140,11 @@ __device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int D, fl
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
 }
 
+// gate * sigmoid(gate) * up, as every kernel that gates a product computes it.
+__device__ __forceinline__ float silu_times(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 // ---- the one merge of two softmax partials (running state and a later chunk), in ascending order.
 // Attention kernels and the CPU reference merge chunks exactly this way.
 

@@ -41,6 +41,9 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // Bias, then the residual stream: the same two roundings as add(x, matmul(h, w, bias)).
 #define EPI_BIAS 1
 #define EPI_RESIDUAL 2
+// A gated product (weights as 16-row tiles of 8 gate rows, then the matching 8 up rows): the thread
+// holding a gate output holds its up output 8 rows down and stores silu_times of the two, [M, N / 2].
+#define EPI_SILU 8
 // A one-row streaming matmul may normalise its own input row (PRO_NORM): rms_norm's expressions in
 // rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
 #define PRO_NORM 4
@@ -177,6 +180,18 @@ __device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int 
                                             const float* __restrict__ bias, const float* __restrict__ res,
                                             float* __restrict__ out, int M, int N, int flags) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (flags & EPI_SILU) {
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int m = m_first + tt * 8 + 2 * t + j, f = ((n_first + rt * 16) >> 1) + g;
+                    if (m < M && 2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[rt][tt][j], total[rt][tt][2 + j]);
+                }
+        return;
+    }
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -303,6 +318,12 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
     for (int tm = 0; tm < TM; ++tm) {
         const int m = m_base + tm * 8 + 2 * t;
+        if (flags & EPI_SILU) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (m + j < M) out[(i64)(m + j) * (N >> 1) + (n0 >> 1) + g] = silu_times(acc[tm][j], acc[tm][2 + j]);
+            continue;
+        }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int n = n0 + g + ((i & 2) ? 8 : 0);

@@ -13,7 +13,7 @@ can be captured into a CUDA graph (kernels/cuda/graphs.py).
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cupy as cp
@@ -25,8 +25,8 @@ from kernels.cuda import plan
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
-from kernels.cuda.weights import CudaWeight, pad_host
-from kernels.weights import Weight
+from kernels.cuda.weights import CudaWeight, interleave_gate_up, pad_host
+from kernels.weights import Weight, concat_rows
 
 # Exact mode off: batches at least this wide go to cuBLAS. Decode buckets stay narrower, so a
 # captured decode graph never holds a cuBLAS call.
@@ -34,7 +34,7 @@ CUBLAS_MIN_ROWS = 65
 KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 ATTN_COUNTERS = 1 << 18  # launches with more (row, head group) pairs merge in a second kernel
-EPI_BIAS, EPI_RESIDUAL = 1, 2  # matmul.cu's epilogue flags
+EPI_BIAS, EPI_RESIDUAL, EPI_SILU = 1, 2, 8  # matmul.cu's epilogue flags
 
 
 @dataclass
@@ -94,6 +94,14 @@ class CudaOps:
         return CudaWeight(w.dtype, (int(w.shape[0]), int(w.shape[1])), cp.asarray(data),
                           None if scales is None else cp.asarray(scales))
 
+    def upload_gate_up(self, gate: Weight, up: Weight) -> CudaWeight:
+        w = self.upload(concat_rows([gate, up]))
+        f = int(gate.shape[0])
+        if w.dtype == "f32" or f % 8:  # the float32 kernel has no tile epilogue; odd F: gated apart
+            return replace(w, gate_up="halves")
+        scales = None if w.scales is None else interleave_gate_up(w.scales, f)
+        return replace(w, data=interleave_gate_up(w.data, f), scales=scales, gate_up="tiles")
+
     def tensor(self, a: np.ndarray):
         return cp.asarray(a)
 
@@ -147,16 +155,23 @@ class CudaOps:
         n = w.shape[0]
         if w.shape[1] != k:
             raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
-        out = cp.empty((t, n), dtype=cp.float32)
+        cublas = not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
+        if w.gate_up is not None:
+            if bias is not None or residual is not None:
+                raise ValueError("a gated product takes no bias or residual")
+            if w.gate_up == "halves" or cublas:  # the product, then silu_mul over its layout
+                return self._gate(self.matmul(x, replace(w, gate_up=None)), w.gate_up)
+        out = cp.empty((t, n // 2 if w.gate_up else n), dtype=cp.float32)
         if t == 0:
             return out
         if residual is not None:
             residual = _rows(residual)
-        if not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0":
+        if cublas:
             return self._cublas(x, w, bias, residual, out)
         b = bias if bias is not None else self._dummy
         res = residual if residual is not None else self._dummy
-        flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if residual is not None else 0))
+        flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if residual is not None else 0)
+                     | (EPI_SILU if w.gate_up else 0))
         kp = int(w.data.shape[1])
         if w.dtype == "f32":
             grid, block = plan.f32_matmul_grid(t, n)
@@ -194,10 +209,13 @@ class CudaOps:
     def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
-        if not (t == 1 and w.dtype != "f32" and w.shape[1] == k and plan.norm_prologue(w.shape[0], k)):
+        if not (t == 1 and w.dtype != "f32" and w.gate_up != "halves" and w.shape[1] == k
+                and plan.norm_prologue(w.shape[0], k)):
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
-        out = cp.empty((1, w.shape[0]), dtype=cp.float32)
-        flags = _i32(EPI_BIAS if bias is not None else 0)
+        if w.gate_up is not None and bias is not None:
+            raise ValueError("a gated product takes no bias or residual")
+        out = cp.empty((1, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
+        flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0))
         return self._streaming(x, w, out, bias if bias is not None else self._dummy, self._dummy, flags, "norm",
                                norm_weight, eps)
 
@@ -223,6 +241,17 @@ class CudaOps:
         grid, block = plan.elementwise_grid(t * kp)
         launch(kernel("matmul.cu", "act_to_16"), grid, block, (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16)))
         return x16
+
+    def _gate(self, y, layout: str):
+        """silu(gate) * up of a gated product computed in full (cuBLAS, float32 weights, odd F)."""
+        t, f = int(y.shape[0]), int(y.shape[1]) // 2
+        if layout == "halves":
+            return self.silu_mul(y[:, :f], y[:, f:])
+        out = cp.empty((t, f), dtype=cp.float32)
+        if t * f:
+            grid, block = plan.elementwise_grid(t * f)
+            launch(kernel("pointwise.cu", "silu_tiles"), grid, block, (y, out, _i32(t), _i32(f)))
+        return out
 
     def rope(self, x, positions, table: RopeTable):
         x = _rows(x)

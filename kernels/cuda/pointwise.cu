@@ -28,8 +28,18 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gate, const float*
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * F) return;
     const i64 at = (i / F) * ld + i % F;
-    const float g = gate[at];
-    y[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[at]);
+    y[i] = silu_times(gate[at], up[at]);
+}
+
+// silu_mul of a gated product stored as 16-column tiles of 8 gate then the matching 8 up columns
+// (Ops.upload_gate_up's "tiles"): y2 [T, 2F] -> y [T, F].
+extern "C" __global__ void silu_tiles(const float* __restrict__ y2, float* __restrict__ y, int T, int F) {
+    pdl_start();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)T * F) return;
+    const int f = (int)(i % F);
+    const i64 at = (i / F) * 2 * F + (f >> 3) * 16 + (f & 7);
+    y[i] = silu_times(y2[at], y2[at + 8]);
 }
 
 extern "C" __global__ void add(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,

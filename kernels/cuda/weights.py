@@ -20,6 +20,10 @@ class CudaWeight:
     shape: tuple[int, int]  # logical (N, K)
     data: Any  # device [Np, Kp]
     scales: Any = None  # q8_0: device uint16 (f16 bits) [Np, Kp // 32]
+    # Ops.upload_gate_up: "tiles" (rows interleaved by 8, each 16-row tile = 8 gate rows then the
+    # matching 8 up rows, so a matmul epilogue holds both halves of an output) or "halves" (gate
+    # rows then up rows, where F is not a multiple of 8); products are silu(gate) * up.
+    gate_up: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -55,3 +59,10 @@ def device_bytes(w: Weight) -> int:
     np_, kp = padded_shape(n, k)
     item = np.dtype(STORAGE[w.dtype]).itemsize
     return np_ * kp * item + (np_ * (kp // K_CHUNK) * 2 if w.dtype == "q8_0" else 0)
+
+
+def interleave_gate_up(a, f: int):
+    """Rows [gate 0..F-1 | up 0..F-1] of a device array as 16-row tiles of 8 gate rows, then the
+    same 8 up rows (F a multiple of 8)."""
+    rest = a.shape[1:]
+    return a[: 2 * f].reshape(2, f // 8, 8, *rest).swapaxes(0, 1).reshape(2 * f, *rest).copy()
