@@ -167,3 +167,62 @@ def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):
     monkeypatch.setattr(cuda_ops, "ATTN_COUNTERS", 0)
     two_launches = _attend(gpu, cache, q, seqs, positions, 0.125)
     assert all(o.tobytes() == two_launches.tobytes() for o in one_launch)
+
+
+LATE_WRITE = r"""
+extern "C" __global__ void late_write(unsigned short* k, unsigned short* v, const unsigned short* nk,
+                                      const unsigned short* nv, long long at, int n, long long spin) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // attention may start now
+    const long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        k[at + i] = nk[i];
+        v[at + i] = nv[i];
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_cell_written_just_before_is_read_after_the_wait(gpu, hd):
+    """In a captured decode step attention starts while the KV write before it still runs (PDL);
+    here that write is held back ~50 us. The row's own cell must come from after the wait, never
+    from a cache line loaded before it: the replay must give the uncaptured step's bits."""
+    from kernels.cuda import launch as kernel_launch
+
+    if not kernel_launch.pdl_supported():
+        pytest.skip("programmatic dependent launch needs sm_90")
+    n_heads, n_kv = 8, 2
+    cache = Cache(gpu, hd, n_kv, "f16", _kv(hd, n_kv))
+    seq, p = LENGTHS.index(700), 699
+    rows = cache.rows([seq], [p])
+    at = (int(cache.tables[seq][p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE) * n_kv * hd
+    stale_k, stale_v = cache.layer.k.ravel()[at : at + n_kv * hd].copy(), cache.layer.v.ravel()[at : at + n_kv * hd].copy()
+    new_k = cp.asarray(RNG.standard_normal(n_kv * hd).astype(np.float16)).view(cp.uint16)
+    new_v = cp.asarray(RNG.standard_normal(n_kv * hd).astype(np.float16)).view(cp.uint16)
+    q = cp.asarray(RNG.standard_normal((1, n_heads, hd)).astype(np.float32))
+    writer = cp.RawKernel(LATE_WRITE, "late_write")
+    k16, v16 = cache.layer.k.view(cp.uint16).ravel(), cache.layer.v.view(cp.uint16).ravel()
+
+    def step(spin):
+        kernel_launch.launch(writer, (1,), (128,), (k16, v16, new_k, new_v, np.int64(at), np.int32(n_kv * hd),
+                                                   np.int64(spin)))
+        return gpu.attention(q, cache.layer, rows, hd**-0.5)
+
+    def restore():
+        k16[at : at + n_kv * hd] = stale_k.view(cp.uint16)
+        v16[at : at + n_kv * hd] = stale_v.view(cp.uint16)
+
+    stream = cp.cuda.Stream(non_blocking=False)
+    with stream:
+        want = cp.asnumpy(step(0))  # uncaptured: the write is done before attention starts
+        restore()
+        step(0)  # sizes the memory pool outside the capture
+        stream.begin_capture()
+        out = step(100_000)
+        graph = stream.end_capture()
+        for _ in range(5):
+            restore()
+            graph.launch(stream)
+            assert cp.asnumpy(out).tobytes() == want.tobytes()

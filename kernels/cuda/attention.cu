@@ -19,8 +19,8 @@
 //
 // Loads are issued as early as they may be: a block's first chunk's keys before pdl_start (a
 // captured decode step launches this kernel while the KV write before it runs; that write only
-// touches each row's own cell p, which is loaded again after the wait), its values right after
-// the wait, so that both arrive while the scores are computed. Compiled per (HEAD_DIM, GROUP_MAX,
+// touches each row's own cell p, which is loaded after the wait, never before), its values right
+// after the wait, so that both arrive while the scores are computed. Compiled per (HEAD_DIM, GROUP_MAX,
 // KV_T) and register budget (MIN_BLOCKS, K_EARLY_OK, VBATCH: how many loads are in flight, never
 // the arithmetic) through -D options.
 #include "common.cuh"
@@ -77,7 +77,9 @@ __device__ __forceinline__ void unpack(const uint4& u, float (&v)[PER_U]) {
 #endif
 }
 
-__device__ __forceinline__ uint4 ld16(const kv_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+// Cache cells through L2 only (ld.global.cg): a line an SM's L1 held from before the wait (or from
+// an earlier step) can never stand in for a cell written since.
+__device__ __forceinline__ uint4 ld16(const kv_t* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 // Output element d of query head qh of row r from its chunks 0..last. Partials are read through L2
 // (ld.cg): other blocks of this launch wrote them.
@@ -123,7 +125,9 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 
     auto key_row = [&](int c) { return kc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + tid * cell_stride; };
     uint4 kr[K_EARLY ? KU : 1];
-    if (K_EARLY && blockIdx.z <= last) {
+    // Before the wait only cells that existed before this step: not cell p, which the kernel
+    // before this one may be writing (loaded after the wait, below), nor anything past it.
+    if (K_EARLY && blockIdx.z <= last && tid < (blockIdx.z < last ? PAGE : p % PAGE)) {
         const kv_t* k = key_row(blockIdx.z);
 #pragma unroll
         for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(k + u * PER_U);
