@@ -94,3 +94,24 @@ def test_ahead_through_a_graph_takes_the_tokens_on_the_device(model, prompts, mo
     got, stats = run(model, prompts, logprobs=-1)
     assert stats["ahead_steps_total"] > 20 and stand_ins[0].fed == stats["ahead_steps_total"]
     assert tokens(got) == tokens(ref)
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_accepted_drafts_beside_steps_launched_ahead_through_a_graph(model, parallel, monkeypatch):
+    """Repetitive prompts: drafts are accepted, and between them steps run ahead through the graph
+    stand-in (tokens taken on the device). The tokens must be those of plain decoding."""
+    rng = np.random.default_rng(3)
+    v = model.config.vocab_size
+    prompts = [([int(t) for t in rng.integers(4, v, 12)] * 20)[:240] for _ in range(4)]
+    ref, _ = run(model, prompts, logprobs=0, parallel=parallel)
+    real_init = Runner.__init__
+
+    def with_stand_in(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.ops.asynchronous = True
+        self.graphs = RowsStandIn(self, width=self.pool.n_pages)
+
+    monkeypatch.setattr(Runner, "__init__", with_stand_in)
+    got, stats = run(model, prompts, logprobs=-1, spec=4, parallel=parallel)
+    assert stats["draft_accepted_total"] > 20 and stats["ahead_steps_total"] > 0
+    assert tokens(got) == tokens(ref)
