@@ -1,4 +1,4 @@
-"""Runs wgmma_gemm.cu (built by nvcc for sm_90a; regenerate it with make_wgmma_gemm.py) on the 8B
+"""Runs wgmma_gemm.cu (built by nvcc for sm_90a) on the 8B
 prefill shapes at 512 rows: the fraction of outputs with mm_wide's bits (the exact path), the
 relative error, and TFLOP/s of the wgmma kernel alone, of mm_wide (with its activation conversion)
 and of cuBLAS (exact off). Prints JSON; --out writes it too.
