@@ -77,10 +77,9 @@ def test_sequences_ending_on_a_token_drop_their_ahead_row(model, prompts):
     assert tokens(got) == tokens(ref)
 
 
-def test_ahead_through_a_graph_takes_the_tokens_on_the_device(model, prompts, monkeypatch):
-    """The replayed-graph path: the runner passes the previous step's device argmax (`ids_from`)
-    instead of host tokens (a CPU stand-in with DecodeGraphs' call protocol plays the graphs)."""
-    ref, _ = run(model, prompts, logprobs=0)
+def graph_stand_ins(monkeypatch) -> list:
+    """Every Runner made from now on plays its decode graphs with a CPU stand-in that has
+    DecodeGraphs' call protocol; returns the stand-ins as they are made."""
     stand_ins = []
     real_init = Runner.__init__
 
@@ -91,6 +90,14 @@ def test_ahead_through_a_graph_takes_the_tokens_on_the_device(model, prompts, mo
         stand_ins.append(self.graphs)
 
     monkeypatch.setattr(Runner, "__init__", with_stand_in)
+    return stand_ins
+
+
+def test_ahead_through_a_graph_takes_the_tokens_on_the_device(model, prompts, monkeypatch):
+    """The replayed-graph path: the runner passes the previous step's device argmax (`ids_from`)
+    instead of host tokens."""
+    ref, _ = run(model, prompts, logprobs=0)
+    stand_ins = graph_stand_ins(monkeypatch)
     got, stats = run(model, prompts, logprobs=-1)
     assert stats["ahead_steps_total"] > 20 and stand_ins[0].fed == stats["ahead_steps_total"]
     assert tokens(got) == tokens(ref)
@@ -104,14 +111,7 @@ def test_accepted_drafts_beside_steps_launched_ahead_through_a_graph(model, para
     v = model.config.vocab_size
     prompts = [([int(t) for t in rng.integers(4, v, 12)] * 20)[:240] for _ in range(4)]
     ref, _ = run(model, prompts, logprobs=0, parallel=parallel)
-    real_init = Runner.__init__
-
-    def with_stand_in(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        self.ops.asynchronous = True
-        self.graphs = RowsStandIn(self, width=self.pool.n_pages)
-
-    monkeypatch.setattr(Runner, "__init__", with_stand_in)
+    graph_stand_ins(monkeypatch)
     got, stats = run(model, prompts, logprobs=-1, spec=4, parallel=parallel)
     assert stats["draft_accepted_total"] > 20 and stats["ahead_steps_total"] > 0
     assert tokens(got) == tokens(ref)
