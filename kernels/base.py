@@ -35,7 +35,8 @@ class PagedRows:
     """Where each token row of a step sits: its position, its sequence, the sequences' pages.
 
     Row r attends to positions 0..positions[r] of sequence seq[r]; logical page i of sequence s is
-    physical page block_tables[s, i]. slots[r] is the KV cell the row's K/V go to.
+    physical page block_tables[s, i]. slots[r] is the KV cell the row's K/V go to (attention on
+    CUDA reads them to know which cells this step writes; None there: only each row's own).
     """
 
     positions: Any  # [T] int32

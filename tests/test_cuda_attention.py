@@ -50,10 +50,14 @@ class Cache:
             slots = pages[pos // PAGE_SIZE].astype(np.int64) * PAGE_SIZE + pos % PAGE_SIZE
             ops.kv_write(self.layer, cp.asarray(kv[s][0]), cp.asarray(kv[s][1]), cp.asarray(slots))
 
+    def slots(self, seqs, positions):
+        pos = np.asarray(positions, np.int64)
+        return self.tables[np.asarray(seqs), pos // PAGE_SIZE].astype(np.int64) * PAGE_SIZE + pos % PAGE_SIZE
+
     def rows(self, seqs, positions):
         return PagedRows(positions=cp.asarray(np.asarray(positions, np.int32)),
                          seq=cp.asarray(np.asarray(seqs, np.int32)),
-                         block_tables=cp.asarray(self.tables), slots=cp.zeros(len(seqs), cp.int64))
+                         block_tables=cp.asarray(self.tables), slots=cp.asarray(self.slots(seqs, positions)))
 
     def cpu_layer(self, ops):
         k, v = ops.kv_read_pages(self.layer, list(range(self.n_pages)))
@@ -171,48 +175,53 @@ def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):
 
 LATE_WRITE = r"""
 extern "C" __global__ void late_write(unsigned short* k, unsigned short* v, const unsigned short* nk,
-                                      const unsigned short* nv, long long at, int n, long long spin) {
+                                      const unsigned short* nv, const long long* at, int cells, int n,
+                                      long long spin) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // attention may start now
     const long long t0 = clock64();
     while (clock64() - t0 < spin) {}
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        k[at + i] = nk[i];
-        v[at + i] = nv[i];
-    }
+    for (int c = 0; c < cells; ++c)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            k[at[c] * n + i] = nk[c * n + i];
+            v[at[c] * n + i] = nv[c * n + i];
+        }
 }
 """
 
 
 @pytest.mark.parametrize("hd", [64, 128])
-def test_cell_written_just_before_is_read_after_the_wait(gpu, hd):
-    """In a captured decode step attention starts while the KV write before it still runs (PDL);
-    here that write is held back ~50 us. The row's own cell must come from after the wait, never
-    from a cache line loaded before it: the replay must give the uncaptured step's bits."""
+@pytest.mark.parametrize("positions", [[699], [510, 511, 512, 513]], ids=["decode", "verify"])
+def test_cells_written_just_before_are_read_after_the_wait(gpu, hd, positions):
+    """In a captured step attention starts while the KV write before it still runs (PDL); here that
+    write is held back ~50 us. The cells this step writes (a decode row's own; a verify step's rows
+    of one sequence, across a page boundary) must come from after the wait, never from a line
+    loaded before it: the replay must give the uncaptured step's bits."""
     from kernels.cuda import launch as kernel_launch
 
     if not kernel_launch.pdl_supported():
         pytest.skip("programmatic dependent launch needs sm_90")
-    n_heads, n_kv = 8, 2
+    n_heads, n_kv, t = 8, 2, len(positions)
     cache = Cache(gpu, hd, n_kv, "f16", _kv(hd, n_kv))
-    seq, p = LENGTHS.index(700), 699
-    rows = cache.rows([seq], [p])
-    at = (int(cache.tables[seq][p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE) * n_kv * hd
-    stale_k, stale_v = cache.layer.k.ravel()[at : at + n_kv * hd].copy(), cache.layer.v.ravel()[at : at + n_kv * hd].copy()
-    new_k = cp.asarray(RNG.standard_normal(n_kv * hd).astype(np.float16)).view(cp.uint16)
-    new_v = cp.asarray(RNG.standard_normal(n_kv * hd).astype(np.float16)).view(cp.uint16)
-    q = cp.asarray(RNG.standard_normal((1, n_heads, hd)).astype(np.float32))
-    writer = cp.RawKernel(LATE_WRITE, "late_write")
+    seqs = [LENGTHS.index(700)] * t
+    rows = cache.rows(seqs, positions)
+    cells = cp.asarray(cache.slots(seqs, positions))
     k16, v16 = cache.layer.k.view(cp.uint16).ravel(), cache.layer.v.view(cp.uint16).ravel()
+    n = n_kv * hd
+    stale_k, stale_v = k16.reshape(-1, n)[cells].copy(), v16.reshape(-1, n)[cells].copy()
+    new_k = cp.asarray(RNG.standard_normal(t * n).astype(np.float16)).view(cp.uint16)
+    new_v = cp.asarray(RNG.standard_normal(t * n).astype(np.float16)).view(cp.uint16)
+    q = cp.asarray(RNG.standard_normal((t, n_heads, hd)).astype(np.float32))
+    writer = cp.RawKernel(LATE_WRITE, "late_write")
 
     def step(spin):
-        kernel_launch.launch(writer, (1,), (128,), (k16, v16, new_k, new_v, np.int64(at), np.int32(n_kv * hd),
+        kernel_launch.launch(writer, (1,), (128,), (k16, v16, new_k, new_v, cells, np.int32(t), np.int32(n),
                                                    np.int64(spin)))
         return gpu.attention(q, cache.layer, rows, hd**-0.5)
 
     def restore():
-        k16[at : at + n_kv * hd] = stale_k.view(cp.uint16)
-        v16[at : at + n_kv * hd] = stale_v.view(cp.uint16)
+        k16.reshape(-1, n)[cells] = stale_k
+        v16.reshape(-1, n)[cells] = stale_v
 
     stream = cp.cuda.Stream(non_blocking=False)
     with stream:

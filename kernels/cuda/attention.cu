@@ -102,7 +102,7 @@ __device__ __forceinline__ float merge_row(const float* __restrict__ part, int r
 extern "C" __global__ void __launch_bounds__(PAGE, MIN_BLOCKS)
 attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_t* __restrict__ vc,
              const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
-             float* __restrict__ part, int n_heads, int n_kv, int W, float scale, int merge_here,
+             const i64* __restrict__ slots, float* __restrict__ part, int n_heads, int n_kv, int W, float scale, int merge_here,
              int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float qs[GM][D];
     __shared__ float sc[GM][PAGE];
@@ -125,9 +125,17 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 
     auto key_row = [&](int c) { return kc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + tid * cell_stride; };
     uint4 kr[K_EARLY ? KU : 1];
-    // Before the wait only cells that existed before this step: not cell p, which the kernel
-    // before this one may be writing (loaded after the wait, below), nor anything past it.
-    if (K_EARLY && blockIdx.z <= last && tid < (blockIdx.z < last ? PAGE : p % PAGE)) {
+    // Before the wait only cells that existed before this step: the kernel before this one may
+    // still be writing this step's cells, the row's own (p) and, in a verify or prompt step, those
+    // of the rows before it in its sequence (consecutive rows whose slots are this table's cells
+    // first-1, first-2, ...). Later row slices start after the first has waited.
+    int first = p;
+    if (K_EARLY)
+        for (int j = r - 1; j >= 0 && positions[j] == first - 1 &&
+                            slots[j] == (i64)table[(first - 1) / PAGE] * PAGE + (first - 1) % PAGE; --j)
+            --first;
+    const int early = first - blockIdx.z * PAGE;  // cells of chunk blockIdx.z loaded before the wait
+    if (K_EARLY && blockIdx.z <= last && tid < early) {
         const kv_t* k = key_row(blockIdx.z);
 #pragma unroll
         for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(k + u * PER_U);
@@ -143,7 +151,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         const int n = c < last ? PAGE : p % PAGE + 1;
         const kv_t* vpage = vc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + dg * 8;
         const kv_t* krow = key_row(c);
-        if (K_EARLY && (c != blockIdx.z || (c == last && tid == n - 1))) {  // a later chunk, or the cell just written
+        if (K_EARLY && (c != blockIdx.z || (tid >= early && tid < n))) {  // a later chunk, or this step's cells
 #pragma unroll
             for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(krow + u * PER_U);
         }
