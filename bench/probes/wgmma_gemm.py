@@ -1,5 +1,5 @@
-"""Runs wgmma_gemm.cu (built by nvcc for sm_90a) on the 8B
-prefill shapes at 512 rows: the fraction of outputs with mm_wide's bits (the exact path), the
+"""Runs wgmma_gemm.cu (built by nvcc for sm_90a, in each of VARIANTS' pipeline depths) on the 8B
+and 1B prefill shapes at 512 rows: the fraction of outputs with mm_wide's bits (the exact path), the
 relative error, and TFLOP/s of the wgmma kernel alone, of mm_wide (with its activation conversion)
 and of cuBLAS (exact off). Prints JSON; --out writes it too.
 
@@ -22,9 +22,13 @@ from kernels.cuda import plan
 from kernels.cuda.ops import CudaOps
 
 HERE = Path(__file__).parent
-SHAPES = {"qo": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = {"qo": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "1b_qo": (2048, 2048), "1b_gate_up": (16384, 2048), "1b_down": (2048, 8192)}
 ROWS = 512
-SMEM = 4 * 2 * 128 * 64  # STAGES * STAGE_BYTES of the kernel
+VARIANTS = {"kc1t6": (1, 6), "kc1t8": (1, 8), "kc2t5": (2, 5), "kc2t6": (2, 6)}  # chunks per stage, stages
+# The k order of a chunk's tokens in shared memory: slot j holds k PERM[j] (see wgmma_gemm.cu).
+PERM = [0, 1, 8, 9, 16, 17, 24, 25, 2, 3, 10, 11, 18, 19, 26, 27,
+        4, 5, 12, 13, 20, 21, 28, 29, 6, 7, 14, 15, 22, 23, 30, 31]
 
 
 def main() -> None:
@@ -34,11 +38,14 @@ def main() -> None:
     ex, off = CudaOps(exact=True), CudaOps(exact=False)
     res: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = str(Path(tmp) / "wg.cubin")
-        subprocess.run(["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-o", cubin,
-                        str(HERE / "wgmma_gemm.cu")], check=True)
-        fn = cp.RawModule(path=cubin).get_function("wg_gemm_f16")
-        fn.max_dynamic_shared_size_bytes = SMEM
+        fns = {}
+        for key, (kc, stages) in VARIANTS.items():
+            cubin = str(Path(tmp) / f"{key}.cubin")
+            subprocess.run(["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", f"-DTSTAGES={stages}",
+                            f"-DKC={kc}", "-o", cubin, str(HERE / "wgmma_gemm.cu")], check=True)
+            fn = cp.RawModule(path=cubin).get_function("wg_gemm_f16")
+            fn.max_dynamic_shared_size_bytes = stages * kc * 2 * 128 * 64 + 1024
+            fns[key] = fn
         for name, (n, k) in SHAPES.items():
             row: dict = {"shape": name, "n": n, "k": k, "m": ROWS}
             try:
@@ -46,21 +53,24 @@ def main() -> None:
                 x = cp.random.standard_normal((ROWS, k), dtype=cp.float32)
                 kp, np_ = int(w.data.shape[1]), int(w.data.shape[0])
                 x16 = ex._act16(x, kp, False)
+                xp = cp.ascontiguousarray(x16.reshape(ROWS, kp // 32, 32)[:, :, PERM].reshape(ROWS, kp))
                 want = ex.matmul(x, w)
-                out = cp.zeros((ROWS, n), cp.float32)
                 split = plan.split_k(n, k, ex.sm_count)
                 grid = (plan.ceil_div(n, 128), plan.ceil_div(ROWS, 128), 1)
-                args_ = (w.data, x16, out, np.int32(ROWS), np.int32(n), np.int32(kp), np.int32(np_), np.int32(split))
-
-                def run(args_=args_, grid=grid):
-                    fn(grid, (256, 1, 1), args_, shared_mem=SMEM)
-
-                run()
-                cp.cuda.Device().synchronize()
-                row["bits_equal_to_mm_wide"] = float((out.view(cp.uint32) == want.view(cp.uint32)).mean())
-                row["rel_err_vs_mm_wide"] = float(cp.linalg.norm(out - want) / cp.linalg.norm(want))
                 flops = 2 * ROWS * n * k
-                for key, f, graph in (("wgmma", run, True), ("mm_wide", lambda w=w, x=x: ex.matmul(x, w), True),
+                for key, fn in fns.items():
+                    out = cp.zeros((ROWS, n), cp.float32)
+                    args_ = (w.data, xp, out, np.int32(ROWS), np.int32(n), np.int32(kp), np.int32(np_), np.int32(split))
+
+                    def run(fn=fn, args_=args_, grid=grid):
+                        fn(grid, (256, 1, 1), args_, shared_mem=fn.max_dynamic_shared_size_bytes)
+
+                    run()
+                    cp.cuda.Device().synchronize()
+                    row[f"{key}_bits_equal"] = float((out.view(cp.uint32) == want.view(cp.uint32)).mean())
+                    row[f"{key}_rel_err"] = float(cp.linalg.norm(out - want) / cp.linalg.norm(want))
+                    row[f"{key}_TFLOPs"] = flops / timed(run, graph=True) / 1e12
+                for key, f, graph in (("mm_wide", lambda w=w, x=x: ex.matmul(x, w), True),
                                       ("cublas", lambda w=w, x=x: off.matmul(x, w), False)):
                     row[f"{key}_TFLOPs"] = flops / timed(f, graph=graph) / 1e12
             except Exception as e:  # noqa: BLE001 - a probe reports every shape's failure
