@@ -10,5 +10,3 @@ mkdir -p "$OUT"
 OUT=/tmp/gpu-check bash bench/gpu_check.sh 2>&1 | tail -n 30
 cp /tmp/gpu-check/gpu-tests.json /tmp/gpu-check/gpu-ops.json "$OUT"/ 2>/dev/null
 OUT=$OUT bash bench/gpu_engine.sh --8b "$@" 2>&1 | grep -v '^rep ' | tail -n 60
-# the exact wgmma prefill probe (kernels/cuda/NOTES.md "Next"): bits against mm_wide, TFLOP/s
-PYTHONPATH=$PWD timeout 90 python3 bench/probes/wgmma_gemm.py 2>&1 | tail -n 5

@@ -280,11 +280,16 @@ def ops_benchmarks(res: dict, ex: CudaOps, off: CudaOps) -> None:
         for name in ("qo", "gate_up"):
             n, k = SHAPES_8B[name]
             guarded(res["matmul"], lambda n=n, k=k, dtype=dtype: bench_matmul(ex, n, k, 1, dtype), name=f"8B {name}")
-    for name in ("qo", "gate_up", "down"):
-        n, k = SHAPES_8B[name]
-        for ops in (ex, off):
-            guarded(res["prefill_matmul"], lambda n=n, k=k, ops=ops: bench_matmul(ops, n, k, 512, "f16"),
-                    name=f"8B {name}")
+    mm_wide = CudaOps(exact=True)
+    mm_wide.tiled = "wide"  # the exact prefill kernel of devices without wgmma, for comparison
+    for label, shapes in (("1B", SHAPES_1B), ("8B", SHAPES_8B)):
+        for name in ("qo", "gate_up", "down"):
+            n, k = shapes[name]
+            for ops, kernel_name in ((ex, "wgmma" if ex.wgmma else "mm_wide"), (mm_wide, "mm_wide"), (off, "cuBLAS")):
+                if ops is mm_wide and not ex.wgmma:
+                    continue
+                guarded(res["prefill_matmul"], lambda n=n, k=k, ops=ops: bench_matmul(ops, n, k, 512, "f16"),
+                        name=f"{label} {name}", kernel=kernel_name)
 
     for n_heads, n_kv, hd in ((32, 8, 64), (32, 8, 128)):
         for rows, ctx in ((1, 640), (16, 640), (1, 4096), (16, 4096)):
@@ -358,7 +363,7 @@ def print_table(res: dict, bw: float) -> None:
               f"  {r['weight_GBps']:7.0f} GB/s  {r['weight_GBps'] * 1e9 / bw:6.1%}")
     print("\nprefill matmul M=512, f16")
     for r in res["prefill_matmul"]:
-        print(f"  {r['name']:<12} exact={r['exact']!s:<5} {r['us']:8.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
+        print(f"  {r['name']:<12} {r['kernel']:<8} {r['us']:8.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
     print("\nattention, f16 KV")
     for r in res["attention"]:
         kind = ("prefill" if r["prefill"] else "decode") + (f" {r['build']}" if "build" in r else "")

@@ -32,7 +32,7 @@ def main(path: str) -> None:
         if m["m"] == 1 and m["dtype"] == "f16" and m["name"].endswith(("qo", "gate_up", "lm_head")):
             print(f"{'matmul ' + m['name'] + ' M=1':<34} {m['us']:7.1f} us  {m['weight_GBps'] * 1e9 / bw:5.1%} of copy bw")
     for m in r["prefill_matmul"]:
-        print(f"{'prefill ' + m['name'] + (' exact' if m['exact'] else ' cuBLAS'):<34} {m['TFLOPs']:7.1f} TFLOP/s")
+        print(f"{'prefill ' + m['name'] + ' ' + m.get('kernel', 'exact' if m['exact'] else 'cuBLAS'):<34} {m['TFLOPs']:7.1f} TFLOP/s")
     for d in r["decode_step"]:
         label = (f"decode {d['shape']} b={d['batch']} exact={'on' if d['exact'] else 'off'}"
                  + ("" if d.get("pdl", True) else " no PDL"))

@@ -1,4 +1,4 @@
-"""Every CUDA source compiles for Hopper (sm_90) with the options NVRTC gets at run time.
+"""Every CUDA source compiles for Hopper (sm_90; wgmma.cu sm_90a) with the options NVRTC gets at run time.
 
 Runs wherever `nvcc` is on PATH (CI included); no GPU needed.
 """
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from kernels.cuda import plan
-from kernels.cuda.modules import OPTIONS, sources
+from kernels.cuda.modules import ARCH, OPTIONS, sources
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -18,9 +18,14 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 ATTENTION_VARIANTS = [(d, g, kv) for d in (32, 64, 128, 256) for g in (1, 2, 4, 8) for kv in (0, 1, 2)]
 
 
+def _arch(path) -> str:
+    a = ARCH.get(path.name)  # nvcc 13 takes -arch=sm_90a as compute_90; the gencode pair is explicit
+    return f"-gencode=arch=compute_{a[3:]},code={a}" if a else "-arch=sm_90"
+
+
 def _compile(path, tmp_path, defines=()):
     flags = [o for o in OPTIONS if o != "-std=c++17"]
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", *flags, *(f"-D{k}={v}" for k, v in defines),
+    cmd = [NVCC, _arch(path), "-std=c++17", *flags, *(f"-D{k}={v}" for k, v in defines),
            "-c", str(path), "-o", str(tmp_path / "out.o")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -46,7 +51,8 @@ def test_every_kernel_waits_for_its_predecessor(path, tmp_path):
     for the kernel before it (griddepcontrol.wait, through pdl_start) or it could read stale data."""
     ptx = tmp_path / "out.ptx"
     flags = [o for o in OPTIONS if o != "-std=c++17"]
-    done = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", *flags, "-ptx", str(path), "-o", str(ptx)],
+    done = subprocess.run([NVCC, _arch(path), "-std=c++17", *flags, "-ptx", str(path),
+                           "-o", str(ptx)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     entries = ptx.read_text().split(".entry ")[1:]

@@ -118,3 +118,17 @@ def test_wide_launch_covers_the_batch_with_the_same_split(shape):
         if wide:
             assert wide.split == plan.split_k(n, k, 132) and wide.kernel == "mm_wide_f16"
             assert wide.grid[0] * plan.WIDE_N >= n and wide.grid[1] * plan.WIDE_M >= m
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096), (2048, 8192), (1024, 4096), (128256, 2048)], ids=str)
+def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
+    n, k = shape
+    for dtype in ("f16", "bf16", "q8_0"):
+        for m in (1, 127, 128, 512, 2048):
+            wg = plan.wgmma_launch(dtype, m, n, k, 132)
+            blocks = plan.ceil_div(n, plan.WIDE_N) * plan.ceil_div(m, plan.WIDE_M)
+            assert (wg is None) == (dtype == "q8_0" or m < plan.WIDE_MIN_ROWS or blocks < 0.45 * 132)
+            if wg:
+                assert wg.split == plan.split_k(n, k, 132) and wg.kernel == f"mm_wgmma_{dtype}"
+                assert wg.grid[0] * plan.WIDE_N >= n and wg.grid[1] * plan.WIDE_M >= m
+                assert wg.shared == plan.wgmma_smem() <= 227 * 1024

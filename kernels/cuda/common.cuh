@@ -144,6 +144,20 @@ __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
+// ---- matmul epilogues (matmul.cu, wgmma.cu)
+// Bias, then the residual stream: the same two roundings as add(x, matmul(h, w, bias)).
+#define EPI_BIAS 1
+#define EPI_RESIDUAL 2
+// A gated product (weights as 16-row tiles of 8 gate rows, then the matching 8 up rows): the thread
+// holding a gate output holds its up output 8 rows down and stores silu_times of the two, [M, N / 2].
+#define EPI_SILU 8
+__device__ __forceinline__ float epilogue(float v, const float* __restrict__ bias, const float* __restrict__ res,
+                                          int m, int n, int N, int flags) {
+    if (flags & EPI_BIAS) v = __fadd_rn(v, bias[n]);
+    if (flags & EPI_RESIDUAL) v = __fadd_rn(res[(i64)m * N + n], v);
+    return v;
+}
+
 // ---- the one merge of two softmax partials (running state and a later chunk), in ascending order.
 // Attention kernels and the CPU reference merge chunks exactly this way.
 

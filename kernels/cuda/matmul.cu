@@ -38,21 +38,9 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Bias, then the residual stream: the same two roundings as add(x, matmul(h, w, bias)).
-#define EPI_BIAS 1
-#define EPI_RESIDUAL 2
-// A gated product (weights as 16-row tiles of 8 gate rows, then the matching 8 up rows): the thread
-// holding a gate output holds its up output 8 rows down and stores silu_times of the two, [M, N / 2].
-#define EPI_SILU 8
 // A one-row streaming matmul may normalise its own input row (PRO_NORM): rms_norm's expressions in
 // rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
 #define PRO_NORM 4
-__device__ __forceinline__ float epilogue(float v, const float* __restrict__ bias, const float* __restrict__ res,
-                                          int m, int n, int N, int flags) {
-    if (flags & EPI_BIAS) v = __fadd_rn(v, bias[n]);
-    if (flags & EPI_RESIDUAL) v = __fadd_rn(res[(i64)m * N + n], v);
-    return v;
-}
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -397,13 +385,15 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
 }
 
 // Activations to 16 bits, zero-padded to Kp columns, with pack_act's rounding: the operands of
-// mm_wide (exact) and of cuBLAS (exact mode off).
+// mm_wide (exact) and of cuBLAS (exact mode off). With `perm`, column j of each 32-k chunk holds
+// k = 8b + 2a + e for j = 8a + 2b + e: the k order mm_wgmma's token operand needs (wgmma.cu).
 extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restrict__ y, int M, int K, int Kp,
-                                     int bf16) {
+                                     int bf16, int perm) {
     pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)M * Kp) return;
-    const int m = (int)(i / Kp), k = (int)(i % Kp);
+    const int m = (int)(i / Kp), j = (int)(i % Kp);
+    const int k = perm ? (j & ~31) | ((j & 6) << 2) | (((j >> 3) & 3) << 1) | (j & 1) : j;
     const float v = k < K ? x[(i64)m * K + k] : 0.f;
     y[i] = (u16)((bf16 ? pack_act<WT_BF16>(v, 0.f) : pack_act<WT_F16>(v, 0.f)) & 0xffffu);
 }

@@ -10,6 +10,7 @@ COMMON = "common.cuh"
 # No fast math anywhere: exact paths depend on IEEE division, square root and expf, and on FMA
 # contraction being off unless a kernel asks for __fmaf_rn.
 OPTIONS = ("-std=c++17", "-fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
+ARCH = {"wgmma.cu": "sm_90a"}  # sources with instructions of one architecture only (wgmma: H100/H200)
 
 
 def source(name: str) -> str:
@@ -28,7 +29,7 @@ def sources() -> list[Path]:
 def module(name: str, defines: tuple[tuple[str, int], ...] = ()):
     import cupy
 
-    opts = OPTIONS + tuple(f"-D{k}={v}" for k, v in defines)
+    opts = OPTIONS + tuple(f"-D{k}={v}" for k, v in defines) + ((f"-arch={ARCH[name]}",) if name in ARCH else ())
     return cupy.RawModule(code=source(name), options=opts)
 
 

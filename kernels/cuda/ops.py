@@ -79,9 +79,10 @@ class CudaOps:
         self._dummy = cp.zeros(4, dtype=cp.float32)  # stands for an absent bias or residual pointer
         # attention's per (row, head group) tickets: zero between launches (the kernel resets them)
         self._attn_counters = cp.zeros(ATTN_COUNTERS, dtype=cp.int32)
-        # Which shared-memory kernels wide batches may take: True (all), "tile" (not mm_wide) or False
-        # (streaming only); tests narrow it to compare the kernels bit for bit.
+        # Which shared-memory kernels wide batches may take: True (all), "wide" (not mm_wgmma), "tile"
+        # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
         self.tiled: bool | str = True
+        self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -179,7 +180,13 @@ class CudaOps:
                    (w.data, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
             return out
         scales = w.scales if w.scales is not None else self._dummy
-        wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled is True else None
+        wg = plan.wgmma_launch(w.dtype, t, n, k, self.sm_count) if self.wgmma and self.tiled is True else None
+        if wg is not None:  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
+            launch(big_smem_kernel("wgmma.cu", wg.kernel, wg.shared, (("WG_STAGES", plan.WGMMA_STAGES),)), wg.grid,
+                   wg.block, (w.data, self._act16(x, kp, w.dtype == "bf16", perm=True), b, res, out, _i32(t), _i32(n),
+                              _i32(kp), _i32(w.data.shape[0]), flags, _i32(wg.split)), shared=wg.shared)
+            return out
+        wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled in (True, "wide") else None
         if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
             launch(big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines), wide.grid, wide.block,
@@ -234,12 +241,14 @@ class CudaOps:
         return out
 
     @staticmethod
-    def _act16(x, kp: int, bf16: bool):
-        """Activations rounded to f16 (bf16), zero-padded to kp columns: what the MMAs are fed."""
+    def _act16(x, kp: int, bf16: bool, perm: bool = False):
+        """Activations rounded to f16 (bf16), zero-padded to kp columns: what the MMAs are fed
+        (`perm`: in mm_wgmma's k order)."""
         t, k = (int(s) for s in x.shape)
         x16 = cp.empty((t, kp), dtype=cp.uint16)
         grid, block = plan.elementwise_grid(t * kp)
-        launch(kernel("matmul.cu", "act_to_16"), grid, block, (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16)))
+        launch(kernel("matmul.cu", "act_to_16"), grid, block,
+               (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16), _i32(perm)))
         return x16
 
     def _gate(self, y, layout: str):
@@ -340,6 +349,7 @@ class CudaOps:
             return out
         positions, seq = _index(rows.positions), _index(rows.seq)
         tables = _index(rows.block_tables)
+        slots = cp.full(t, -1, cp.int64) if rows.slots is None else _index(rows.slots, cp.int64)
         width = int(tables.shape[1])
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type])) + at.build
@@ -353,7 +363,7 @@ class CudaOps:
             r1 = min(t, r0 + step)
             # Row slices only bound the scratch: rows are independent, so the bits are the same.
             launch(partial, (r1 - r0, groups, at.workers), (plan.ATTN_THREADS,),
-                   (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, part,
+                   (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, slots[r0:r1], part,
                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale), _i32(fused),
                     self._attn_counters, out[r0:r1]))
             if not fused:

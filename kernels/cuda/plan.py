@@ -140,6 +140,28 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
                         WIDE_M // TOKEN_TILE)
 
 
+WGMMA_STAGES = 6  # pipeline stages of mm_wgmma (two 32-k chunks each)
+WGMMA_KC = 2
+WGMMA_MIN_BLOCKS_PER_SM = 0.45  # H200, 512 rows: 1B down in 64 blocks 113 TFLOP/s, tiled 74
+
+
+def wgmma_smem() -> int:
+    """Dynamic shared memory of mm_wgmma: per stage two chunks of 128 weight rows and 128 tokens,
+    and the slack that aligns its swizzled tiles to 1024 bytes."""
+    return WGMMA_STAGES * WGMMA_KC * (WIDE_N + WIDE_M) * 64 + 1024
+
+
+def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
+    """The launch of mm_wgmma (sm_90 only; 16-bit weights) for long prefills, or None where the
+    batch is too short or its tiles too few."""
+    blocks = ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M)
+    if dtype not in ("f16", "bf16") or m < WIDE_MIN_ROWS or blocks < WGMMA_MIN_BLOCKS_PER_SM * sm_count:
+        return None
+    grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)
+    return MatmulLaunch(f"mm_wgmma_{dtype}", grid, (256, 1, 1), wgmma_smem(), split_k(n, k, sm_count),
+                        WIDE_M // TOKEN_TILE)
+
+
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return (ceil_div(n, F32_ROWS_PER_BLOCK), ceil_div(max(m, 1), F32_TOKENS_PER_Y), 1), (256, 1, 1)
 

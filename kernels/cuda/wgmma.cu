@@ -1,0 +1,171 @@
+// The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a): mm_tc's sums, element for
+// element (bench/probes/wgmma_gemm.* measured it against mm_wide; tests/test_cuda_ops.py checks it).
+//
+// mm_tc's arithmetic (matmul.cu): K in chunks of 32; in each chunk one MMA takes the k set {0-3,
+// 8-11, 16-19, 24-27}, the next {4-7, 12-15, 20-23, 28-31} (which order inside one instruction
+// changes no bits, and wgmma rounds as mma.sync does: bench/results/wgmma-bits-h200.json); chunks
+// ascending inside each of S slices (bounds s * C / S), slices joined in order.
+//
+// A block of 2 warpgroups computes 128 weight rows x 128 tokens. Weights are wgmma's A operand,
+// from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8 (16 bytes each)
+// from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the second. The k
+// slot each word fills fixes which k of the tokens must meet it, so the tokens (B, from shared
+// memory, K-major) come permuted within each chunk (act_to_16 with `perm`): four 16-byte units per
+// token and chunk, units 0-1 the first MMA's k slots 0-15, units 2-3 the second's. A pipeline stage
+// holds WG_KC = 2 chunks; a stage's token rows (128 bytes) carry the hardware's 128-byte swizzle,
+// without which the MMA's shared-memory reads conflict eightfold (unswizzled, this kernel ran at
+// mm_wide's speed). Weights sit unswizzled, [chunk][row][64 bytes]: a quarter-warp's 16-byte reads
+// are 128 consecutive bytes.
+#include "common.cuh"
+
+typedef unsigned u32;
+
+#define WG_ROWS 128  // weight rows per block (2 warpgroups x 64)
+#define WG_TOK 128   // tokens per block (the MMA's N)
+#define WG_KC 2      // 32-k chunks per pipeline stage
+#ifndef WG_STAGES
+#define WG_STAGES 6  // stages in shared memory: WG_STAGES - 3 loading ahead
+#endif
+#define WG_AHEAD (WG_STAGES - 3)
+#define X_STAGE (WG_KC * WG_TOK * 64)
+#define W_STAGE (WG_KC * WG_ROWS * 64)
+#define ROW_BYTES (WG_KC * 64)  // one token's row of a stage
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+// K-major with the 128-byte swizzle: 8-token groups ROW_BYTES * 8 apart; the leading offset is unused.
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
+    return (unsigned long long)((addr >> 4) & 0x3fff) | ((unsigned long long)(((ROW_BYTES * 8) >> 4) & 0x3fff) << 32) |
+           (1ull << 62);
+}
+
+// Byte offset of 16-byte unit u of token tok within a stage's tokens (Swizzle<3, 4, 3>).
+__device__ __forceinline__ int tok_offset(int tok, int u) { return tok * ROW_BYTES + ((u ^ (tok & 7)) << 4); }
+
+#define WGMMA_RA(T)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db))
+
+template <int BF16>
+__device__ __forceinline__ void wgmma_ra(float (&d)[64], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long db) {
+    if constexpr (BF16) {
+        WGMMA_RA("bf16");
+    } else {
+        WGMMA_RA("f16");
+    }
+}
+
+template <int BF16>
+__device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* __restrict__ xp,
+                                         const float* __restrict__ bias, const float* __restrict__ res,
+                                         float* __restrict__ out, int M, int N, int Kp, int Np, int flags, int S) {
+    extern __shared__ unsigned char smem_raw[];
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * WG_TOK;
+    const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
+    const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_smem has the slack)
+    const unsigned char* const wsmem = smem_raw + (base - raw) + WG_STAGES * X_STAGE;
+    const unsigned wbase = base + WG_STAGES * X_STAGE;
+    pdl_start();
+
+    auto load_stage = [&](int st) {
+        const unsigned xs = base + (st % WG_STAGES) * X_STAGE, ws = wbase + (st % WG_STAGES) * W_STAGE;
+#pragma unroll
+        for (int h = 0; h < 2 * WG_KC; ++h) {  // tokens: pairs of threads read one 32-byte sector
+            const int i = tid + 256 * h, u = 2 * (i >> 8) + (i & 1), tok = (i >> 1) & (WG_TOK - 1);
+            const int c = st * WG_KC + (u >> 2);
+            const bool ok = m0 + tok < M && c < C;
+            cp_async16(xs + tok_offset(tok, u), xp + (i64)(ok ? m0 + tok : 0) * Kp + (ok ? c * 32 : 0) + (u & 3) * 8,
+                       ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int h = 0; h < 2 * WG_KC; ++h) {  // weights: [chunk][row][64 bytes]
+            const int i = tid + 256 * h, kc = i >> 9, row = (i >> 2) & (WG_ROWS - 1), u = i & 3;
+            const int c = st * WG_KC + kc;
+            const bool ok = n0 + row < Np && c < C;
+            cp_async16(ws + kc * WG_ROWS * 64 + row * 64 + u * 16,
+                       w + (i64)(ok ? n0 + row : 0) * Kp + (ok ? c * 32 : 0) + u * 8, ok ? 16 : 0);
+        }
+    };
+
+#pragma unroll
+    for (int st = 0; st <= WG_AHEAD; ++st) {
+        if (st < stages) load_stage(st);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+
+    float part[64], total[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
+    int s = 0, slice_end = (int)((i64)C / S);
+    const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
+
+    auto chunk = [&](int c, uint4& a0, uint4& a1) {
+        const int st = c / WG_KC, kc = c % WG_KC;
+        if (kc == 0) {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_AHEAD));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // this thread's copies, to wgmma
+            __syncthreads();  // every copy of stage st landed; every MMA of stage st - 2 is done
+            if (st + WG_AHEAD + 1 < stages) load_stage(st + WG_AHEAD + 1);  // into the buffer of stage st - 2
+            asm volatile("cp.async.commit_group;\n" ::);
+        }
+        const unsigned char* ws = wsmem + (st % WG_STAGES) * W_STAGE + kc * WG_ROWS * 64;
+        a0 = *reinterpret_cast<const uint4*>(ws + frag);
+        a1 = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
+        const unsigned xs = base + (st % WG_STAGES) * X_STAGE + kc * 64;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
+        wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (c + 1 == slice_end) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < 64; ++i) {
+                total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
+                part[i] = 0.f;
+            }
+            ++s;
+            slice_end = (int)(((i64)(s + 1) * C) / S);
+        } else {
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        }
+    };
+    uint4 a0, a1, b0, b1;  // two fragments in turn: the one an MMA in flight reads is not overwritten
+    for (int c = 0; c < C; c += 2) {
+        chunk(c, a0, a1);
+        if (c + 1 < C) chunk(c + 1, b0, b1);
+    }
+
+    // total[4j + i]: weight row r0 (+8 for i >= 2), token 8j + 2t (+1 for odd i); rows r0 and r0 + 8
+    // of a gated product are a gate and its up (16-row tiles, matmul.cu's EPI_SILU)
+    const int tile = n0 + wg * 64 + warp * 16, r0 = tile + g;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int m = m0 + 8 * j + 2 * t + e;
+            if (m >= M) continue;
+            if (flags & EPI_SILU) {
+                const int f = (tile >> 1) + g;
+                if (2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[4 * j + e], total[4 * j + 2 + e]);
+                continue;
+            }
+            if (r0 < N) out[(i64)m * N + r0] = epilogue(total[4 * j + e], bias, res, m, r0, N, flags);
+            if (r0 + 8 < N) out[(i64)m * N + r0 + 8] = epilogue(total[4 * j + 2 + e], bias, res, m, r0 + 8, N, flags);
+        }
+}
+
+#define MM_WGMMA(NAME, BF16)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                     \
+        NAME(const u16* w, const u16* xp, const float* bias, const float* res, float* out, int M, int N, int Kp, \
+             int Np, int flags, int S) {                                                                     \
+        mm_wgmma<BF16>(w, xp, bias, res, out, M, N, Kp, Np, flags, S);                                       \
+    }
+
+MM_WGMMA(mm_wgmma_f16, 0)
+MM_WGMMA(mm_wgmma_bf16, 1)
