@@ -27,6 +27,7 @@ typedef unsigned u32;
 #define WG_STAGES 6  // stages in shared memory: WG_STAGES - 3 loading ahead
 #endif
 #define WG_AHEAD (WG_STAGES - 3)
+#define WG_DEPTH 2  // chunks whose MMAs may be in flight (3 made ptxas serialize the MMAs: C7513)
 #define X_STAGE (WG_KC * WG_TOK * 64)
 #define W_STAGE (WG_KC * WG_ROWS * 64)
 #define ROW_BYTES (WG_KC * 64)  // one token's row of a stage
@@ -102,9 +103,11 @@ __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* _
     float part[64], total[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
-    int s = 0, slice_end = (int)((i64)C / S);
     const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
 
+    // One chunk: its stage's barrier and refill when it opens a stage, then two MMAs; afterwards at
+    // most WG_DEPTH chunks' MMAs are in flight. No branch here touches the accumulators: where one
+    // did, the copies at the loop's back edge made ptxas wait for every MMA there.
     auto chunk = [&](int c, uint4& a0, uint4& a1) {
         const int st = c / WG_KC, kc = c % WG_KC;
         if (kc == 0) {
@@ -122,23 +125,26 @@ __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* _
         wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
         wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        if (c + 1 == slice_end) {
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-            for (int i = 0; i < 64; ++i) {
-                total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
-                part[i] = 0.f;
-            }
-            ++s;
-            slice_end = (int)(((i64)(s + 1) * C) / S);
-        } else {
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        }
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
     };
-    uint4 a0, a1, b0, b1;  // two fragments in turn: the one an MMA in flight reads is not overwritten
-    for (int c = 0; c < C; c += 2) {
-        chunk(c, a0, a1);
-        if (c + 1 < C) chunk(c + 1, b0, b1);
+    uint4 a[WG_DEPTH][2];  // fragments in turn: none an MMA in flight reads is overwritten
+    for (int s = 0; s < S; ++s) {
+        const int end = (int)(((i64)(s + 1) * C) / S);
+        int c = (int)(((i64)s * C) / S);
+        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
+#pragma unroll
+            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
+        }
+        for (; c < end; ++c) {  // the slice's last chunks, one at a time
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            chunk(c, a[0][0], a[0][1]);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
+            part[i] = 0.f;
+        }
     }
 
     // total[4j + i]: weight row r0 (+8 for i >= 2), token 8j + 2t (+1 for odd i); rows r0 and r0 + 8
