@@ -199,9 +199,9 @@ def _fake_weights(cfg) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int):
-    """The 1B or 8B shape with random f16 weights, a page pool for `batches` sequences of `ctx`
-    cells and its decode graphs: (cfg, graphs, pages per sequence, weight bytes)."""
+def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int):
+    """The 1B or 8B shape with random f16 weights and a page pool for n_seqs sequences of ctx + 1
+    cells: (cfg, ops, model, pool, pages per sequence)."""
     from engine.config import ModelConfig
     from engine.kv_cache import PagePool
     from engine.models.llama import LlamaModel
@@ -212,7 +212,14 @@ def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int):
     ops = _BenchOps(exact=exact)
     pages_per_seq = -(-(ctx + 1) // 256)
     model = LlamaModel(cfg, _fake_weights(cfg), ops, pages_per_seq * 256)
-    pool = PagePool(ops, cfg.n_layers, max(batches) * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
+    pool = PagePool(ops, cfg.n_layers, n_seqs * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
+    return cfg, ops, model, pool, pages_per_seq
+
+
+def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int):
+    """model_setup for `batches` sequences and its decode graphs: (cfg, graphs, pages per sequence,
+    weight bytes)."""
+    cfg, ops, model, pool, pages_per_seq = model_setup(exact, shape, max(batches), ctx)
     weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
     weight_bytes += model.lm_head.nbytes
     graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,

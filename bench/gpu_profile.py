@@ -2,9 +2,11 @@
 under the PyTorch profiler (CUPTI sees every kernel of a replayed graph, whoever launched it) and
 prints each kernel position's median duration in the step, summed by kernel name and listed in
 launch order for the first layer. Captured without PDL by default so that kernels do not overlap
-and durations add up to the step.
+and durations add up to the step. With --prefill N: the forward pass over one N-token prompt
+instead (launched from Python as the engine does, exact on or, with --exact-off, off).
 
     python3 bench/gpu_profile.py --shape 1B --batch 1 [--pdl] [--out FILE]
+    python3 bench/gpu_profile.py --shape 8B --prefill 512 [--exact-off]
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections import defaultdict
 import cupy as cp
 import numpy as np
 
-from bench.gpu_ops import decode_setup, step_inputs
+from bench.gpu_ops import decode_setup, model_setup, step_inputs
+from kernels.base import PagedRows
 from kernels.cuda import launch as kernel_launch
 
 
@@ -50,8 +53,31 @@ def profile_step(shape: str, batch: int, ctx: int, pdl: bool, reps: int) -> dict
         runs = kernel_times(lambda: g.launch(), reps)
     finally:
         kernel_launch.pdl_supported = supported
+    return summarize(runs, {"shape": shape, "batch": batch, "ctx": ctx, "pdl": pdl}, cfg.n_layers)
+
+
+def profile_prefill(shape: str, tokens: int, exact: bool, reps: int) -> dict:
+    """One prompt of `tokens` through the model, as the engine runs a prompt chunk."""
+    cfg, ops, model, pool, pages = model_setup(exact, shape, 1, tokens)
+    pos = np.arange(tokens)
+    table = np.arange(pages, dtype=np.int32)
+    rows = PagedRows(ops.tensor(pos.astype(np.int32)), ops.tensor(np.zeros(tokens, np.int32)), ops.tensor(table[None]),
+                     ops.tensor(table[pos // 256].astype(np.int64) * 256 + pos % 256))
+    ids = ops.tensor((pos % cfg.vocab_size).astype(np.int32))
+    last = ops.tensor(np.array([tokens - 1], np.int64))
+
+    def forward():
+        model.forward(ids, rows, pool.layers, last)
+
+    forward()  # compiles every kernel
+    cp.cuda.Device().synchronize()
+    runs = kernel_times(forward, reps)
+    return summarize(runs, {"shape": shape, "prefill": tokens, "exact": exact}, cfg.n_layers)
+
+
+def summarize(runs, head: dict, n_layers: int) -> dict:
     if not runs:
-        return {"shape": shape, "batch": batch, "error": "the profiler saw no kernels"}
+        return {**head, "error": "the profiler saw no kernels"}
     names = [k[0] for k in runs[0]]
     dur = np.median(np.array([[k[2] for k in r] for r in runs]), axis=0)
     span = float(np.median([r[-1][1] + r[-1][2] - r[0][1] for r in runs]))
@@ -59,8 +85,8 @@ def profile_step(shape: str, batch: int, ctx: int, pdl: bool, reps: int) -> dict
     for name, d in zip(names, dur, strict=True):
         by_name[name][0] += float(d)
         by_name[name][1] += 1
-    per_layer = len(names) // cfg.n_layers
-    return {"shape": shape, "batch": batch, "ctx": ctx, "pdl": pdl, "kernels": len(names), "span_us": span,
+    per_layer = len(names) // n_layers
+    return {**head, "kernels": len(names), "span_us": span,
             "busy_us": float(dur.sum()),
             "by_name": sorted(([n, round(t, 2), c] for n, (t, c) in by_name.items()), key=lambda r: -r[1]),
             "first_layer": [[n, round(float(d), 2)] for n, d in zip(names[:per_layer + 2], dur[:per_layer + 2], strict=True)],
@@ -74,18 +100,22 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=600)
     ap.add_argument("--pdl", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--prefill", type=int, help="profile one prompt of this many tokens instead")
+    ap.add_argument("--exact-off", action="store_true", help="with --prefill: exact mode off (cuBLAS)")
     ap.add_argument("--out")
     args = ap.parse_args()
     res = []
-    for b in args.batch:
-        r = profile_step(args.shape, b, args.ctx, args.pdl, args.reps)
+    runs = ([lambda: profile_prefill(args.shape, args.prefill, not args.exact_off, args.reps)] if args.prefill else
+            [lambda b=b: profile_step(args.shape, b, args.ctx, args.pdl, args.reps) for b in args.batch])
+    for run in runs:
+        r = run()
         res.append(r)
         cp.get_default_memory_pool().free_all_blocks()
         if "error" in r:
             print(r)
             continue
-        print(f"\n== {r['shape']} batch {b} ctx {r['ctx']} pdl={r['pdl']}: {r['kernels']} kernels, "
-              f"span {r['span_us']:.1f} us, busy {r['busy_us']:.1f} us")
+        what = " ".join(f"{k} {v}" for k, v in r.items() if k in ("shape", "batch", "ctx", "pdl", "prefill", "exact"))
+        print(f"\n== {what}: {r['kernels']} kernels, span {r['span_us']:.1f} us, busy {r['busy_us']:.1f} us")
         for name, t, c in r["by_name"]:
             print(f"  {name:<28} {t:8.1f} us  x{c}")
         print("  first layer:", " | ".join(f"{n} {d}" for n, d in r["first_layer"]))

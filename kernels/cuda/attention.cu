@@ -18,9 +18,9 @@
 // partial is stored as is and the merge order is fixed.
 //
 // Loads are issued as early as they may be: a block's first chunk's keys before pdl_start (a
-// captured decode step launches this kernel while the KV write before it runs; that write only
-// touches each row's own cell p, which is loaded after the wait, never before), its values right
-// after the wait, so that both arrive while the scores are computed. Compiled per (HEAD_DIM, GROUP_MAX,
+// captured step launches this kernel while the KV write before it runs; the cells that write
+// touches, a row's own and those of the rows before it in its sequence, are loaded after the wait,
+// never before), its values right after the wait, so that both arrive while the scores are computed. Compiled per (HEAD_DIM, GROUP_MAX,
 // KV_T) and register budget (MIN_BLOCKS, K_EARLY_OK, VBATCH: how many loads are in flight, never
 // the arithmetic) through -D options.
 #include "common.cuh"
@@ -102,8 +102,8 @@ __device__ __forceinline__ float merge_row(const float* __restrict__ part, int r
 extern "C" __global__ void __launch_bounds__(PAGE, MIN_BLOCKS)
 attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_t* __restrict__ vc,
              const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
-             const i64* __restrict__ slots, float* __restrict__ part, int n_heads, int n_kv, int W, float scale, int merge_here,
-             int* __restrict__ counters, float* __restrict__ out) {
+             const i64* __restrict__ slots, float* __restrict__ part, int n_heads, int n_kv, int W, float scale,
+             int merge_here, int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float qs[GM][D];
     __shared__ float sc[GM][PAGE];
     __shared__ float ob[PAGE / 32][GB][D];

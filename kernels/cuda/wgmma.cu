@@ -1,5 +1,6 @@
 // The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a): mm_tc's sums, element for
-// element (bench/probes/wgmma_gemm.* measured it against mm_wide; tests/test_cuda_ops.py checks it).
+// element (tests/test_cuda_ops.py checks it against every other matmul kernel; how it got its shape:
+// kernels/cuda/NOTES.md).
 //
 // mm_tc's arithmetic (matmul.cu): K in chunks of 32; in each chunk one MMA takes the k set {0-3,
 // 8-11, 16-19, 24-27}, the next {4-7, 12-15, 20-23, 28-31} (which order inside one instruction
