@@ -10,3 +10,5 @@ mkdir -p "$OUT"
 OUT=/tmp/gpu-check bash bench/gpu_check.sh 2>&1 | tail -n 30
 cp /tmp/gpu-check/gpu-tests.json /tmp/gpu-check/gpu-ops.json "$OUT"/ 2>/dev/null
 OUT=$OUT bash bench/gpu_engine.sh --8b "$@" 2>&1 | grep -v '^rep ' | tail -n 60
+# where an 8B prompt's time goes (printed: the call's 8 returned files are taken)
+PYTHONPATH=$PWD timeout 150 python3 bench/gpu_profile.py --shape 8B --prefill 512 --reps 5 2>&1 | tail -n 22
