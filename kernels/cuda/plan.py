@@ -140,15 +140,14 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
                         WIDE_M // TOKEN_TILE)
 
 
-WGMMA_STAGES = 6  # pipeline stages of mm_wgmma (two 32-k chunks each)
-WGMMA_KC = 2
+WGMMA_STAGES = 6  # pipeline stages of mm_wgmma (two 32-k chunks each: wgmma.cu's WG_KC, fixed by its swizzle)
 WGMMA_MIN_BLOCKS_PER_SM = 0.45  # H200, 512 rows: 1B down in 64 blocks 113 TFLOP/s, tiled 74
 
 
 def wgmma_smem() -> int:
     """Dynamic shared memory of mm_wgmma: per stage two chunks of 128 weight rows and 128 tokens,
     and the slack that aligns its swizzled tiles to 1024 bytes."""
-    return WGMMA_STAGES * WGMMA_KC * (WIDE_N + WIDE_M) * 64 + 1024
+    return WGMMA_STAGES * 2 * (WIDE_N + WIDE_M) * 64 + 1024
 
 
 def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
