@@ -287,14 +287,20 @@ def ops_benchmarks(res: dict, ex: CudaOps, off: CudaOps) -> None:
         for name in ("qo", "gate_up"):
             n, k = SHAPES_8B[name]
             guarded(res["matmul"], lambda n=n, k=k, dtype=dtype: bench_matmul(ex, n, k, 1, dtype), name=f"8B {name}")
+    prefill_matmuls(res, ex, off)
+
+
+def prefill_matmuls(res: dict, ex: CudaOps, off: CudaOps) -> None:
     mm_wide = CudaOps(exact=True)
     mm_wide.tiled = "wide"  # the exact prefill kernel of devices without wgmma, for comparison
+    cp_async = CudaOps(exact=True)
+    cp_async.wgmma_tma = False  # mm_wgmma fed by cp.async instead of TMA
+    kernels = [(ex, "wgmma tma" if ex.wgmma else "mm_wide")]
+    kernels += [(cp_async, "wgmma cp.async"), (mm_wide, "mm_wide")] if ex.wgmma else []
     for label, shapes in (("1B", SHAPES_1B), ("8B", SHAPES_8B)):
         for name in ("qo", "gate_up", "down"):
             n, k = shapes[name]
-            for ops, kernel_name in ((ex, "wgmma" if ex.wgmma else "mm_wide"), (mm_wide, "mm_wide"), (off, "cuBLAS")):
-                if ops is mm_wide and not ex.wgmma:
-                    continue
+            for ops, kernel_name in kernels + [(off, "cuBLAS")]:
                 guarded(res["prefill_matmul"], lambda n=n, k=k, ops=ops: bench_matmul(ops, n, k, 512, "f16"),
                         name=f"{label} {name}", kernel=kernel_name)
 
@@ -323,6 +329,7 @@ def main() -> None:
     ap.add_argument("--out", default="gpu-ops.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps-only", action="store_true", help="only the decode steps")
+    ap.add_argument("--prefill-only", action="store_true", help="only the prefill matmuls")
     args = ap.parse_args()
     props = cp.cuda.runtime.getDeviceProperties(0)
     res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
@@ -334,12 +341,15 @@ def main() -> None:
 
     for key in ("accuracy", "split_sweep", "matmul", "prefill_matmul", "attention"):
         res[key] = []
-    if not args.steps_only:
+    if args.prefill_only:
+        prefill_matmuls(res, ex, off)
+    elif not args.steps_only:
         ops_benchmarks(res, ex, off)
-    attention_builds(res, ex)
+    if not args.prefill_only:
+        attention_builds(res, ex)
 
     res["decode_step"] = []
-    for shape in ("1B", "8B"):
+    for shape in () if args.prefill_only else ("1B", "8B"):
         for exact, pdl in ((True, True), (False, True), (True, False)):
             guarded(res["decode_step"], lambda shape=shape, exact=exact, pdl=pdl:
                     bench_decode_step(exact, shape, [1, 4, 8, 16], 600, pdl))
@@ -370,7 +380,7 @@ def print_table(res: dict, bw: float) -> None:
               f"  {r['weight_GBps']:7.0f} GB/s  {r['weight_GBps'] * 1e9 / bw:6.1%}")
     print("\nprefill matmul M=512, f16")
     for r in res["prefill_matmul"]:
-        print(f"  {r['name']:<12} {r['kernel']:<8} {r['us']:8.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
+        print(f"  {r['name']:<12} {r['kernel']:<14} {r['us']:8.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
     print("\nattention, f16 KV")
     for r in res["attention"]:
         kind = ("prefill" if r["prefill"] else "decode") + (f" {r['build']}" if "build" in r else "")

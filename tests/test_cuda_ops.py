@@ -20,7 +20,7 @@ if not _OK:
 
 from kernels.base import PAGE_SIZE, RopeTable  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from kernels.weights import Weight, f32_to_bf16  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -103,9 +103,9 @@ def test_matmul_row_invariant(gpu, dtype, shape):
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("shape", [(96, 64), (1000, 2048), (2048, 8192), (200, 4096), (300, 72)], ids=str)
 def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, monkeypatch):
-    """Wide batches take the tiled, the wide or (on sm_90) the wgmma kernel; every element must equal
-    the streaming kernel's (the one decode uses), so a row's bits cannot depend on which kernel its
-    batch got."""
+    """Wide batches take the tiled, the wide or (on sm_90) the wgmma kernel (fed by TMA or by
+    cp.async); every element must equal the streaming kernel's (the one decode uses), so a row's
+    bits cannot depend on which kernel its batch got."""
     n, k = shape
     if dtype == "q8_0" and k % 32:
         pytest.skip("Q8_0 rows are whole blocks of 32")
@@ -113,15 +113,36 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)  # tile even where streaming would be faster
     monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
-    best, wide, tiled, streaming = (CudaOps(exact=True) for _ in range(4))
+    best, cp_async, wide, tiled, streaming = (CudaOps(exact=True) for _ in range(5))
     wide.tiled, tiled.tiled, streaming.tiled = "wide", "tile", False
+    cp_async.wgmma_tma = False
     dw, db = wide.upload(_weight(n, k, dtype)), wide.tensor(_rand(n))
     for m in (33, 64, 100, 128, 300, 512):
         x, r = cp.asarray(_rand(m, k)), cp.asarray(_rand(m, n))
         ref = cp.asnumpy(streaming.matmul(x, dw, db, residual=r))
-        for ops in (tiled, wide, best):
+        for ops in (tiled, wide, cp_async, best):
             got = cp.asnumpy(ops.matmul(x, dw, db, residual=r))
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("k, kp", [(40, 64), (4096, 4096), (14336, 14336)])
+def test_activations_to_16_bits_round_pad_and_permute(k, kp, dtype):
+    """act_to_16: each value rounded to nearest even, zeros past K; with perm, column j = 8a + 2b + e
+    of a 32-k chunk holds k = 8b + 2a + e (mm_wgmma's token order)."""
+    x = _rand(37, k)
+    want = np.zeros((37, kp), np.float32)
+    want[:, :k] = x
+    if dtype == "f16":
+        want = want.astype(np.float16).view(np.uint16)
+    else:
+        want = f32_to_bf16(want)
+    j = np.arange(kp)
+    a, b, e = (j % 32) // 8, (j % 8) // 2, j % 2
+    perm = j - j % 32 + 8 * b + 2 * a + e
+    for permuted, cols in ((False, j), (True, perm)):
+        got = cp.asnumpy(CudaOps._act16(cp.asarray(x), kp, dtype == "bf16", perm=permuted))
+        assert got.tobytes() == np.ascontiguousarray(want[:, cols]).tobytes()
 
 
 def test_exact_off_matmul_diverges_somewhere(gpu_off):

@@ -8,7 +8,7 @@ change: every kernel touches memory that another kernel writes only after that w
 
 CuPy's launch cannot set launch attributes, so captured launches go through the driver's
 cuLaunchKernelEx (ctypes); capture happens once per graph, so its host cost does not matter.
-Outside a capture every launch is CuPy's own. LOCKSTEP_PDL=0 turns PDL off (for comparisons).
+Outside a capture every launch is CuPy's own, except those passing tensor maps by value. LOCKSTEP_PDL=0 turns PDL off (for comparisons).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import os
 
 import cupy as cp
 import numpy as np
+
+from kernels.cuda.tensor_map import TensorMap
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
@@ -56,6 +58,8 @@ def pdl_supported() -> bool:
 
 
 def _c_arg(a):
+    if isinstance(a, TensorMap):
+        return a
     if isinstance(a, cp.ndarray):
         return ctypes.c_void_p(a.data.ptr)
     if isinstance(a, np.int32):
@@ -64,7 +68,8 @@ def _c_arg(a):
         return ctypes.c_int64(int(a))
     if isinstance(a, np.float32):
         return ctypes.c_float(float(a))
-    raise TypeError(f"kernel argument of type {type(a).__name__}: pass arrays, np.int32, np.int64 or np.float32")
+    raise TypeError(f"kernel argument of type {type(a).__name__}: pass arrays, TensorMap, np.int32, np.int64 or "
+                    "np.float32")
 
 
 def _function(fn) -> int:
@@ -72,23 +77,25 @@ def _function(fn) -> int:
     return int(fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr)
 
 
-def _pdl_launch(fn, grid, block, args, shared: int, stream) -> None:
+def _driver_launch(fn, grid, block, args, shared: int, stream, pdl: bool) -> None:
     values = [_c_arg(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     attr = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value = (1).to_bytes(4, "little") + bytes(60)
     grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
     cfg = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared, ctypes.c_void_p(stream.ptr),
-                  ctypes.pointer(attr), 1)
+                  ctypes.pointer(attr), 1 if pdl else 0)
     err = _driver()(ctypes.byref(cfg), ctypes.c_void_p(_function(fn)), params, None)
     if err:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {err}")
 
 
 def launch(fn, grid, block, args, shared: int = 0) -> None:
-    """fn(grid, block, args) on the current stream; with PDL while that stream is being captured."""
+    """fn(grid, block, args) on the current stream; with PDL while that stream is being captured.
+    Arguments that CuPy cannot pass (tensor maps) go through the driver's launch as well."""
     stream = cp.cuda.get_current_stream()
-    if stream.ptr and pdl_supported() and stream.is_capturing():
-        _pdl_launch(fn, grid, block, args, shared, stream)
+    pdl = bool(stream.ptr) and pdl_supported() and stream.is_capturing()
+    if pdl or any(isinstance(a, TensorMap) for a in args):
+        _driver_launch(fn, grid, block, args, shared, stream, pdl)
     else:
         fn(grid, block, args, shared_mem=shared)

@@ -384,18 +384,28 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
     }
 }
 
-// Activations to 16 bits, zero-padded to Kp columns, with pack_act's rounding: the operands of
-// mm_wide (exact) and of cuBLAS (exact mode off). With `perm`, column j of each 32-k chunk holds
-// k = 8b + 2a + e for j = 8a + 2b + e: the k order mm_wgmma's token operand needs (wgmma.cu).
+// Activations to 16 bits, zero-padded to Kp columns (a multiple of 32), with pack_act's rounding:
+// the operands of mm_wide (exact) and of cuBLAS (exact mode off). With `perm`, column j of each
+// 32-k chunk holds k = 8b + 2a + e for j = 8a + 2b + e: the k order mm_wgmma's token operand needs
+// (wgmma.cu).
 extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restrict__ y, int M, int K, int Kp,
                                      int bf16, int perm) {
     pdl_start();
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (i64)M * Kp) return;
-    const int m = (int)(i / Kp), j = (int)(i % Kp);
-    const int k = perm ? (j & ~31) | ((j & 6) << 2) | (((j >> 3) & 3) << 1) | (j & 1) : j;
-    const float v = k < K ? x[(i64)m * K + k] : 0.f;
-    y[i] = (u16)((bf16 ? pack_act<WT_BF16>(v, 0.f) : pack_act<WT_F16>(v, 0.f)) & 0xffffu);
+    // one 16-byte unit of output per thread: with `perm`, unit 4c + a of a row holds chunk c's
+    // k = 32c + 8b + 2a + e (b = 0..3, e = 0..1), pairs that sit side by side in x
+    const int u = blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= Kp / 8) return;
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {
+        const float* xr = x + (i64)m * K;
+        unsigned w[4];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const int k = perm ? (u >> 2) * 32 + 8 * b + 2 * (u & 3) : u * 8 + 2 * b;
+            const float lo = k < K ? xr[k] : 0.f, hi = k + 1 < K ? xr[k + 1] : 0.f;
+            w[b] = bf16 ? pack_act<WT_BF16>(lo, hi) : pack_act<WT_F16>(lo, hi);
+        }
+        *reinterpret_cast<uint4*>(y + (i64)m * Kp + u * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
 }
 
 // ---- the tiled kernel for wide batches (prefill): the same sums as mm_tc, element for element.

@@ -21,7 +21,7 @@ import cupyx
 import numpy as np
 
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
-from kernels.cuda import plan
+from kernels.cuda import plan, tensor_map
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
@@ -83,6 +83,7 @@ class CudaOps:
         # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
         self.tiled: bool | str = True
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
+        self.wgmma_tma = self.wgmma  # mm_wgmma fed by TMA copies (False: by cp.async; same bits)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -182,9 +183,19 @@ class CudaOps:
         scales = w.scales if w.scales is not None else self._dummy
         wg = plan.wgmma_launch(w.dtype, t, n, k, self.sm_count) if self.wgmma and self.tiled is True else None
         if wg is not None:  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
-            launch(big_smem_kernel("wgmma.cu", wg.kernel, wg.shared, (("WG_STAGES", plan.WGMMA_STAGES),)), wg.grid,
-                   wg.block, (w.data, self._act16(x, kp, w.dtype == "bf16", perm=True), b, res, out, _i32(t), _i32(n),
-                              _i32(kp), _i32(w.data.shape[0]), flags, _i32(wg.split)), shared=wg.shared)
+            x16 = self._act16(x, kp, w.dtype == "bf16", perm=True)
+            defines = (("WG_STAGES", plan.WGMMA_STAGES),)
+            if self.wgmma_tma:
+                shared = plan.wgmma_tma_smem()
+                launch(big_smem_kernel("wgmma.cu", wg.kernel.replace("wgmma", "wgmma_tma"), shared, defines),
+                       wg.grid, (plan.WGMMA_TMA_THREADS,),
+                       (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
+                        tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out, _i32(t),
+                        _i32(n), _i32(kp), flags, _i32(wg.split)), shared=shared)
+                return out
+            launch(big_smem_kernel("wgmma.cu", wg.kernel, wg.shared, defines), wg.grid, wg.block,
+                   (w.data, x16, b, res, out, _i32(t), _i32(n), _i32(kp), _i32(w.data.shape[0]), flags,
+                    _i32(wg.split)), shared=wg.shared)
             return out
         wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled in (True, "wide") else None
         if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory
@@ -246,7 +257,7 @@ class CudaOps:
         (`perm`: in mm_wgmma's k order)."""
         t, k = (int(s) for s in x.shape)
         x16 = cp.empty((t, kp), dtype=cp.uint16)
-        grid, block = plan.elementwise_grid(t * kp)
+        grid, block = plan.act16_grid(t, kp)
         launch(kernel("matmul.cu", "act_to_16"), grid, block,
                (x, x16, _i32(t), _i32(k), _i32(kp), _i32(bf16), _i32(perm)))
         return x16

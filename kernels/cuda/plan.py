@@ -150,6 +150,14 @@ def wgmma_smem() -> int:
     return WGMMA_STAGES * 2 * (WIDE_N + WIDE_M) * 64 + 1024
 
 
+WGMMA_TMA_THREADS = 288  # two consumer warpgroups and the producer warp of mm_wgmma_tma
+
+
+def wgmma_tma_smem() -> int:
+    """mm_wgmma_tma: mm_wgmma's stages and slack, and a full and an empty mbarrier per stage."""
+    return wgmma_smem() + 16 * WGMMA_STAGES
+
+
 def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
     """The launch of mm_wgmma (sm_90 only; 16-bit weights) for long prefills, or None where the
     batch is too short or its tiles too few."""
@@ -206,6 +214,11 @@ def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
 def argmax_parts(vocab: int) -> int:
     """Blocks per row of the argmax's first pass: about 2048 values each."""
     return max(1, min(256, ceil_div(vocab, 2048)))
+
+
+def act16_grid(m: int, kp: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """act_to_16: a thread per 16-byte unit of a row, a grid row per token (rows past 65535 loop)."""
+    return (ceil_div(kp // 8, 128), max(1, min(m, 65535)), 1), (128, 1, 1)
 
 
 def elementwise_grid(n: int, threads: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -61,6 +61,28 @@ __device__ __forceinline__ void wgmma_ra(float (&d)[64], u32 a0, u32 a1, u32 a2,
     }
 }
 
+// total[4j + i]: weight row r0 (+8 for i >= 2), token 8j + 2t (+1 for odd i); rows r0 and r0 + 8
+// of a gated product are a gate and its up (16-row tiles, matmul.cu's EPI_SILU)
+__device__ __forceinline__ void store_tile(const float (&total)[64], int tile, int m0, int g, int t,
+                                           const float* __restrict__ bias, const float* __restrict__ res,
+                                           float* __restrict__ out, int M, int N, int flags) {
+    const int r0 = tile + g;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int m = m0 + 8 * j + 2 * t + e;
+            if (m >= M) continue;
+            if (flags & EPI_SILU) {
+                const int f = (tile >> 1) + g;
+                if (2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[4 * j + e], total[4 * j + 2 + e]);
+                continue;
+            }
+            if (r0 < N) out[(i64)m * N + r0] = epilogue(total[4 * j + e], bias, res, m, r0, N, flags);
+            if (r0 + 8 < N) out[(i64)m * N + r0 + 8] = epilogue(total[4 * j + 2 + e], bias, res, m, r0 + 8, N, flags);
+        }
+}
+
 template <int BF16>
 __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* __restrict__ xp,
                                          const float* __restrict__ bias, const float* __restrict__ res,
@@ -148,23 +170,7 @@ __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* _
         }
     }
 
-    // total[4j + i]: weight row r0 (+8 for i >= 2), token 8j + 2t (+1 for odd i); rows r0 and r0 + 8
-    // of a gated product are a gate and its up (16-row tiles, matmul.cu's EPI_SILU)
-    const int tile = n0 + wg * 64 + warp * 16, r0 = tile + g;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int m = m0 + 8 * j + 2 * t + e;
-            if (m >= M) continue;
-            if (flags & EPI_SILU) {
-                const int f = (tile >> 1) + g;
-                if (2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[4 * j + e], total[4 * j + 2 + e]);
-                continue;
-            }
-            if (r0 < N) out[(i64)m * N + r0] = epilogue(total[4 * j + e], bias, res, m, r0, N, flags);
-            if (r0 + 8 < N) out[(i64)m * N + r0 + 8] = epilogue(total[4 * j + 2 + e], bias, res, m, r0 + 8, N, flags);
-        }
+    store_tile(total, n0 + wg * 64 + warp * 16, m0, g, t, bias, res, out, M, N, flags);
 }
 
 #define MM_WGMMA(NAME, BF16)                                                                                 \
@@ -176,3 +182,135 @@ __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* _
 
 MM_WGMMA(mm_wgmma_f16, 0)
 MM_WGMMA(mm_wgmma_bf16, 1)
+
+// ---- the same sums, fed by the Tensor Memory Accelerator (mm_wgmma_tma)
+// Warp 8 is the producer: per stage a TMA copy per chunk brings 128 weight rows x 64 bytes (the
+// [chunk][row][64 bytes] layout above) and one the stage's 128 tokens (with the 128-byte swizzle,
+// which is tok_offset's layout); a `full` mbarrier counts their bytes. Warps 0-7 (two warpgroups) only wait, read their fragments
+// and issue MMAs: no block-wide barrier, no copy instructions. Each consumer warp arrives on the
+// stage's `empty` barrier once its MMAs on it are done; the producer refills the stage after all 8.
+
+struct __align__(64) TensorMap {
+    unsigned long long v[16];  // CUtensorMap, encoded on the host (kernels/cuda/tensor_map.py)
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits for the phase of `parity` to complete. A barrier that never completes is a bug: trap after
+// ~seconds rather than hang the device.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    for (unsigned spins = 0;; ++spins) {
+        unsigned done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (done) return;
+        if (spins > (1u << 26)) __trap();
+    }
+}
+
+__device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+template <int BF16>
+__device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const TensorMap* xmap,
+                                             const float* __restrict__ bias, const float* __restrict__ res,
+                                             float* __restrict__ out, int M, int N, int Kp, int flags, int S) {
+    extern __shared__ unsigned char smem_raw[];
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * WG_TOK;
+    const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
+    const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_tma_smem has the slack)
+    const unsigned char* const wsmem = smem_raw + (base - raw) + WG_STAGES * X_STAGE;
+    const unsigned wbase = base + WG_STAGES * X_STAGE;
+    const unsigned full = wbase + WG_STAGES * W_STAGE, empty = full + 8 * WG_STAGES;  // mbarriers
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    pdl_start();
+
+    if (tid >= 256) {  // the producer warp; one lane issues everything
+        if (lane == 0) {
+            for (int st = 0; st < stages; ++st) {
+                const int s = st % WG_STAGES;
+                if (st >= WG_STAGES) mbar_wait(empty + 8 * s, ((st / WG_STAGES) - 1) & 1);
+                mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
+#pragma unroll
+                for (int kc = 0; kc < WG_KC; ++kc)
+                    tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
+                tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    float part[64], total[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
+    const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
+
+    // One chunk: the wait for its stage when it opens one, then two MMAs; afterwards at most
+    // WG_DEPTH chunks' MMAs are in flight, so the stage before this one is free to refill.
+    auto chunk = [&](int c, uint4& a0, uint4& a1) {
+        const int st = c / WG_KC, kc = c % WG_KC, s = st % WG_STAGES;
+        if (kc == 0) mbar_wait(full + 8 * s, (st / WG_STAGES) & 1);
+        const unsigned char* ws = wsmem + s * W_STAGE + kc * WG_ROWS * 64;
+        a0 = *reinterpret_cast<const uint4*>(ws + frag);
+        a1 = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
+        const unsigned xs = base + s * X_STAGE + kc * 64;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
+        wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
+        if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
+    };
+    uint4 a[WG_DEPTH][2];
+    for (int s = 0; s < S; ++s) {
+        const int end = (int)(((i64)(s + 1) * C) / S);
+        int c = (int)(((i64)s * C) / S);
+        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
+#pragma unroll
+            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
+        }
+        for (; c < end; ++c) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            chunk(c, a[0][0], a[0][1]);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
+            part[i] = 0.f;
+        }
+    }
+    store_tile(total, n0 + wg * 64 + warp * 16, m0, g, t, bias, res, out, M, N, flags);
+}
+
+#define MM_WGMMA_TMA(NAME, BF16)                                                                              \
+    extern "C" __global__ void __launch_bounds__(288, 1)                                                      \
+        NAME(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, const float* bias, \
+             const float* res, float* out, int M, int N, int Kp, int flags, int S) {                          \
+        mm_wgmma_tma<BF16>(&wmap, &xmap, bias, res, out, M, N, Kp, flags, S);                                 \
+    }
+
+MM_WGMMA_TMA(mm_wgmma_tma_f16, 0)
+MM_WGMMA_TMA(mm_wgmma_tma_bf16, 1)
