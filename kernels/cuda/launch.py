@@ -26,8 +26,9 @@ PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 
 
 class _Attribute(ctypes.Structure):
-    # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+    # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union (as words: a c_char array
+    # would take bytes only up to the first zero)
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
 
 
 class _Config(ctypes.Structure):
@@ -81,7 +82,7 @@ def _driver_launch(fn, grid, block, args, shared: int, stream, pdl: bool) -> Non
     values = [_c_arg(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     attr = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value = (1).to_bytes(4, "little") + bytes(60)
+    attr.value[0] = 1
     grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
     cfg = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared, ctypes.c_void_p(stream.ptr),
                   ctypes.pointer(attr), 1 if pdl else 0)

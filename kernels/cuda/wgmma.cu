@@ -186,9 +186,10 @@ MM_WGMMA(mm_wgmma_bf16, 1)
 // ---- the same sums, fed by the Tensor Memory Accelerator (mm_wgmma_tma)
 // Warp 8 is the producer: per stage a TMA copy per chunk brings 128 weight rows x 64 bytes (the
 // [chunk][row][64 bytes] layout above) and one the stage's 128 tokens (with the 128-byte swizzle,
-// which is tok_offset's layout); a `full` mbarrier counts their bytes. Warps 0-7 (two warpgroups) only wait, read their fragments
-// and issue MMAs: no block-wide barrier, no copy instructions. Each consumer warp arrives on the
-// stage's `empty` barrier once its MMAs on it are done; the producer refills the stage after all 8.
+// which is tok_offset's layout); a `full` mbarrier counts their bytes. Warps 0-7 (two warpgroups)
+// only wait, read their fragments and issue MMAs: no block-wide barrier, no copy instructions.
+// Each consumer warp arrives on the stage's `empty` barrier once its MMAs on it are done; the
+// producer refills the stage after all 8.
 
 struct __align__(64) TensorMap {
     unsigned long long v[16];  // CUtensorMap, encoded on the host (kernels/cuda/tensor_map.py)
