@@ -29,6 +29,15 @@ def _encode():
     return fn
 
 
+def available() -> bool:
+    """The driver encodes tensor maps (CUDA 12 drivers and later)."""
+    try:
+        _encode()
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def tiled_2d(a, box: tuple[int, int], swizzle: int) -> TensorMap:
     """A map of the 2-d 16-bit CuPy array `a` (rows, columns) copied in boxes of (columns, rows)."""
     rows, cols = (int(s) for s in a.shape)

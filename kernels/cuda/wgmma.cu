@@ -83,6 +83,32 @@ __device__ __forceinline__ void store_tile(const float (&total)[64], int tile, i
         }
 }
 
+// mm_tc's S slices over the C chunks: each summed from zero by `chunk`, joined in order once its
+// MMAs are done. Slices are loops of their own so that no branch in the chunk loop touches the
+// accumulators (see NOTES: ptxas waited for every MMA at the loop's back edge where one did).
+template <typename Chunk>
+__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&total)[64], int C, int S) {
+    uint4 a[WG_DEPTH][2];  // fragments in turn: none an MMA in flight reads is overwritten
+    for (int s = 0; s < S; ++s) {
+        const int end = (int)(((i64)(s + 1) * C) / S);
+        int c = (int)(((i64)s * C) / S);
+        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
+#pragma unroll
+            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
+        }
+        for (; c < end; ++c) {  // the slice's last chunks, one at a time
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            chunk(c, a[0][0], a[0][1]);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
+            part[i] = 0.f;
+        }
+    }
+}
+
 template <int BF16>
 __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* __restrict__ xp,
                                          const float* __restrict__ bias, const float* __restrict__ res,
@@ -150,26 +176,7 @@ __device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* _
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
     };
-    uint4 a[WG_DEPTH][2];  // fragments in turn: none an MMA in flight reads is overwritten
-    for (int s = 0; s < S; ++s) {
-        const int end = (int)(((i64)(s + 1) * C) / S);
-        int c = (int)(((i64)s * C) / S);
-        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
-#pragma unroll
-            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
-        }
-        for (; c < end; ++c) {  // the slice's last chunks, one at a time
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            chunk(c, a[0][0], a[0][1]);
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
-            part[i] = 0.f;
-        }
-    }
-
+    slices(chunk, part, total, C, S);
     store_tile(total, n0 + wg * 64 + warp * 16, m0, g, t, bias, res, out, M, N, flags);
 }
 
@@ -284,25 +291,7 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
         asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
         if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
     };
-    uint4 a[WG_DEPTH][2];
-    for (int s = 0; s < S; ++s) {
-        const int end = (int)(((i64)(s + 1) * C) / S);
-        int c = (int)(((i64)s * C) / S);
-        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
-#pragma unroll
-            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
-        }
-        for (; c < end; ++c) {
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            chunk(c, a[0][0], a[0][1]);
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
-            part[i] = 0.f;
-        }
-    }
+    slices(chunk, part, total, C, S);
     store_tile(total, n0 + wg * 64 + warp * 16, m0, g, t, bias, res, out, M, N, flags);
 }
 
