@@ -8,7 +8,8 @@ change: every kernel touches memory that another kernel writes only after that w
 
 CuPy's launch cannot set launch attributes, so captured launches go through the driver's
 cuLaunchKernelEx (ctypes); capture happens once per graph, so its host cost does not matter.
-Outside a capture every launch is CuPy's own, except those passing tensor maps by value. LOCKSTEP_PDL=0 turns PDL off (for comparisons).
+Outside a capture every launch is CuPy's own, except those passing tensor maps by value.
+LOCKSTEP_PDL=0 turns PDL off (for comparisons).
 """
 
 from __future__ import annotations
