@@ -293,10 +293,7 @@ def ops_benchmarks(res: dict, ex: CudaOps, off: CudaOps) -> None:
 def prefill_matmuls(res: dict, ex: CudaOps, off: CudaOps) -> None:
     mm_wide = CudaOps(exact=True)
     mm_wide.tiled = "wide"  # the exact prefill kernel of devices without wgmma, for comparison
-    cp_async = CudaOps(exact=True)
-    cp_async.wgmma_tma = False  # mm_wgmma fed by cp.async instead of TMA
-    kernels = [(ex, "wgmma tma" if ex.wgmma else "mm_wide")]
-    kernels += [(cp_async, "wgmma cp.async"), (mm_wide, "mm_wide")] if ex.wgmma else []
+    kernels = [(ex, "wgmma" if ex.wgmma else "mm_wide")] + ([(mm_wide, "mm_wide")] if ex.wgmma else [])
     for label, shapes in (("1B", SHAPES_1B), ("8B", SHAPES_8B)):
         for name in ("qo", "gate_up", "down"):
             n, k = shapes[name]

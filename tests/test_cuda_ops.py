@@ -103,9 +103,9 @@ def test_matmul_row_invariant(gpu, dtype, shape):
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("shape", [(96, 64), (1000, 2048), (2048, 8192), (200, 4096), (300, 72)], ids=str)
 def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, monkeypatch):
-    """Wide batches take the tiled, the wide or (on sm_90) the wgmma kernel (fed by TMA or by
-    cp.async); every element must equal the streaming kernel's (the one decode uses), so a row's
-    bits cannot depend on which kernel its batch got."""
+    """Wide batches take the tiled, the wide or (on sm_90) the wgmma kernel; every element must equal
+    the streaming kernel's (the one decode uses), so a row's bits cannot depend on which kernel its
+    batch got."""
     n, k = shape
     if dtype == "q8_0" and k % 32:
         pytest.skip("Q8_0 rows are whole blocks of 32")
@@ -113,14 +113,13 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)  # tile even where streaming would be faster
     monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
-    best, cp_async, wide, tiled, streaming = (CudaOps(exact=True) for _ in range(5))
+    best, wide, tiled, streaming = (CudaOps(exact=True) for _ in range(4))
     wide.tiled, tiled.tiled, streaming.tiled = "wide", "tile", False
-    cp_async.wgmma_tma = False
     dw, db = wide.upload(_weight(n, k, dtype)), wide.tensor(_rand(n))
     for m in (33, 64, 100, 128, 300, 512):
         x, r = cp.asarray(_rand(m, k)), cp.asarray(_rand(m, n))
         ref = cp.asnumpy(streaming.matmul(x, dw, db, residual=r))
-        for ops in (tiled, wide, cp_async, best):
+        for ops in (tiled, wide, best):
             got = cp.asnumpy(ops.matmul(x, dw, db, residual=r))
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
 

@@ -129,6 +129,6 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
             blocks = plan.ceil_div(n, plan.WIDE_N) * plan.ceil_div(m, plan.WIDE_M)
             assert (wg is None) == (dtype == "q8_0" or m < plan.WIDE_MIN_ROWS or blocks < 0.45 * 132)
             if wg:
-                assert wg.split == plan.split_k(n, k, 132) and wg.kernel == f"mm_wgmma_{dtype}"
+                assert wg.split == plan.split_k(n, k, 132) and wg.kernel == f"mm_wgmma_tma_{dtype}"
                 assert wg.grid[0] * plan.WIDE_N >= n and wg.grid[1] * plan.WIDE_M >= m
                 assert wg.shared == plan.wgmma_smem() <= 227 * 1024

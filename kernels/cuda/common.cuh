@@ -158,6 +158,36 @@ __device__ __forceinline__ float epilogue(float v, const float* __restrict__ bia
     return v;
 }
 
+// A warp's RT x 4 accumulator tiles to `out` (rows n, tokens m), through the epilogue.
+template <int RT>
+__device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int n_first, int m_first,
+                                            const float* __restrict__ bias, const float* __restrict__ res,
+                                            float* __restrict__ out, int M, int N, int flags) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (flags & EPI_SILU) {
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int m = m_first + tt * 8 + 2 * t + j, f = ((n_first + rt * 16) >> 1) + g;
+                    if (m < M && 2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[rt][tt][j], total[rt][tt][2 + j]);
+                }
+        return;
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = n_first + rt * 16 + g + ((i & 2) ? 8 : 0);
+                const int m = m_first + tt * 8 + 2 * t + (i & 1);
+                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
+            }
+}
+
 // ---- the one merge of two softmax partials (running state and a later chunk), in ascending order.
 // Attention kernels and the CPU reference merge chunks exactly this way.
 

@@ -83,7 +83,6 @@ class CudaOps:
         # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
         self.tiled: bool | str = True
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
-        self.wgmma_tma = self.wgmma and tensor_map.available()  # mm_wgmma fed by TMA (else cp.async; same bits)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -184,18 +183,11 @@ class CudaOps:
         wg = plan.wgmma_launch(w.dtype, t, n, k, self.sm_count) if self.wgmma and self.tiled is True else None
         if wg is not None:  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
             x16 = self._act16(x, kp, w.dtype == "bf16", perm=True)
-            if self.wgmma_tma:
-                shared = plan.wgmma_tma_smem()
-                defines = (("WG_STAGES", plan.WGMMA_TMA_STAGES),)
-                launch(big_smem_kernel("wgmma.cu", wg.kernel.replace("wgmma", "wgmma_tma"), shared, defines),
-                       wg.grid, (plan.WGMMA_TMA_THREADS,),
-                       (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
-                        tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out, _i32(t),
-                        _i32(n), _i32(kp), flags, _i32(wg.split)), shared=shared)
-                return out
             fn = big_smem_kernel("wgmma.cu", wg.kernel, wg.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
-            launch(fn, wg.grid, wg.block, (w.data, x16, b, res, out, _i32(t), _i32(n), _i32(kp), _i32(w.data.shape[0]),
-                                           flags, _i32(wg.split)), shared=wg.shared)
+            launch(fn, wg.grid, wg.block,
+                   (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
+                    tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out, _i32(t), _i32(n),
+                    _i32(kp), flags, _i32(wg.split)), shared=wg.shared)
             return out
         wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled in (True, "wide") else None
         if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory

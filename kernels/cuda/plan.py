@@ -140,34 +140,26 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
                         WIDE_M // TOKEN_TILE)
 
 
-WGMMA_STAGES = 6  # pipeline stages of mm_wgmma (two 32-k chunks each: wgmma.cu's WG_KC, fixed by its swizzle)
+WGMMA_STAGES = 4  # H200, 8B shapes at 512 rows: 4 stages 339-435 TFLOP/s, 5 or 6 stages 296-371
+WGMMA_THREADS = 288  # two consumer warpgroups and the producer warp
 WGMMA_MIN_BLOCKS_PER_SM = 0.45  # H200, 512 rows: 1B down in 64 blocks 113 TFLOP/s, tiled 74
 
 
 def wgmma_smem() -> int:
-    """Dynamic shared memory of mm_wgmma: per stage two chunks of 128 weight rows and 128 tokens,
-    and the slack that aligns its swizzled tiles to 1024 bytes."""
-    return WGMMA_STAGES * 2 * (WIDE_N + WIDE_M) * 64 + 1024
-
-
-WGMMA_TMA_THREADS = 288  # two consumer warpgroups and the producer warp of mm_wgmma_tma
-WGMMA_TMA_STAGES = 4  # H200, 8B shapes at 512 rows: 4 stages 339-435 TFLOP/s, 5 or 6 stages 296-371
-
-
-def wgmma_tma_smem() -> int:
-    """mm_wgmma_tma: per stage two chunks of 128 weight rows and 128 tokens, a full and an empty
-    mbarrier; the slack that aligns its swizzled tiles to 1024 bytes."""
-    return WGMMA_TMA_STAGES * (2 * (WIDE_N + WIDE_M) * 64 + 16) + 1024
+    """Dynamic shared memory of mm_wgmma_tma: per stage two 32-k chunks of 128 weight rows and 128
+    tokens (wgmma.cu's WG_KC, fixed by its swizzle) and a full and an empty mbarrier; the slack
+    that aligns its swizzled tiles to 1024 bytes."""
+    return WGMMA_STAGES * (2 * (WIDE_N + WIDE_M) * 64 + 16) + 1024
 
 
 def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
-    """The launch of mm_wgmma (sm_90 only; 16-bit weights) for long prefills, or None where the
+    """The launch of mm_wgmma_tma (sm_90 only; 16-bit weights) for long prefills, or None where the
     batch is too short or its tiles too few."""
     blocks = ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M)
     if dtype not in ("f16", "bf16") or m < WIDE_MIN_ROWS or blocks < WGMMA_MIN_BLOCKS_PER_SM * sm_count:
         return None
     grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)
-    return MatmulLaunch(f"mm_wgmma_{dtype}", grid, (256, 1, 1), wgmma_smem(), split_k(n, k, sm_count),
+    return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (WGMMA_THREADS, 1, 1), wgmma_smem(), split_k(n, k, sm_count),
                         WIDE_M // TOKEN_TILE)
 
 

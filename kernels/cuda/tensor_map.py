@@ -29,24 +29,22 @@ def _encode():
     return fn
 
 
-def available() -> bool:
-    """The driver encodes tensor maps (CUDA 12 drivers and later)."""
-    try:
-        _encode()
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
 def tiled_2d(a, box: tuple[int, int], swizzle: int) -> TensorMap:
     """A map of the 2-d 16-bit CuPy array `a` (rows, columns) copied in boxes of (columns, rows)."""
     rows, cols = (int(s) for s in a.shape)
     if a.dtype.itemsize != 2 or not a.flags.c_contiguous or a.data.ptr % 16 or cols * 2 % 16:
         raise ValueError(f"a tensor map needs a contiguous 16-bit array with 16-byte rows, got {a.dtype} {a.shape}")
+    return _encoded(a.data.ptr, rows, cols, tuple(box), swizzle)
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded(ptr: int, rows: int, cols: int, box: tuple[int, int], swizzle: int) -> TensorMap:
+    """A map is a function of these alone, so a prompt's every layer reuses its weights' maps (and
+    an address the memory pool hands out again, its map)."""
     m = TensorMap()
-    err = _encode()(ctypes.byref(m), UINT16, 2, ctypes.c_void_p(a.data.ptr), (ctypes.c_uint64 * 2)(cols, rows),
+    err = _encode()(ctypes.byref(m), UINT16, 2, ctypes.c_void_p(ptr), (ctypes.c_uint64 * 2)(cols, rows),
                     (ctypes.c_uint64 * 1)(cols * 2), (ctypes.c_uint32 * 2)(*box), (ctypes.c_uint32 * 2)(1, 1), 0,
                     swizzle, L2_PROMOTION_256B, OOB_ZERO)
     if err:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUDA error {err} for {a.shape}, box {box}")
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUDA error {err} for {(rows, cols)}, box {box}")
     return m

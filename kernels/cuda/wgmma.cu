@@ -1,22 +1,27 @@
-// The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a): mm_tc's sums, element for
-// element (tests/test_cuda_ops.py checks it against every other matmul kernel; how it got its shape:
-// kernels/cuda/NOTES.md).
+// The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a), fed by the Tensor Memory
+// Accelerator: mm_tc's sums, element for element (tests/test_cuda_ops.py checks it against every
+// other matmul kernel; how it got its shape: kernels/cuda/NOTES.md).
 //
 // mm_tc's arithmetic (matmul.cu): K in chunks of 32; in each chunk one MMA takes the k set {0-3,
 // 8-11, 16-19, 24-27}, the next {4-7, 12-15, 20-23, 28-31} (which order inside one instruction
 // changes no bits, and wgmma rounds as mma.sync does: bench/results/wgmma-bits-h200.json); chunks
 // ascending inside each of S slices (bounds s * C / S), slices joined in order.
 //
-// A block of 2 warpgroups computes 128 weight rows x 128 tokens. Weights are wgmma's A operand,
-// from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8 (16 bytes each)
-// from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the second. The k
-// slot each word fills fixes which k of the tokens must meet it, so the tokens (B, from shared
+// A block's two consumer warpgroups compute 128 weight rows x 128 tokens. Weights are wgmma's A
+// operand, from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8 (16 bytes
+// each) from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the second. The
+// k slot each word fills fixes which k of the tokens must meet it, so the tokens (B, from shared
 // memory, K-major) come permuted within each chunk (act_to_16 with `perm`): four 16-byte units per
 // token and chunk, units 0-1 the first MMA's k slots 0-15, units 2-3 the second's. A pipeline stage
 // holds WG_KC = 2 chunks; a stage's token rows (128 bytes) carry the hardware's 128-byte swizzle,
-// without which the MMA's shared-memory reads conflict eightfold (unswizzled, this kernel ran at
-// mm_wide's speed). Weights sit unswizzled, [chunk][row][64 bytes]: a quarter-warp's 16-byte reads
-// are 128 consecutive bytes.
+// without which the MMA's shared-memory reads conflict eightfold. Weights sit unswizzled, [chunk]
+// [row][64 bytes]: a quarter-warp's 16-byte reads are 128 consecutive bytes.
+//
+// Warp 8 is the producer: per stage a TMA copy per chunk brings 128 weight rows x 64 bytes and one
+// the stage's 128 tokens (a tensor map with the 128-byte swizzle); a `full` mbarrier counts their
+// bytes. Warps 0-7 only wait, read their fragments and issue MMAs: no block-wide barrier, no copy
+// instructions. Each consumer warp arrives on the stage's `empty` barrier once its MMAs on it are
+// done; the producer refills the stage after all 8.
 #include "common.cuh"
 
 typedef unsigned u32;
@@ -25,26 +30,18 @@ typedef unsigned u32;
 #define WG_TOK 128   // tokens per block (the MMA's N)
 #define WG_KC 2      // 32-k chunks per pipeline stage
 #ifndef WG_STAGES
-#define WG_STAGES 6  // stages in shared memory: WG_STAGES - 3 loading ahead
+#define WG_STAGES 4  // stages in shared memory (plan.WGMMA_STAGES)
 #endif
-#define WG_AHEAD (WG_STAGES - 3)
 #define WG_DEPTH 2  // chunks whose MMAs may be in flight (3 made ptxas serialize the MMAs: C7513)
 #define X_STAGE (WG_KC * WG_TOK * 64)
 #define W_STAGE (WG_KC * WG_ROWS * 64)
 #define ROW_BYTES (WG_KC * 64)  // one token's row of a stage
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
 
 // K-major with the 128-byte swizzle: 8-token groups ROW_BYTES * 8 apart; the leading offset is unused.
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
     return (unsigned long long)((addr >> 4) & 0x3fff) | ((unsigned long long)(((ROW_BYTES * 8) >> 4) & 0x3fff) << 32) |
            (1ull << 62);
 }
-
-// Byte offset of 16-byte unit u of token tok within a stage's tokens (Swizzle<3, 4, 3>).
-__device__ __forceinline__ int tok_offset(int tok, int u) { return tok * ROW_BYTES + ((u ^ (tok & 7)) << 4); }
 
 #define WGMMA_RA(T)                                                                                            \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                     \
@@ -59,28 +56,6 @@ __device__ __forceinline__ void wgmma_ra(float (&d)[64], u32 a0, u32 a1, u32 a2,
     } else {
         WGMMA_RA("f16");
     }
-}
-
-// total[4j + i]: weight row r0 (+8 for i >= 2), token 8j + 2t (+1 for odd i); rows r0 and r0 + 8
-// of a gated product are a gate and its up (16-row tiles, matmul.cu's EPI_SILU)
-__device__ __forceinline__ void store_tile(const float (&total)[64], int tile, int m0, int g, int t,
-                                           const float* __restrict__ bias, const float* __restrict__ res,
-                                           float* __restrict__ out, int M, int N, int flags) {
-    const int r0 = tile + g;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int m = m0 + 8 * j + 2 * t + e;
-            if (m >= M) continue;
-            if (flags & EPI_SILU) {
-                const int f = (tile >> 1) + g;
-                if (2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[4 * j + e], total[4 * j + 2 + e]);
-                continue;
-            }
-            if (r0 < N) out[(i64)m * N + r0] = epilogue(total[4 * j + e], bias, res, m, r0, N, flags);
-            if (r0 + 8 < N) out[(i64)m * N + r0 + 8] = epilogue(total[4 * j + 2 + e], bias, res, m, r0 + 8, N, flags);
-        }
 }
 
 // mm_tc's S slices over the C chunks: each summed from zero by `chunk`, joined in order once its
@@ -108,95 +83,6 @@ __device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&
         }
     }
 }
-
-template <int BF16>
-__device__ __forceinline__ void mm_wgmma(const u16* __restrict__ w, const u16* __restrict__ xp,
-                                         const float* __restrict__ bias, const float* __restrict__ res,
-                                         float* __restrict__ out, int M, int N, int Kp, int Np, int flags, int S) {
-    extern __shared__ unsigned char smem_raw[];
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * WG_TOK;
-    const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
-    const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_smem has the slack)
-    const unsigned char* const wsmem = smem_raw + (base - raw) + WG_STAGES * X_STAGE;
-    const unsigned wbase = base + WG_STAGES * X_STAGE;
-    pdl_start();
-
-    auto load_stage = [&](int st) {
-        const unsigned xs = base + (st % WG_STAGES) * X_STAGE, ws = wbase + (st % WG_STAGES) * W_STAGE;
-#pragma unroll
-        for (int h = 0; h < 2 * WG_KC; ++h) {  // tokens: pairs of threads read one 32-byte sector
-            const int i = tid + 256 * h, u = 2 * (i >> 8) + (i & 1), tok = (i >> 1) & (WG_TOK - 1);
-            const int c = st * WG_KC + (u >> 2);
-            const bool ok = m0 + tok < M && c < C;
-            cp_async16(xs + tok_offset(tok, u), xp + (i64)(ok ? m0 + tok : 0) * Kp + (ok ? c * 32 : 0) + (u & 3) * 8,
-                       ok ? 16 : 0);
-        }
-#pragma unroll
-        for (int h = 0; h < 2 * WG_KC; ++h) {  // weights: [chunk][row][64 bytes]
-            const int i = tid + 256 * h, kc = i >> 9, row = (i >> 2) & (WG_ROWS - 1), u = i & 3;
-            const int c = st * WG_KC + kc;
-            const bool ok = n0 + row < Np && c < C;
-            cp_async16(ws + kc * WG_ROWS * 64 + row * 64 + u * 16,
-                       w + (i64)(ok ? n0 + row : 0) * Kp + (ok ? c * 32 : 0) + u * 8, ok ? 16 : 0);
-        }
-    };
-
-#pragma unroll
-    for (int st = 0; st <= WG_AHEAD; ++st) {
-        if (st < stages) load_stage(st);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-
-    float part[64], total[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
-    const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
-
-    // One chunk: its stage's barrier and refill when it opens a stage, then two MMAs; afterwards at
-    // most WG_DEPTH chunks' MMAs are in flight. No branch here touches the accumulators: where one
-    // did, the copies at the loop's back edge made ptxas wait for every MMA there.
-    auto chunk = [&](int c, uint4& a0, uint4& a1) {
-        const int st = c / WG_KC, kc = c % WG_KC;
-        if (kc == 0) {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_AHEAD));
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // this thread's copies, to wgmma
-            __syncthreads();  // every copy of stage st landed; every MMA of stage st - 2 is done
-            if (st + WG_AHEAD + 1 < stages) load_stage(st + WG_AHEAD + 1);  // into the buffer of stage st - 2
-            asm volatile("cp.async.commit_group;\n" ::);
-        }
-        const unsigned char* ws = wsmem + (st % WG_STAGES) * W_STAGE + kc * WG_ROWS * 64;
-        a0 = *reinterpret_cast<const uint4*>(ws + frag);
-        a1 = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
-        const unsigned xs = base + (st % WG_STAGES) * X_STAGE + kc * 64;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
-        wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
-    };
-    slices(chunk, part, total, C, S);
-    store_tile(total, n0 + wg * 64 + warp * 16, m0, g, t, bias, res, out, M, N, flags);
-}
-
-#define MM_WGMMA(NAME, BF16)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                     \
-        NAME(const u16* w, const u16* xp, const float* bias, const float* res, float* out, int M, int N, int Kp, \
-             int Np, int flags, int S) {                                                                     \
-        mm_wgmma<BF16>(w, xp, bias, res, out, M, N, Kp, Np, flags, S);                                       \
-    }
-
-MM_WGMMA(mm_wgmma_f16, 0)
-MM_WGMMA(mm_wgmma_bf16, 1)
-
-// ---- the same sums, fed by the Tensor Memory Accelerator (mm_wgmma_tma)
-// Warp 8 is the producer: per stage a TMA copy per chunk brings 128 weight rows x 64 bytes (the
-// [chunk][row][64 bytes] layout above) and one the stage's 128 tokens (with the 128-byte swizzle,
-// which is tok_offset's layout); a `full` mbarrier counts their bytes. Warps 0-7 (two warpgroups)
-// only wait, read their fragments and issue MMAs: no block-wide barrier, no copy instructions.
-// Each consumer warp arrives on the stage's `empty` barrier once its MMAs on it are done; the
-// producer refills the stage after all 8.
 
 struct __align__(64) TensorMap {
     unsigned long long v[16];  // CUtensorMap, encoded on the host (kernels/cuda/tensor_map.py)
@@ -241,7 +127,7 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * WG_TOK;
     const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
-    const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_tma_smem has the slack)
+    const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_smem has the slack)
     const unsigned char* const wsmem = smem_raw + (base - raw) + WG_STAGES * X_STAGE;
     const unsigned wbase = base + WG_STAGES * X_STAGE;
     const unsigned full = wbase + WG_STAGES * W_STAGE, empty = full + 8 * WG_STAGES;  // mbarriers
@@ -292,7 +178,11 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
         if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
     };
     slices(chunk, part, total, C, S);
-    store_tile(total, n0 + wg * 64 + warp * 16, m0, g, t, bias, res, out, M, N, flags);
+    // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(total + 16 * q), n0 + wg * 64 + warp * 16,
+                       m0 + 32 * q, bias, res, out, M, N, flags);
 }
 
 #define MM_WGMMA_TMA(NAME, BF16)                                                                              \
