@@ -1,0 +1,110 @@
+"""Probe: what bounds the streaming matmul (mm_tc) at 1 and 16 rows on the 8B shapes.
+
+Builds of matmul.cu that differ only in how the weights and activations reach the MMAs:
+  base        the product kernel (weights U chunks at a time into registers)
+  ring{R}     weights staged R batches ahead in shared memory by cp.async (MM_RING=R; same bits)
+  xonce       timing only, wrong bits: every chunk reuses its slice's first activations (no L2 traffic)
+  xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
+Prints and writes JSON: microseconds per matmul (median of graph replays over weight copies past
+L2) and whether each same-bits build matched `base` bit for bit.
+  python3 bench/probes/decode_mm.py --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
+from kernels.cuda import modules, plan  # noqa: E402
+from kernels.cuda.launch import launch  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+PATCHES = {
+    "xonce": ("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;"),
+    "xhalf": ("hi = ok ? p[1] : zero;", "hi = lo;"),
+}
+
+
+def build(variant: str):
+    text = modules.source("matmul.cu")
+    defines: dict[str, int] = {}
+    for part in variant.split("+"):
+        if part.startswith("ring"):
+            defines["MM_RING"] = int(part[4:])
+        elif part.startswith("u"):
+            defines["TM1_U"] = int(part[1:])
+        elif part != "base":
+            old, new = PATCHES[part]
+            assert old in text, part
+            text = text.replace(old, new)
+    opts = modules.OPTIONS + tuple(f"-D{k}={v}" for k, v in defines.items())
+    return cp.RawModule(code=text, options=opts), defines
+
+
+def run(variant: str, name: str, m: int, sm: int) -> dict:
+    n, k = SHAPES[name]
+    mod, defines = build(variant)
+    mm = plan.matmul_launch("f16", m, n, k, sm)
+    u = {1: defines.get("TM1_U", 4), 2: 2, 4: 2, 8: 1}[mm.token_tiles]
+    shared = mm.shared + mm.split * defines.get("MM_RING", 0) * u * 1024
+    fn = mod.get_function(mm.kernel)
+    fn.max_dynamic_shared_size_bytes = shared
+    w0 = random_weight(n, k, "f16")
+    ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
+    x = cp.random.standard_normal((m, k), dtype=cp.float32)
+    out = cp.zeros((m, n), cp.float32)
+
+    def args(w):
+        return (w.data, out, x, out, out, out, np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]),
+                np.int32(0), out, np.float32(0), np.int32(k))
+
+    def go():
+        for w in ws:
+            launch(fn, mm.grid, mm.block, args(w), shared)
+
+    t = timed(go) / len(ws)
+    launch(fn, mm.grid, mm.block, args(ws[0]), shared)
+    cp.cuda.Device().synchronize()
+    return {"variant": variant, "shape": name, "m": m, "split": mm.split, "shared": shared, "us": t * 1e6,
+            "GBps": w0.nbytes / t / 1e9, "out": out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--variants", default="base,ring2,ring3,ring4,ring2+u2,ring4+u2,xonce,xhalf,ring3+xhalf")
+    a = ap.parse_args()
+    sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+    rows = []
+    for name in SHAPES:
+        for m in (1, 16):
+            cp.random.seed(0)
+            ref = None
+            for v in a.variants.split(","):
+                try:
+                    cp.random.seed(0)
+                    r = run(v, name, m, sm)
+                except Exception as e:  # keep probing the other builds
+                    rows.append({"variant": v, "shape": name, "m": m, "error": str(e)[:300]})
+                    print(v, name, m, "FAILED", e, flush=True)
+                    continue
+                out = r.pop("out")
+                if v == "base":
+                    ref = out.get().tobytes()
+                elif "x" not in v and ref is not None:
+                    r["same_bits"] = out.get().tobytes() == ref
+                rows.append(r)
+                print(f"{name:8s} m={m:2d} {v:14s} {r['us']:8.1f} us {r['GBps']:7.0f} GB/s"
+                      f" {r.get('same_bits', '')}", flush=True)
+    Path(a.out).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""One kernel of interest, launched twice (compile, then the launch to profile), for Nsight Compute:
+  ncu --launch-skip 1 --launch-count 1 -k regex:KERNEL python3 bench/probes/ncu_targets.py TARGET
+Targets: wgmma (8B gate|up shape, 512 rows), tm1 / tm2 (the same at 1 / 16 rows), attn_prefill
+(512 x 512, d 128), attn_decode (16 rows, context 640, d 128).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import cupy as cp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.gpu_ops import random_weight  # noqa: E402
+from kernels.base import PagedRows  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+
+
+def attention(ops: CudaOps, rows: int, ctx: int, prefill: bool) -> None:
+    pages = -(-ctx // 256)
+    n_seq = 1 if prefill else rows
+    layer = ops.kv_alloc(n_seq * pages, 8, 128, "f16")
+    layer.k[...] = cp.random.standard_normal(layer.k.shape, dtype=cp.float32).astype(cp.float16)
+    layer.v[...] = cp.random.standard_normal(layer.v.shape, dtype=cp.float32).astype(cp.float16)
+    tables = cp.arange(n_seq * pages, dtype=cp.int32).reshape(n_seq, pages)
+    if prefill:
+        positions, seq = cp.arange(ctx - rows, ctx, dtype=cp.int32), cp.zeros(rows, cp.int32)
+    else:
+        positions, seq = cp.full(rows, ctx - 1, cp.int32), cp.arange(rows, dtype=cp.int32)
+    pr = PagedRows(positions, seq, tables, cp.full(rows, -1, cp.int64))
+    q = cp.random.standard_normal((rows, 32, 128), dtype=cp.float32)
+    for _ in range(2):
+        ops.attention(q, layer, pr, 128**-0.5)
+
+
+def main() -> None:
+    target = sys.argv[1]
+    ops = CudaOps(exact=True)
+    if target in ("wgmma", "tm1", "tm2"):
+        w = random_weight(14336, 4096, "f16")
+        x = cp.random.standard_normal(({"wgmma": 512, "tm1": 1, "tm2": 16}[target], 4096), dtype=cp.float32)
+        for _ in range(2):
+            ops.matmul(x, w)
+    elif target == "attn_prefill":
+        attention(ops, 512, 512, True)
+    elif target == "attn_decode":
+        attention(ops, 16, 640, False)
+    else:
+        raise SystemExit(f"unknown target {target!r}; see --help in the docstring")
+    cp.cuda.Device().synchronize()
+
+
+if __name__ == "__main__":
+    main()
