@@ -41,9 +41,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // A one-row streaming matmul may normalise its own input row (PRO_NORM): rms_norm's expressions in
 // rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
 #define PRO_NORM 4
-#ifndef MM_RING
-#define MM_RING 0
-#endif
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -210,29 +207,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
     };
 
-    // MM_RING > 0: batches of U chunks staged ahead in shared memory (cp.async, per lane: a lane reads
-    // back only what it copied), behind the combine's partials. No registers held while in flight.
-    constexpr int RB = WT == WT_Q8 ? 0 : MM_RING;
-    uint4* const ring = reinterpret_cast<uint4*>(red + (S - 1) * 32 * TM * 4) + (i64)s * RB * U * 64;
-    auto issue = [&](int c0, int slot) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u;
-            if (c < c_end) {
-                const u16* h = reinterpret_cast<const u16*>(w);
-                cp_async16(ring + (slot * U + u) * 64 + lane, h + row_a + c * 32 + 8 * t, 16);
-                cp_async16(ring + (slot * U + u) * 64 + 32 + lane, h + row_b + c * 32 + 8 * t, 16);
-            }
-        }
-        cp_async_commit();
-    };
     // The first weights are in flight while the previous kernel finishes (weights are never written).
-    if (RB > 0) {
-#pragma unroll
-        for (int j = 0; j + 1 < RB; ++j) issue(c_begin + j * U, j);
-    } else {
-        load_weights(c_begin);
-    }
+    load_weights(c_begin);
     pdl_start();
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];
@@ -260,19 +236,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                           pack_act<WT>(v[4], v[5]), pack_act<WT>(v[6], v[7]), da[u], db[u]);
         }
     };
-    for (int c0 = c_begin, j = 0; c0 < c_end; c0 += U, ++j) {
-        if (RB > 0) {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(RB > 1 ? RB - 2 : 0) : "memory");
-            const int slot = j % (RB > 0 ? RB : 1);
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                wa[u] = ring[(slot * U + u) * 64 + lane];
-                wb[u] = ring[(slot * U + u) * 64 + 32 + lane];
-            }
-            issue(c0 + (RB - 1) * U, (j + RB - 1) % (RB > 0 ? RB : 1));  // the slot read one batch ago
-        } else if (c0 != c_begin) {
-            load_weights(c0);
-        }
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+        if (c0 != c_begin) load_weights(c0);
         // Several token tiles: the batch's chunks unrolled as one block of code. One tile keeps a
         // branch per chunk, which holds its registers under the 1024-thread bound (no spills).
         if (TM > 1 && c0 + U <= c_end) {
@@ -335,11 +300,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx);            \
     }
 
-#ifndef TM1_U
-#define TM1_U 4
-#endif
 #define MM_TC_ALL(T, WT)                      \
-    MM_TC(mm_##T##_tm1, WT, 1, TM1_U, 0)      \
+    MM_TC(mm_##T##_tm1, WT, 1, 4, 0)          \
     MM_TC(mm_##T##_tm2, WT, 2, 2, 0)          \
     MM_TC(mm_##T##_tm4, WT, 4, 2, 0)          \
     MM_TC(mm_##T##_tm8, WT, 8, 1, 0)          \
