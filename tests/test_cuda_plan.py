@@ -130,5 +130,5 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
             assert (wg is None) == (dtype == "q8_0" or m < plan.WIDE_MIN_ROWS or blocks < 0.45 * 132)
             if wg:
                 assert wg.split == plan.split_k(n, k, 132) and wg.kernel == f"mm_wgmma_tma_{dtype}"
-                assert wg.grid[0] * plan.WIDE_N >= n and wg.grid[1] * plan.WIDE_M >= m
+                assert wg.grid[1] * plan.WIDE_N >= n and wg.grid[0] * plan.WIDE_M >= m
                 assert wg.shared == plan.wgmma_smem() <= 227 * 1024

@@ -158,7 +158,7 @@ def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLau
     blocks = ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M)
     if dtype not in ("f16", "bf16") or m < WIDE_MIN_ROWS or blocks < WGMMA_MIN_BLOCKS_PER_SM * sm_count:
         return None
-    grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)
+    grid = (ceil_div(m, WIDE_M), ceil_div(n, WIDE_N), 1)  # token tiles fastest (wgmma.cu)
     return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (WGMMA_THREADS, 1, 1), wgmma_smem(), split_k(n, k, sm_count),
                         WIDE_M // TOKEN_TILE)
 

@@ -124,7 +124,9 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
                                              float* __restrict__ out, int M, int N, int Kp, int flags, int S) {
     extern __shared__ unsigned char smem_raw[];
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * WG_ROWS, m0 = blockIdx.y * WG_TOK;
+    // Token tiles vary fastest: the blocks that share a weight tile run together, so it comes from DRAM
+    // once (weight tiles first: every tile read once per token tile, 8B gate|up at 512 rows 4x its bytes).
+    const int n0 = blockIdx.y * WG_ROWS, m0 = blockIdx.x * WG_TOK;
     const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_smem has the slack)

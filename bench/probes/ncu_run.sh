@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Nsight Compute on the kernels of bench/probes/ncu_targets.py; one text report per target under $OUT.
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/ncu}
+mkdir -p "$OUT"
+sections="--section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats
+  --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats"
+for spec in "wgmma:mm_wgmma_tma" "tm2:mm_f16_tm2" "tm1:mm_f16_tm1" "attn_prefill:attn_partial" "attn_decode:attn_partial"; do
+  target=${spec%%:*} kernel=${spec#*:}
+  timeout 150 ncu $sections --print-details all --launch-skip 1 --launch-count 1 -k "regex:$kernel" \
+    python3 bench/probes/ncu_targets.py "$target" > "$OUT/ncu-$target.txt" 2>&1
+  echo "$target rc=$? $(wc -l < "$OUT/ncu-$target.txt") lines"
+done
