@@ -7,7 +7,7 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   xonce       timing only, wrong bits: every chunk reuses its slice's first activations (no L2 traffic)
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
   tm1         one token tile (8 rows) a block whatever the batch (same bits)
-  fast        token tiles fastest in the grid, so blocks sharing weights run together (same bits)
+  fast        token tiles fastest in the grid (MM_TOKENS_FAST, commit of decode-mm-tokens-h200.json only)
 Prints and writes JSON: microseconds per matmul (median of graph replays over weight copies past
 L2) and whether each same-bits build matched `base` bit for bit.
   python3 bench/probes/decode_mm.py --out results.json
@@ -44,8 +44,6 @@ def build(variant: str):
             defines["MM_RING"] = int(part[4:])
         elif part.startswith("u"):
             defines["TM1_U"] = int(part[1:])
-        elif part == "fast":
-            defines["MM_TOKENS_FAST"] = 1
         elif part not in ("base", "tm1"):
             old, new = PATCHES[part]
             assert old in text, part
@@ -61,8 +59,6 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     if "tm1" in variant.split("+"):  # one token tile a block however many rows (same bits)
         mm = replace(mm, kernel=mm.kernel.replace(f"tm{mm.token_tiles}", "tm1"), token_tiles=1,
                      grid=(mm.grid[0], plan.ceil_div(m, 8), 1), shared=plan.combine_bytes(mm.split, 1))
-    if "MM_TOKENS_FAST" in defines:
-        mm = replace(mm, grid=(mm.grid[1], mm.grid[0], 1))
     u = {1: defines.get("TM1_U", 4), 2: 2, 4: 2, 8: 1}[mm.token_tiles]
     shared = mm.shared + mm.split * defines.get("MM_RING", 0) * u * 1024
     fn = mod.get_function(mm.kernel)
@@ -90,7 +86,7 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default="base,tm1,tm1+fast,fast,xonce")
+    ap.add_argument("--variants", default="base,tm1,xonce")
     a = ap.parse_args()
     sm = cp.cuda.Device().attributes["MultiProcessorCount"]
     rows = []

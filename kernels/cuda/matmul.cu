@@ -41,9 +41,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // A one-row streaming matmul may normalise its own input row (PRO_NORM): rms_norm's expressions in
 // rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
 #define PRO_NORM 4
-#ifndef MM_TOKENS_FAST
-#define MM_TOKENS_FAST 0
-#endif
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -175,13 +172,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-#if MM_TOKENS_FAST
-    const int n0 = blockIdx.y * 16;
-    const int m_base = blockIdx.x * (8 * TM);
-#else
     const int n0 = blockIdx.x * 16;
     const int m_base = blockIdx.y * (8 * TM);
-#endif
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
