@@ -113,7 +113,9 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
             "us": t * 1e6, "weight_GBps": w0.nbytes / t / 1e9, "TFLOPs": 2 * m * n * k / t / 1e12}
 
 
-def bench_attention(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, hd: int, prefill: bool) -> dict:
+def attention_inputs(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, hd: int, prefill: bool):
+    """Random queries and a filled f16 cache: `rows` decode rows of their own sequences at ctx - 1, or
+    the last `rows` rows of one prompt of ctx. Returns (q, layer, rows)."""
     pages_per_seq = -(-ctx // 256)
     n_seq = 1 if prefill else rows
     layer = ops.kv_alloc(n_seq * pages_per_seq, n_kv, hd, "f16")
@@ -128,8 +130,13 @@ def bench_attention(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, 
 
     pr = PagedRows(positions, seq, tables, cp.zeros(rows, cp.int64))
     q = cp.random.standard_normal((rows, n_heads, hd), dtype=cp.float32)
+    return q, layer, pr
+
+
+def bench_attention(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, hd: int, prefill: bool) -> dict:
+    q, layer, pr = attention_inputs(ops, rows, ctx, n_heads, n_kv, hd, prefill)
     t = timed(lambda: ops.attention(q, layer, pr, hd**-0.5))
-    kv_bytes = (n_seq if not prefill else 1) * ctx * n_kv * hd * 2 * 2
+    kv_bytes = (1 if prefill else rows) * ctx * n_kv * hd * 2 * 2
     return {"rows": rows, "ctx": ctx, "heads": n_heads, "kv_heads": n_kv, "head_dim": hd, "prefill": prefill,
             "us": t * 1e6, "kv_GBps": kv_bytes / t / 1e9}
 

@@ -12,24 +12,12 @@ from pathlib import Path
 import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.gpu_ops import random_weight  # noqa: E402
-from kernels.base import PagedRows  # noqa: E402
+from bench.gpu_ops import attention_inputs, random_weight  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 
 def attention(ops: CudaOps, rows: int, ctx: int, prefill: bool) -> None:
-    pages = -(-ctx // 256)
-    n_seq = 1 if prefill else rows
-    layer = ops.kv_alloc(n_seq * pages, 8, 128, "f16")
-    layer.k[...] = cp.random.standard_normal(layer.k.shape, dtype=cp.float32).astype(cp.float16)
-    layer.v[...] = cp.random.standard_normal(layer.v.shape, dtype=cp.float32).astype(cp.float16)
-    tables = cp.arange(n_seq * pages, dtype=cp.int32).reshape(n_seq, pages)
-    if prefill:
-        positions, seq = cp.arange(ctx - rows, ctx, dtype=cp.int32), cp.zeros(rows, cp.int32)
-    else:
-        positions, seq = cp.full(rows, ctx - 1, cp.int32), cp.arange(rows, dtype=cp.int32)
-    pr = PagedRows(positions, seq, tables, cp.full(rows, -1, cp.int64))
-    q = cp.random.standard_normal((rows, 32, 128), dtype=cp.float32)
+    q, layer, pr = attention_inputs(ops, rows, ctx, 32, 8, 128, prefill)
     for _ in range(2):
         ops.attention(q, layer, pr, 128**-0.5)
 
