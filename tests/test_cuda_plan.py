@@ -54,6 +54,16 @@ def test_attention_groups(group):
     assert launch.gm & (launch.gm - 1) == 0
 
 
+def test_attention_spreads_the_heads_of_few_rows_over_more_blocks():
+    """Grouping decides only which heads share a block (each head's arithmetic is its own)."""
+    assert plan.attention_launch(1, 32, 8, 128, 4, 132).gm == 1  # 8B decode, one row
+    assert plan.attention_launch(1, 32, 8, 64, 4, 132).gm == 2  # 1B
+    assert plan.attention_launch(4, 32, 8, 128, 4, 132).gm == 4
+    assert plan.attention_launch(512, 32, 8, 64, 4, 132).gm == 4
+    launch = plan.attention_launch(1, 28, 4, 128, 4, 132)  # a group of 7
+    assert launch.gm * launch.subgroups >= 7 and launch.gm < 8
+
+
 def test_attention_build_follows_the_batch_not_the_row():
     """Decode of one or a few rows is built for latency, batches for throughput (same arithmetic)."""
     assert plan.attention_launch(1, 32, 8, 128, 4, 132).build == plan.LATENCY_BUILD

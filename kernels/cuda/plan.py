@@ -185,6 +185,10 @@ class AttentionLaunch:
     build: tuple[tuple[str, int], ...]  # register budget of attn_partial (bits do not depend on it)
 
 
+# Blocks (x 128 / head_dim) below which a block takes fewer query heads of its group (H200, context
+# 640, 1 row: head dim 128 13.5 -> 10.3 us at 1 head a block, head dim 64 10.1 -> 8.9 at 2; from 4
+# rows 4 heads a block are as fast or faster: bench/results/attention-groups-h200.json).
+ATTN_SPREAD = 32
 ATTN_LATENCY_PAIRS = 0.25  # (row, head group) pairs per SM up to which attention is built for latency
 LATENCY_BUILD = (("MIN_BLOCKS", 1), ("K_EARLY_OK", 1), ("VBATCH", 16))
 THROUGHPUT_BUILD = (("MIN_BLOCKS", 3), ("K_EARLY_OK", 0), ("VBATCH", 8))
@@ -192,14 +196,17 @@ THROUGHPUT_BUILD = (("MIN_BLOCKS", 3), ("K_EARLY_OK", 0), ("VBATCH", 8))
 
 def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int) -> AttentionLaunch:
     """Few (row, head group) pairs: every load of a chunk in flight at once, one block per SM
-    (H200, 8B shape, 1 row: 11.9 against 19.0 us). Many: three blocks per SM, values in batches,
-    so that a whole batch's blocks are resident."""
+    (H200, 8B shape, 1 row: 11.9 against 19.0 us), and query heads spread over more blocks. Many:
+    three blocks per SM, values in batches, so that a whole batch's blocks are resident."""
     group = n_heads // n_kv
-    gm = group_max(group)
-    sub = ceil_div(group, gm)
     per_row = n_heads * width * (head_dim + 2) * 4
     row_slice = max(1, min(t, ATTN_PART_BYTES // per_row))
-    blocks = max(1, min(t, row_slice) * n_kv * sub)
+    rows = min(t, row_slice)
+    gm = group_max(group)
+    while gm > 1 and rows * n_kv * ceil_div(group, gm) * 128 < ATTN_SPREAD * head_dim:
+        gm //= 2  # few pairs: fewer query heads a block, more blocks (each head's arithmetic is its own)
+    sub = ceil_div(group, gm)
+    blocks = max(1, rows * n_kv * sub)
     workers = max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
     build = LATENCY_BUILD if blocks <= ATTN_LATENCY_PAIRS * sm_count else THROUGHPUT_BUILD
     return AttentionLaunch(row_slice, workers, sub, gm, build)

@@ -1,0 +1,56 @@
+"""Decode attention with other query-head groupings and register builds than the plan's (same bits:
+each head's arithmetic is its own; the probe checks that bit for bit):
+  python3 bench/probes/attention_groups.py [--out FILE]"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.gpu_ops import attention_inputs, timed  # noqa: E402
+from kernels.cuda import plan  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+
+BUILDS = {"latency": plan.LATENCY_BUILD, "throughput": plan.THROUGHPUT_BUILD,
+          "mid": (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 16))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    ops = CudaOps(exact=True)
+    group_max, pairs, builds = plan.group_max, plan.ATTN_LATENCY_PAIRS, (plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD)
+    rows_out = []
+    for hd in (128, 64):
+        for rows in (1, 4, 8, 16):
+            cp.random.seed(0)
+            q, layer, pr = attention_inputs(ops, rows, 640, 32, 8, hd, False)
+            call = functools.partial(ops.attention, q, layer, pr, hd**-0.5)
+            ref = call().get().tobytes()
+            for gm in (4, 2, 1):
+                for name, build in BUILDS.items():
+                    plan.group_max = lambda group, gm=gm: gm
+                    plan.LATENCY_BUILD = plan.THROUGHPUT_BUILD = build
+                    try:
+                        t = timed(call)
+                        same = call().get().tobytes() == ref
+                    finally:
+                        plan.group_max, plan.ATTN_LATENCY_PAIRS = group_max, pairs
+                        plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD = builds
+                    rows_out.append({"head_dim": hd, "rows": rows, "gm": gm, "build": name, "us": t * 1e6,
+                                     "same_bits": same})
+                    print(f"d {hd:3d} rows {rows:2d} gm {gm} {name:10s} {t * 1e6:6.1f} us same bits {same}",
+                          flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"ctx": 640, "heads": 32, "kv_heads": 8, "rows": rows_out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
