@@ -2,12 +2,11 @@
 
 Builds of matmul.cu that differ only in how the weights and activations reach the MMAs:
   base        the product kernel (weights U chunks at a time into registers)
-  ring{R}     weights staged R batches ahead in shared memory by cp.async (MM_RING=R, same bits; the
-              build exists in matmul.cu of commit d31d409 only: slower everywhere, removed)
   xonce       timing only, wrong bits: every chunk reuses its slice's first activations (no L2 traffic)
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
   tm1         one token tile (8 rows) a block whatever the batch (same bits)
-  fast        token tiles fastest in the grid (MM_TOKENS_FAST, commit of decode-mm-tokens-h200.json only)
+Builds measured once and removed (git history): weights staged ahead in shared memory by cp.async
+(`ring{R}`, MM_RING in matmul.cu of d31d409), token tiles fastest in the grid (`fast`, 628915c).
 Prints and writes JSON: microseconds per matmul (median of graph replays over weight copies past
 L2) and whether each same-bits build matched `base` bit for bit.
   python3 bench/probes/decode_mm.py --out results.json
@@ -38,31 +37,23 @@ PATCHES = {
 
 def build(variant: str):
     text = modules.source("matmul.cu")
-    defines: dict[str, int] = {}
     for part in variant.split("+"):
-        if part.startswith("ring"):
-            defines["MM_RING"] = int(part[4:])
-        elif part.startswith("u"):
-            defines["TM1_U"] = int(part[1:])
-        elif part not in ("base", "tm1"):
+        if part not in ("base", "tm1"):
             old, new = PATCHES[part]
             assert old in text, part
             text = text.replace(old, new)
-    opts = modules.OPTIONS + tuple(f"-D{k}={v}" for k, v in defines.items())
-    return cp.RawModule(code=text, options=opts), defines
+    return cp.RawModule(code=text, options=modules.OPTIONS)
 
 
 def run(variant: str, name: str, m: int, sm: int) -> dict:
     n, k = SHAPES[name]
-    mod, defines = build(variant)
+    mod = build(variant)
     mm = plan.matmul_launch("f16", m, n, k, sm)
     if "tm1" in variant.split("+"):  # one token tile a block however many rows (same bits)
         mm = replace(mm, kernel=mm.kernel.replace(f"tm{mm.token_tiles}", "tm1"), token_tiles=1,
                      grid=(mm.grid[0], plan.ceil_div(m, 8), 1), shared=plan.combine_bytes(mm.split, 1))
-    u = {1: defines.get("TM1_U", 4), 2: 2, 4: 2, 8: 1}[mm.token_tiles]
-    shared = mm.shared + mm.split * defines.get("MM_RING", 0) * u * 1024
+    shared = mm.shared
     fn = mod.get_function(mm.kernel)
-    fn.max_dynamic_shared_size_bytes = shared
     w0 = random_weight(n, k, "f16")
     ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
     x = cp.random.standard_normal((m, k), dtype=cp.float32)
