@@ -155,6 +155,8 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
     for pairs in (0, 1e9):  # the throughput build for every launch, then the latency build
         monkeypatch.setattr(plan, "ATTN_LATENCY_PAIRS", pairs)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+    monkeypatch.setattr(plan, "ATTN_SPREAD", 10**6)  # one query head a block
+    assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
 
 
 def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):

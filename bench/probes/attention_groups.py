@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--out")
     a = ap.parse_args()
     ops = CudaOps(exact=True)
-    group_max, pairs, builds = plan.group_max, plan.ATTN_LATENCY_PAIRS, (plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD)
+    group_max, spread, builds = plan.group_max, plan.ATTN_SPREAD, (plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD)
     rows_out = []
     for hd in (128, 64):
         for rows in (1, 4, 8, 16):
@@ -36,13 +36,13 @@ def main() -> None:
             ref = call().get().tobytes()
             for gm in (4, 2, 1):
                 for name, build in BUILDS.items():
-                    plan.group_max = lambda group, gm=gm: gm
+                    plan.group_max, plan.ATTN_SPREAD = (lambda group, gm=gm: gm), 0  # exactly gm heads a block
                     plan.LATENCY_BUILD = plan.THROUGHPUT_BUILD = build
                     try:
                         t = timed(call)
                         same = call().get().tobytes() == ref
                     finally:
-                        plan.group_max, plan.ATTN_LATENCY_PAIRS = group_max, pairs
+                        plan.group_max, plan.ATTN_SPREAD = group_max, spread
                         plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD = builds
                     rows_out.append({"head_dim": hd, "rows": rows, "gm": gm, "build": name, "us": t * 1e6,
                                      "same_bits": same})
