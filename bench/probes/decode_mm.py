@@ -4,7 +4,8 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   base        the product kernel (weights U chunks at a time into registers)
   xonce       timing only, wrong bits: every chunk reuses its slice's first activations (no L2 traffic)
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
-  tm1         one token tile (8 rows) a block whatever the batch (same bits)
+  tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
+              before mm_*_one)
 Builds measured once and removed (git history): weights staged ahead in shared memory by cp.async
 (`ring{R}`, MM_RING in matmul.cu of d31d409), token tiles fastest in the grid (`fast`, 628915c).
 Prints and writes JSON: microseconds per matmul (median of graph replays over weight copies past
@@ -50,7 +51,7 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     mod = build(variant)
     mm = plan.matmul_launch("f16", m, n, k, sm)
     if "tm1" in variant.split("+"):  # one token tile a block however many rows (same bits)
-        mm = replace(mm, kernel=mm.kernel.replace(f"tm{mm.token_tiles}", "tm1"), token_tiles=1,
+        mm = replace(mm, kernel="mm_f16_tm1", token_tiles=1,
                      grid=(mm.grid[0], plan.ceil_div(m, 8), 1), shared=plan.combine_bytes(mm.split, 1))
     shared = mm.shared
     fn = mod.get_function(mm.kernel)
@@ -78,11 +79,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--variants", default="base,tm1,xonce")
+    ap.add_argument("--rows", default="1,8,16,32")
     a = ap.parse_args()
     sm = cp.cuda.Device().attributes["MultiProcessorCount"]
     rows = []
     for name in SHAPES:
-        for m in (1, 8, 16, 32):
+        for m in (int(r) for r in a.rows.split(",")):
             cp.random.seed(0)
             ref = None
             for v in a.variants.split(","):

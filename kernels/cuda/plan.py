@@ -75,7 +75,7 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
                   prologue: str | None = None) -> MatmulLaunch:
     """The tensor-core launch for x[m, k] @ w[n, k]^T. `split` overrides split_k (benchmarks only:
     a different split is a different summation order). `prologue="norm"` (one row only) picks the
-    kernel that normalises its input row itself."""
+    kernel that normalises its input row itself; any other single row gets the one-row kernel."""
     if prologue is not None and m != 1:
         raise ValueError(f"a {prologue} prologue is for one row, not {m}")
     s = split_k(n, k, sm_count) if split is None else split
@@ -86,7 +86,8 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
-    return MatmulLaunch(f"mm_{name}_{prologue or f'tm{tm}'}", grid, (32 * s, 1, 1), shared, s, tm)
+    variant = prologue or ("one" if m == 1 else f"tm{tm}")
+    return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
 NORM_PROLOGUE_BYTES = 8 << 20  # L2 reads of a matmul whose every block normalises the input row itself

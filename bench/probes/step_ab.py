@@ -1,0 +1,55 @@
+"""Probe: decode-step graph replays with a plan change on and off, alternated on one machine (machine
+instances differ by a few per cent, so an A/B must share one run).
+  python3 bench/probes/step_ab.py --change one_row --out ab.json
+Changes: one_row (the one-row matmul kernel mm_*_one against tm1 for a single row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.gpu_ops import bench_decode_step  # noqa: E402
+from kernels.cuda import plan  # noqa: E402
+
+_launch = plan.matmul_launch
+
+
+def _tm1_for_one_row(dtype, m, n, k, sm_count, split=None, prologue=None):
+    mm = _launch(dtype, m, n, k, sm_count, split, prologue)
+    return mm if prologue else replace(mm, kernel=mm.kernel.replace("_one", "_tm1"))
+
+
+CHANGES = {"one_row": ("matmul_launch", _tm1_for_one_row)}  # name: (plan attribute, its value when off)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--change", choices=sorted(CHANGES), required=True)
+    ap.add_argument("--shapes", default="8B,1B")
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    attr, off_value = CHANGES[a.change]
+    on_value = getattr(plan, attr)
+    batches = [int(b) for b in a.batches.split(",")]
+    res: dict = {"change": a.change, "what": "decode step graph replay ms (exact on, context 600)"}
+    for shape in a.shapes.split(","):
+        for _ in range(a.repeats):
+            for state, value in (("off", off_value), ("on", on_value)):
+                setattr(plan, attr, value)
+                for r in bench_decode_step(True, shape, batches, 600):
+                    key = f"{shape} b{r['batch']} {state}"
+                    res.setdefault(key, []).append(round(r["step_ms"], 4))
+                    print(key, res[key], flush=True)
+    setattr(plan, attr, on_value)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
