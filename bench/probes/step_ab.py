@@ -1,7 +1,11 @@
-"""Probe: decode-step graph replays with a plan change on and off, alternated on one machine (machine
-instances differ by a few per cent, so an A/B must share one run).
+"""Probe: decode-step graph replays with the plan as it is and with one change, alternated on one
+machine (machine instances differ by a few per cent, so an A/B must share one run).
   python3 bench/probes/step_ab.py --change one_row --out ab.json
-Changes: one_row (the one-row matmul kernel mm_*_one against tm1 for a single row).
+Changes (the alternative to the plan):
+  one_row        one row on tm1 instead of mm_*_one
+Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
+attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their loads, attention's
+key and value rows asked into L2 before its wait.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ def _tm1_for_one_row(dtype, m, n, k, sm_count, split=None, prologue=None):
     return mm if prologue else replace(mm, kernel=mm.kernel.replace("_one", "_tm1"))
 
 
-CHANGES = {"one_row": ("matmul_launch", _tm1_for_one_row)}  # name: (plan attribute, its value when off)
+CHANGES = {  # name: [(plan attribute, its value in the alternative)]
+    "one_row": [("matmul_launch", _tm1_for_one_row)],
+}
 
 
 def main() -> None:
@@ -35,19 +41,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    attr, off_value = CHANGES[a.change]
-    on_value = getattr(plan, attr)
+    alt = CHANGES[a.change]
+    plan_values = [(attr, getattr(plan, attr)) for attr, _ in alt]
     batches = [int(b) for b in a.batches.split(",")]
     res: dict = {"change": a.change, "what": "decode step graph replay ms (exact on, context 600)"}
     for shape in a.shapes.split(","):
         for _ in range(a.repeats):
-            for state, value in (("off", off_value), ("on", on_value)):
-                setattr(plan, attr, value)
+            for state, values in (("plan", plan_values), ("alt", alt)):
+                for attr, value in values:
+                    setattr(plan, attr, value)
                 for r in bench_decode_step(True, shape, batches, 600):
                     key = f"{shape} b{r['batch']} {state}"
                     res.setdefault(key, []).append(round(r["step_ms"], 4))
                     print(key, res[key], flush=True)
-    setattr(plan, attr, on_value)
+    for attr, value in plan_values:
+        setattr(plan, attr, value)
     Path(a.out).write_text(json.dumps(res, indent=1))
 
 
