@@ -7,10 +7,11 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
               before mm_*_one)
   uN          two token tiles (9-16 rows): N chunks a batch instead of 2 (same bits)
-  x16, x16uN  activations rounded to 16 bits beforehand (mm_*_x16_*; uN: N chunks a batch)
 Builds measured once and removed with their kernel code (bench/results/prefetch-mm-h200.json): weights
 asked into L2 one to four batches ahead (`pfD`, bulk or per line; slower everywhere), one token tile
-with four chunks a batch each loading after the chunk before (the tm1 of 56c1bd4, now two a batch).
+with four chunks a batch each loading after the chunk before (the tm1 of 56c1bd4, now two a batch),
+activations rounded to 16 bits beforehand (`x16`, mm_*_x16_* of 5e2ab6f, x16-mm-h200.json: 6-10 %
+faster at 8 rows, 13-26 % slower at 16 except o; the producing kernels would have to write them).
 Builds measured once and removed (git history): weights staged ahead in shared memory by cp.async
 (`ring{R}`, MM_RING in matmul.cu of d31d409), token tiles fastest in the grid (`fast`, 628915c).
 Prints and writes JSON: microseconds per matmul (median of graph replays over weight copies past
@@ -33,17 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
 from kernels.cuda import modules, plan  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PATCHES = {
     "xonce": [("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;")],
     "xhalf": [("hi = ok ? p[1] : zero;", "hi = lo;")],
     **{f"u{u}": [("MM_TC(mm_##T##_tm2, WT, 2, 2, 0)", f"MM_TC(mm_##T##_tm2, WT, 2, {u}, 0)")] for u in (1, 3, 4)},
-    **{f"x16u{u}": [("MM_TC(mm_##T##_x16_tm1, WT, 1, 2, PRO_X16)", f"MM_TC(mm_##T##_x16_tm1, WT, 1, {u}, PRO_X16)"),
-                    ("MM_TC(mm_##T##_x16_tm2, WT, 2, 2, PRO_X16)", f"MM_TC(mm_##T##_x16_tm2, WT, 2, {u}, PRO_X16)")]
-       for u in (3, 4)},
-    "x16": [],
 }
 
 
@@ -64,21 +60,17 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     if "tm1" in variant.split("+"):  # one token tile a block however many rows (same bits)
         mm = replace(mm, kernel="mm_f16_tm1", token_tiles=1,
                      grid=(mm.grid[0], plan.ceil_div(m, 8), 1), shared=plan.combine_bytes(mm.split, 1))
-    x16 = any(part.startswith("x16") for part in variant.split("+"))
-    if x16:  # activations rounded to 16 bits beforehand (same bits)
-        mm = replace(mm, kernel=f"mm_f16_x16_tm{mm.token_tiles}")
     shared = mm.shared
     fn = mod.get_function(mm.kernel)
     w0 = random_weight(n, k, "f16")
     ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
     x = cp.random.standard_normal((m, k), dtype=cp.float32)
     kp = int(w0.data.shape[1])
-    xin, ldx = (CudaOps._act16(x, kp, False), kp) if x16 else (x, k)
     out = cp.zeros((m, n), cp.float32)
 
     def args(w):
-        return (w.data, out, xin, out, out, out, np.int32(m), np.int32(n), np.int32(k), np.int32(kp),
-                np.int32(0), out, np.float32(0), np.int32(ldx))
+        return (w.data, out, x, out, out, out, np.int32(m), np.int32(n), np.int32(k), np.int32(kp),
+                np.int32(0), out, np.float32(0), np.int32(k))
 
     def go():
         for w in ws:

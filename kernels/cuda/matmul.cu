@@ -43,7 +43,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // rms_norm's expressions in rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
 #define PRO_ONE 2
 #define PRO_NORM 4
-#define PRO_X16 8  // activations given as 16-bit values (act_to_16's layout, not permuted)
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -222,25 +221,13 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // (at 16 rows: 12.5 against 15.2 us for an 8B q or o matmul, 37.9 against 53.7 us for gate).
     auto chunk = [&](int u, int c) {
         float xv[TM][8];
-        uint4 xq[TM];
         const int k0 = c * 32 + 8 * t;
 #pragma unroll
-        for (int tm = 0; tm < TM; ++tm) {
-            const int m = m_base + tm * 8 + g;
-            if (PRO & PRO_X16)  // already rounded to 16 bits, padded to Kp columns
-                xq[tm] = m < M ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(x) + (i64)m * ldx + k0)
-                               : make_uint4(0u, 0u, 0u, 0u);
-            else
-                load_x8(x, m, M, K, ldx, k0, vec, xv[tm]);
-        }
+        for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, k0, vec, xv[tm]);
         unsigned a1[4], a2[4];
         a_frags<WT>(wa[u], wb[u], a1, a2);
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm) {
-            if (PRO & PRO_X16) {
-                mma_chunk<WT>(acc[tm], a1, a2, xq[tm].x, xq[tm].y, xq[tm].z, xq[tm].w, da[u], db[u]);
-                continue;
-            }
             const float* v = xv[tm];
             mma_chunk<WT>(acc[tm], a1, a2, pack_act<WT>(v[0], v[1]), pack_act<WT>(v[2], v[3]),
                           pack_act<WT>(v[4], v[5]), pack_act<WT>(v[6], v[7]), da[u], db[u]);
@@ -357,9 +344,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     MM_TC(mm_##T##_tm4, WT, 4, 2, 0)          \
     MM_TC(mm_##T##_tm8, WT, 8, 1, 0)          \
     MM_TC(mm_##T##_one, WT, 1, 4, PRO_ONE)    \
-    MM_TC(mm_##T##_norm, WT, 1, 4, PRO_NORM)  \
-    MM_TC(mm_##T##_x16_tm1, WT, 1, 2, PRO_X16) \
-    MM_TC(mm_##T##_x16_tm2, WT, 2, 2, PRO_X16)
+    MM_TC(mm_##T##_norm, WT, 1, 4, PRO_NORM)
 
 MM_TC_ALL(f16, WT_F16)
 MM_TC_ALL(bf16, WT_BF16)
