@@ -18,24 +18,28 @@ from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 BUILDS = {"latency": plan.LATENCY_BUILD, "throughput": plan.THROUGHPUT_BUILD,
-          "mid": (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 16))}
+          "mid": (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 16)), "staged": plan.STAGED_BUILD,
+          "staged8": (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 8), ("K_SMEM", 1))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
+    ap.add_argument("--rows", default="1,4,8,16")
+    ap.add_argument("--gm", default="4,2,1", help="query heads a block")
+    ap.add_argument("--builds", default=",".join(BUILDS))
     a = ap.parse_args()
     ops = CudaOps(exact=True)
     group_max, spread, builds = plan.group_max, plan.ATTN_SPREAD, (plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD)
     rows_out = []
     for hd in (128, 64):
-        for rows in (1, 4, 8, 16):
+        for rows in (int(r) for r in a.rows.split(",")):
             cp.random.seed(0)
             q, layer, pr = attention_inputs(ops, rows, 640, 32, 8, hd, False)
             call = functools.partial(ops.attention, q, layer, pr, hd**-0.5)
             ref = call().get().tobytes()
-            for gm in (4, 2, 1):
-                for name, build in BUILDS.items():
+            for gm in (int(g) for g in a.gm.split(",")):
+                for name, build in ((b, BUILDS[b]) for b in a.builds.split(",")):
                     plan.group_max, plan.ATTN_SPREAD = (lambda group, gm=gm: gm), 0  # exactly gm heads a block
                     plan.LATENCY_BUILD = plan.THROUGHPUT_BUILD = build
                     try:
