@@ -159,20 +159,6 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
     assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_keys_staged_in_shared_memory_change_no_bits(gpu, config, monkeypatch):
-    """plan.STAGED_BUILD copies a chunk's keys into shared memory instead of loading each key row
-    into its thread's registers; every score is the same dot product, so every output bit is too."""
-    hd, n_heads, n_kv, kv_type = config
-    cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv))
-    seqs, positions = _sample_rows(30)
-    q = RNG.standard_normal((30, n_heads, hd)).astype(np.float32)
-    monkeypatch.setattr(plan, "ATTN_LATENCY_PAIRS", 0)
-    base = _attend(gpu, cache, q, seqs, positions, 0.1)
-    monkeypatch.setattr(plan, "THROUGHPUT_BUILD", plan.STAGED_BUILD)
-    assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
-
-
 def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):
     """The last block of a row merging in place gives the bits of the separate attn_merge launch,
     and leaves its tickets at zero for the next launch."""

@@ -3,10 +3,10 @@ machine (machine instances differ by a few per cent, so an A/B must share one ru
   python3 bench/probes/step_ab.py --change one_row --out ab.json
 Changes (the alternative to the plan):
   one_row        one row on tm1 instead of mm_*_one
-  attn_staged    attention's throughput build with a chunk's keys in shared memory (plan.STAGED_BUILD)
 Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
 attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their loads, attention's
-key and value rows asked into L2 before its wait.
+key and value rows asked into L2 before its wait; a chunk's keys copied into shared memory
+(attn-staged*-ab-h200.json, K_SMEM of b3bf2f3).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ def _tm1_for_one_row(dtype, m, n, k, sm_count, split=None, prologue=None):
 
 CHANGES = {  # name: [(plan attribute, its value in the alternative)]
     "one_row": [("matmul_launch", _tm1_for_one_row)],
-    "attn_staged": [("THROUGHPUT_BUILD", plan.STAGED_BUILD)],
 }
 
 

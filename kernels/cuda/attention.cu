@@ -51,11 +51,7 @@
 #ifndef VBATCH
 #define VBATCH 16  // 16-byte value loads in flight per thread
 #endif
-#ifndef K_SMEM
-#define K_SMEM 0  // a chunk's keys copied into shared memory (cp.async), holding no registers
-#endif
-#define K_EARLY (!K_SMEM && K_EARLY_OK && KU <= 16)  // the key row kept in registers, loaded before the wait
-#define KSW (KU < 8 ? KU - 1 : 7)  // 16-byte units of a staged key row rotate by row: conflict-free reads
+#define K_EARLY (K_EARLY_OK && KU <= 16)  // the key row kept in registers, loaded before the wait
 #define VU (8 / PER_U)                 // 16-byte loads per 8 values
 #define VB (KP * VU <= VBATCH ? KP : VBATCH / VU)  // keys per batch of value loads
 #define GB (GM * D * 8 <= 4096 ? GM : (4096 / (8 * D) > 0 ? 4096 / (8 * D) : 1))  // heads per fold of ob
@@ -114,9 +110,6 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     __shared__ float red_max[PAGE / 32][GM];
     __shared__ float red_sum[PAGE / 32][GM];
     __shared__ float ml[GM][2];  // the chunk's max and sum per head, for the partial's tail
-#if K_SMEM
-    extern __shared__ uint4 kstage[];  // [PAGE][KU]
-#endif
 
     const int r = blockIdx.x;
     const int G = n_heads / n_kv;
@@ -162,27 +155,12 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 #pragma unroll
             for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(krow + u * PER_U);
         }
-#if K_SMEM
-        {  // coalesced: KU consecutive threads copy one key row (keys past the position: zeros)
-            const kv_t* kpage = kc + (i64)table[c] * PAGE * cell_stride + (i64)h * D;
-#pragma unroll
-            for (int i = 0; i < KU; ++i) {
-                const int e = tid + i * PAGE, j = e / KU, u = e % KU;
-                cp_async16(kstage + j * KU + (u ^ (j & KSW)), kpage + (j < n ? j * cell_stride + u * PER_U : 0),
-                           j < n ? 16 : 0);
-            }
-            cp_async_commit();
-        }
-#endif
         uint4 vr[VB][VU];
 #pragma unroll
         for (int b = 0; b < VB; ++b)
 #pragma unroll
             for (int u = 0; u < VU; ++u) vr[b][u] = ld16(vpage + (pt * KP + b) * cell_stride + u * PER_U);
-#if K_SMEM
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-        __syncthreads();  // qs (and the staged keys) written; sc, ob and the reduction slots free again
+        __syncthreads();  // qs written; sc, ob and the reduction slots free again
 
         float s[GM];
 #pragma unroll
@@ -191,11 +169,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 #pragma unroll
             for (int u = 0; u < KU; ++u) {
                 float kv[PER_U];
-#if K_SMEM
-                unpack(kstage[tid * KU + (u ^ (tid & KSW))], kv);
-#else
                 unpack(K_EARLY ? kr[K_EARLY ? u : 0] : ld16(krow + u * PER_U), kv);
-#endif
 #pragma unroll
                 for (int i = 0; i < PER_U; ++i)
 #pragma unroll

@@ -356,9 +356,7 @@ class CudaOps:
         width = int(tables.shape[1])
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type])) + at.build
-        staged = plan.ATTN_THREADS * d * (4 if layer.kv_type == "f32" else 2) if dict(at.build).get("K_SMEM") else 0
-        partial = big_smem_kernel("attention.cu", "attn_partial", staged, defines) if staged else \
-            kernel("attention.cu", "attn_partial", defines)
+        partial = kernel("attention.cu", "attn_partial", defines)
         merge = kernel("attention.cu", "attn_merge", defines)
         step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32)
@@ -370,7 +368,7 @@ class CudaOps:
             launch(partial, (r1 - r0, groups, at.workers), (plan.ATTN_THREADS,),
                    (q[r0:r1], layer.k, layer.v, positions[r0:r1], seq[r0:r1], tables, slots[r0:r1], part,
                     _i32(n_heads), _i32(n_kv), _i32(width), np.float32(scale), _i32(fused),
-                    self._attn_counters, out[r0:r1]), shared=staged)
+                    self._attn_counters, out[r0:r1]))
             if not fused:
                 launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))

@@ -193,7 +193,6 @@ ATTN_SPREAD = 32
 ATTN_LATENCY_PAIRS = 0.25  # (row, head group) pairs per SM up to which attention is built for latency
 LATENCY_BUILD = (("MIN_BLOCKS", 1), ("K_EARLY_OK", 1), ("VBATCH", 16))
 THROUGHPUT_BUILD = (("MIN_BLOCKS", 3), ("K_EARLY_OK", 0), ("VBATCH", 8))
-STAGED_BUILD = (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 16), ("K_SMEM", 1))  # keys in shared memory
 
 
 def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int) -> AttentionLaunch:
