@@ -1,0 +1,73 @@
+"""Probe: where an engine decode step's time goes beyond its graph replay. Times, per step, for
+one batch width: a lone replay between events (what bench/gpu_ops.py reports), replays back to
+back, and back-to-back steps as the engine issues them (input staging copies, tokens taken on the
+device from the previous step's argmax, the argmax copied to the host).
+  python3 bench/probes/step_chain.py --shape 8B --batch 1 --out chain.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.gpu_ops import decode_setup, step_inputs  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+
+
+def per_step(fn, steps: int) -> float:
+    """Milliseconds per call of `fn` issued `steps` times back to back on the current stream."""
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    for _ in range(steps):
+        fn()
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="8B")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    _, graphs, pages, _ = decode_setup(True, a.shape, [a.batch], a.ctx)
+    tokens, positions, tables, slots = step_inputs(a.batch, pages, a.ctx)
+    graphs(tokens, positions, tables, slots)
+    cp.cuda.get_current_stream().synchronize()
+    g = graphs._graphs[a.batch]
+    lone = []
+    for _ in range(9):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        g.graph.launch()
+        e.record()
+        e.synchronize()
+        lone.append(cp.cuda.get_elapsed_time(s, e))
+    to_host = CudaOps.to_host_async
+
+    def engine_like():
+        graphs(tokens, positions, tables, slots, ids_from=graphs.last_argmax)
+        to_host(None, graphs.last_argmax)
+
+    res = {"shape": a.shape, "batch": a.batch, "ctx": a.ctx, "steps": a.steps,
+           "lone_replay_ms": float(np.median(lone)),
+           "replays_back_to_back_ms": per_step(lambda: g.graph.launch(), a.steps),
+           "engine_like_steps_ms": per_step(engine_like, a.steps),
+           "replays_back_to_back_again_ms": per_step(lambda: g.graph.launch(), a.steps)}
+    print(json.dumps(res, indent=1), flush=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
