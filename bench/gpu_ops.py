@@ -206,9 +206,11 @@ def _fake_weights(cfg) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int):
+def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int, pages: int | None = None):
     """The 1B or 8B shape with random f16 weights and a page pool for n_seqs sequences of ctx + 1
-    cells: (cfg, ops, model, pool, pages per sequence)."""
+    cells, or of `pages` pages each (the engine's decode graphs take the pages a sequence may reach:
+    56 for the throughput benchmark's 14336-token unified context): (cfg, ops, model, pool, pages per
+    sequence)."""
     from engine.config import ModelConfig
     from engine.kv_cache import PagePool
     from engine.models.llama import LlamaModel
@@ -217,16 +219,16 @@ def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int):
     cfg = ModelConfig(arch="llama", vocab_size=128256, hidden=4096 if big else 2048, n_layers=32 if big else 16,
                       n_heads=32, n_kv_heads=8, head_dim=128 if big else 64, ffn=14336 if big else 8192)
     ops = _BenchOps(exact=exact)
-    pages_per_seq = -(-(ctx + 1) // 256)
+    pages_per_seq = max(pages or 0, -(-(ctx + 1) // 256))
     model = LlamaModel(cfg, _fake_weights(cfg), ops, pages_per_seq * 256)
     pool = PagePool(ops, cfg.n_layers, n_seqs * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
     return cfg, ops, model, pool, pages_per_seq
 
 
-def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int):
+def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int, pages: int | None = None):
     """model_setup for `batches` sequences and its decode graphs: (cfg, graphs, pages per sequence,
     weight bytes)."""
-    cfg, ops, model, pool, pages_per_seq = model_setup(exact, shape, max(batches), ctx)
+    cfg, ops, model, pool, pages_per_seq = model_setup(exact, shape, max(batches), ctx, pages)
     weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
     weight_bytes += model.lm_head.nbytes
     graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
@@ -242,12 +244,13 @@ def step_inputs(b: int, pages_per_seq: int, ctx: int):
     return np.arange(b, dtype=np.int32), positions, tables, slots
 
 
-def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl: bool = True) -> list[dict]:
+def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl: bool = True,
+                      pages: int | None = None) -> list[dict]:
     supported = kernel_launch.pdl_supported
     if not pdl:
         kernel_launch.pdl_supported = lambda: False  # every graph of this call captured with plain launches
     try:
-        cfg, graphs, pages_per_seq, weight_bytes = decode_setup(exact, shape, batches, ctx)
+        cfg, graphs, pages_per_seq, weight_bytes = decode_setup(exact, shape, batches, ctx, pages)
         out = []
         for b in batches:
             tokens, positions, tables, slots = step_inputs(b, pages_per_seq, ctx)

@@ -3,6 +3,8 @@ machine (machine instances differ by a few per cent, so an A/B must share one ru
   python3 bench/probes/step_ab.py --change one_row --out ab.json
 Changes (the alternative to the plan):
   one_row        one row on tm1 instead of mm_*_one
+  skip_idle      attention blocks past their row's last chunk leave at once (ATTN_SKIP_IDLE); shows
+                 with --pages 56, the table width of the engine's graphs in bench/throughput.py
   norm_gate_up   one row: the 8B gate|up matmul normalises its own input (no rms_norm launch)
   warpsW         split_k aims at W warps an SM instead of plan.WARPS_PER_SM (other sums: timing only)
 Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
@@ -34,6 +36,7 @@ def _tm1_for_one_row(dtype, m, n, k, sm_count, split=None, prologue=None):
 
 CHANGES = {  # name: [(plan attribute, its value in the alternative)]
     "one_row": [("matmul_launch", _tm1_for_one_row)],
+    "skip_idle": [(b, getattr(plan, b) + (("ATTN_SKIP_IDLE", 1),)) for b in ("LATENCY_BUILD", "THROUGHPUT_BUILD")],
     "norm_gate_up": [("NORM_PROLOGUE_BYTES", 40 << 20)],
     **{f"warps{w}": [("WARPS_PER_SM", w)] for w in (8, 32)},
 }
@@ -45,18 +48,20 @@ def main() -> None:
     ap.add_argument("--shapes", default="8B,1B")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--pages", type=int, help="pages per sequence (decode graph table width)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     alt = CHANGES[a.change]
     plan_values = [(attr, getattr(plan, attr)) for attr, _ in alt]
     batches = [int(b) for b in a.batches.split(",")]
-    res: dict = {"change": a.change, "what": "decode step graph replay ms (exact on, context 600)"}
+    res: dict = {"change": a.change, "pages": a.pages,
+                 "what": "decode step graph replay ms (exact on, context 600)"}
     for shape in a.shapes.split(","):
         for _ in range(a.repeats):
             for state, values in (("plan", plan_values), ("alt", alt)):
                 for attr, value in values:
                     setattr(plan, attr, value)
-                for r in bench_decode_step(True, shape, batches, 600):
+                for r in bench_decode_step(True, shape, batches, 600, pages=a.pages):
                     key = f"{shape} b{r['batch']} {state}"
                     res.setdefault(key, []).append(round(r["step_ms"], 4))
                     print(key, res[key], flush=True)

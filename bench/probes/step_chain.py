@@ -39,9 +39,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--ctx", type=int, default=600)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--pages", type=int, help="pages per sequence (decode graph table width; the engine's: 56)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    _, graphs, pages, _ = decode_setup(True, a.shape, [a.batch], a.ctx)
+    _, graphs, pages, _ = decode_setup(True, a.shape, [a.batch], a.ctx, a.pages)
     tokens, positions, tables, slots = step_inputs(a.batch, pages, a.ctx)
     graphs(tokens, positions, tables, slots)
     cp.cuda.get_current_stream().synchronize()
@@ -60,7 +61,7 @@ def main() -> None:
         graphs(tokens, positions, tables, slots, ids_from=graphs.last_argmax)
         to_host(None, graphs.last_argmax)
 
-    res = {"shape": a.shape, "batch": a.batch, "ctx": a.ctx, "steps": a.steps,
+    res = {"shape": a.shape, "batch": a.batch, "ctx": a.ctx, "pages": pages, "steps": a.steps,
            "lone_replay_ms": float(np.median(lone)),
            "replays_back_to_back_ms": per_step(lambda: g.graph.launch(), a.steps),
            "engine_like_steps_ms": per_step(engine_like, a.steps),
