@@ -244,6 +244,19 @@ def step_inputs(b: int, pages_per_seq: int, ctx: int):
     return np.arange(b, dtype=np.int32), positions, tables, slots
 
 
+def lone_replay_ms(graph, reps: int = 9) -> float:
+    """Median milliseconds of one replay of `graph` between two events, the device idle before."""
+    times = []
+    for _ in range(reps):
+        a, e = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        graph.launch()
+        e.record()
+        e.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, e))
+    return float(np.median(times))
+
+
 def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl: bool = True,
                       pages: int | None = None) -> list[dict]:
     supported = kernel_launch.pdl_supported
@@ -256,16 +269,7 @@ def bench_decode_step(exact: bool, shape: str, batches: list[int], ctx: int, pdl
             tokens, positions, tables, slots = step_inputs(b, pages_per_seq, ctx)
             graphs(tokens, positions, tables, slots)  # capture
             cp.cuda.get_current_stream().synchronize()
-            g = graphs._graphs[b]
-            times = []
-            for _ in range(9):
-                a, e = cp.cuda.Event(), cp.cuda.Event()
-                a.record()
-                g.graph.launch()
-                e.record()
-                e.synchronize()
-                times.append(cp.cuda.get_elapsed_time(a, e) / 1e3)
-            t_graph = float(np.median(times))
+            t_graph = lone_replay_ms(graphs._graphs[b].graph) / 1e3
             host = []
             for _ in range(5):  # what a runner sees: inputs up, replay, logits down to the host
                 t0 = time.perf_counter()

@@ -6,7 +6,6 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
   tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
               before mm_*_one)
-  uN          two token tiles (9-16 rows): N chunks a batch instead of 2 (same bits)
 Builds measured once and removed with their kernel code (bench/results/prefetch-mm-h200.json): weights
 asked into L2 one to four batches ahead (`pfD`, bulk or per line; slower everywhere), one token tile
 with four chunks a batch each loading after the chunk before (the tm1 of 56c1bd4, now two a batch),
@@ -37,9 +36,8 @@ from kernels.cuda.launch import launch  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PATCHES = {
-    "xonce": [("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;")],
-    "xhalf": [("hi = ok ? p[1] : zero;", "hi = lo;")],
-    **{f"u{u}": [("MM_TC(mm_##T##_tm2, WT, 2, 2, 0)", f"MM_TC(mm_##T##_tm2, WT, 2, {u}, 0)")] for u in (1, 3, 4)},
+    "xonce": ("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;"),
+    "xhalf": ("hi = ok ? p[1] : zero;", "hi = lo;"),
 }
 
 
@@ -47,9 +45,9 @@ def build(variant: str):
     text = modules.source("matmul.cu")
     for part in variant.split("+"):
         if part not in ("base", "tm1"):
-            for old, new in PATCHES[part]:
-                assert old in text, part
-                text = text.replace(old, new)
+            old, new = PATCHES[part]
+            assert old in text, part
+            text = text.replace(old, new)
     return cp.RawModule(code=text, options=modules.OPTIONS)
 
 
@@ -65,11 +63,10 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     w0 = random_weight(n, k, "f16")
     ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
     x = cp.random.standard_normal((m, k), dtype=cp.float32)
-    kp = int(w0.data.shape[1])
     out = cp.zeros((m, n), cp.float32)
 
     def args(w):
-        return (w.data, out, x, out, out, out, np.int32(m), np.int32(n), np.int32(k), np.int32(kp),
+        return (w.data, out, x, out, out, out, np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]),
                 np.int32(0), out, np.float32(0), np.int32(k))
 
     def go():
