@@ -2,7 +2,8 @@
 # Everything the CUDA backend needs checked on a GPU machine, in one go: the GPU tests, the CPU-side
 # CUDA tests, the op micro-benchmarks; results under $OUT, a short summary table last.
 # Installs nothing: needs python3 with CuPy, NumPy and pytest (the device image has them).
-#   bench/gpu_check.sh [--tests-only|--bench-only]
+#   bench/gpu_check.sh [--tests-only|--gpu-tests|--bench-only]
+#   (--gpu-tests: only the GPU-marked tests, ~1 minute; the CPU-side CUDA tests also run in CI)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -22,10 +23,12 @@ if [ "$mode" != "--bench-only" ]; then
     --junitxml="$OUT/pytest-gpu.xml" \
     tests/test_cuda_ops.py tests/test_cuda_attention.py tests/test_cuda_graphs.py 2>&1 | tee "$OUT/pytest-gpu.txt"
   python3 bench/gpu_summary.py --tests "$OUT/pytest-gpu.xml" "$OUT/gpu-tests.json"
-  python3 -m pytest --noconftest -p no:cacheprovider -q tests/test_cuda_compile.py tests/test_cuda_plan.py \
-    2>&1 | tee "$OUT/pytest-cpu-side.txt"
+  if [ "$mode" != "--gpu-tests" ]; then
+    python3 -m pytest --noconftest -p no:cacheprovider -q tests/test_cuda_compile.py tests/test_cuda_plan.py \
+      2>&1 | tee "$OUT/pytest-cpu-side.txt"
+  fi
 fi
-if [ "$mode" != "--tests-only" ]; then
+if [ "$mode" != "--tests-only" ] && [ "$mode" != "--gpu-tests" ]; then
   python3 bench/gpu_ops.py --out "$OUT/gpu-ops.json" 2>&1 | tee "$OUT/bench.txt"
 fi
 

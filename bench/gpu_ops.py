@@ -341,6 +341,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps-only", action="store_true", help="only the decode steps")
     ap.add_argument("--prefill-only", action="store_true", help="only the prefill matmuls")
+    ap.add_argument("--pages", type=int, help="decode steps: pages per sequence (the engine's graphs in "
+                    "bench/throughput.py: 56); default: just enough for the context")
     args = ap.parse_args()
     props = cp.cuda.runtime.getDeviceProperties(0)
     res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
@@ -363,7 +365,7 @@ def main() -> None:
     for shape in () if args.prefill_only else ("1B", "8B"):
         for exact, pdl in ((True, True), (False, True), (True, False)):
             guarded(res["decode_step"], lambda shape=shape, exact=exact, pdl=pdl:
-                    bench_decode_step(exact, shape, [1, 4, 8, 16], 600, pdl))
+                    bench_decode_step(exact, shape, [1, 4, 8, 16], 600, pdl, args.pages))
             cp.get_default_memory_pool().free_all_blocks()  # the model of the last call is gone
     res["seconds"] = time.time() - t0
 
