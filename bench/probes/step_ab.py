@@ -56,17 +56,19 @@ def main() -> None:
     batches = [int(b) for b in a.batches.split(",")]
     res: dict = {"change": a.change, "pages": a.pages,
                  "what": "decode step graph replay ms (exact on, context 600)"}
-    for shape in a.shapes.split(","):
-        for _ in range(a.repeats):
-            for state, values in (("plan", plan_values), ("alt", alt)):
-                for attr, value in values:
-                    setattr(plan, attr, value)
-                for r in bench_decode_step(True, shape, batches, 600, pages=a.pages):
-                    key = f"{shape} b{r['batch']} {state}"
-                    res.setdefault(key, []).append(round(r["step_ms"], 4))
-                    print(key, res[key], flush=True)
-    for attr, value in plan_values:
-        setattr(plan, attr, value)
+    try:
+        for shape in a.shapes.split(","):
+            for _ in range(a.repeats):
+                for state, values in (("plan", plan_values), ("alt", alt)):
+                    for attr, value in values:
+                        setattr(plan, attr, value)
+                    for r in bench_decode_step(True, shape, batches, 600, pages=a.pages):
+                        key = f"{shape} b{r['batch']} {state}"
+                        res.setdefault(key, []).append(round(r["step_ms"], 4))
+                        print(key, res[key], flush=True)
+    finally:
+        for attr, value in plan_values:
+            setattr(plan, attr, value)
     Path(a.out).write_text(json.dumps(res, indent=1))
 
 
