@@ -3,8 +3,6 @@ machine (machine instances differ by a few per cent, so an A/B must share one ru
   python3 bench/probes/step_ab.py --change one_row --out ab.json
 Changes (the alternative to the plan):
   one_row        one row on tm1 instead of mm_*_one
-  skip_idle      attention blocks past their row's last chunk leave at once (ATTN_SKIP_IDLE); shows
-                 with --pages 56, the table width of the engine's graphs in bench/throughput.py
   norm_gate_up   one row: the 8B gate|up matmul normalises its own input (no rms_norm launch)
   warpsW         split_k aims at W warps an SM instead of plan.WARPS_PER_SM (other sums: timing only)
 Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
@@ -12,6 +10,8 @@ attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their lo
 key and value rows asked into L2 before its wait; a chunk's keys copied into shared memory
 (attn-staged*-ab-h200.json, K_SMEM of b3bf2f3); attention's latency build loading its first batch
 of values before the wait as well as its keys (v-early-ab-h200.json: 8B one row 4.138 -> 4.150 ms).
+Adopted: attention blocks past their row's last chunk leaving at once (skip-idle-ab-h200.json, table
+width 56 pages: 8B one row 4.18 -> 4.08 ms).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ def _tm1_for_one_row(dtype, m, n, k, sm_count, split=None, prologue=None):
 
 CHANGES = {  # name: [(plan attribute, its value in the alternative)]
     "one_row": [("matmul_launch", _tm1_for_one_row)],
-    "skip_idle": [(b, getattr(plan, b) + (("ATTN_SKIP_IDLE", 1),)) for b in ("LATENCY_BUILD", "THROUGHPUT_BUILD")],
     "norm_gate_up": [("NORM_PROLOGUE_BYTES", 40 << 20)],
     **{f"warps{w}": [("WARPS_PER_SM", w)] for w in (8, 32)},
 }

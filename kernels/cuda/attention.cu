@@ -52,9 +52,6 @@
 #define VBATCH 16  // 16-byte value loads in flight per thread
 #endif
 #define K_EARLY (K_EARLY_OK && KU <= 16)  // the key row kept in registers, loaded before the wait
-#ifndef ATTN_SKIP_IDLE
-#define ATTN_SKIP_IDLE 0  // blocks with no chunk of their row leave at once (not yet run on a GPU)
-#endif
 #define VU (8 / PER_U)                 // 16-byte loads per 8 values
 #define VB (KP * VU <= VBATCH ? KP : VBATCH / VU)  // keys per batch of value loads
 #define GB (GM * D * 8 <= 4096 ? GM : (4096 / (8 * D) > 0 ? 4096 / (8 * D) : 1))  // heads per fold of ob
@@ -127,8 +124,9 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     const int* table = tables + (i64)seq[r] * W;
     // A decode graph sizes gridDim.z for the longest context a sequence may reach, so a short row's
     // blocks past its last chunk have nothing to do: they leave at once and the merge counts the
-    // others (ATTN_SKIP_IDLE; positions are step inputs, readable before the wait).
-    if (ATTN_SKIP_IDLE && (int)blockIdx.z > last) return;
+    // others (positions are step inputs, readable before the wait). H200, table width 56 pages,
+    // context 600: 8B step at one row 4.18 -> 4.08 ms, 1B 0.866 -> 0.852.
+    if ((int)blockIdx.z > last) return;
 
     auto key_row = [&](int c) { return kc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + tid * cell_stride; };
     uint4 kr[K_EARLY ? KU : 1];
@@ -290,8 +288,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     __syncthreads();
     if (tid == 0) {
         int* cnt = counters + (i64)r * gridDim.y + blockIdx.y;
-        const int working = ATTN_SKIP_IDLE ? imin((int)gridDim.z, last + 1) : (int)gridDim.z;
-        merging = atomicAdd(cnt, 1) == working - 1;
+        merging = atomicAdd(cnt, 1) == imin((int)gridDim.z, last + 1) - 1;
         if (merging) *cnt = 0;
     }
     __syncthreads();
