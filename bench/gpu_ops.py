@@ -17,7 +17,7 @@ import numpy as np
 from kernels.cuda import launch as kernel_launch
 from kernels.cuda import plan
 from kernels.cuda.modules import kernel
-from kernels.cuda.ops import CudaOps
+from kernels.cuda.ops import CudaOps, mm_tc_args
 from kernels.cuda.weights import CudaWeight
 
 SHAPES_1B = {"qo": (2048, 2048), "kv": (512, 2048), "gate_up": (8192, 2048), "down": (2048, 8192),
@@ -101,13 +101,9 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
         mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
         fn = kernel("matmul.cu", mm.kernel)
         out = cp.empty((m, n), cp.float32)
-        args = lambda w: (w.data, w.scales if w.scales is not None else out, x, out, out, out,  # noqa: E731
-                          np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]), np.int32(0), out,
-                          np.float32(0), np.int32(k))
-
         def run():
             for w in ws:
-                kernel_launch.launch(fn, mm.grid, mm.block, args(w), mm.shared)
+                kernel_launch.launch(fn, mm.grid, mm.block, mm_tc_args(w, x, out, out), mm.shared)
     t = timed(run, graph=ops.exact or m < 65) / len(ws)
     return {"n": n, "k": k, "m": m, "dtype": dtype, "exact": ops.exact, "split": split or plan.split_k(n, k, ops.sm_count),
             "us": t * 1e6, "weight_GBps": w0.nbytes / t / 1e9, "TFLOPs": 2 * m * n * k / t / 1e12}

@@ -63,6 +63,9 @@ class Ops(Protocol):
         """The gate and up projections [F, K] as one weight whose products are gated: matmul and
         norm_matmul with it give silu_mul(y[:, :F], y[:, F:]) [T, F], y the product with the two
         stacked (concat_rows), in those bits."""
+    def upload_qkv(self, q: Weight, k: Weight, v: Weight, bias: Weight | None, head_dim: int) -> tuple[Any, Any]:
+        """The q, k and v projections as one weight, and their stacked bias, for norm_qkv_rope_write
+        (which alone reads its products: their columns may come in another order)."""
     def tensor(self, a: np.ndarray) -> Any: ...
     def to_host(self, x: Any) -> np.ndarray: ...
     def to_host_async(self, x: Any) -> Callable[[], np.ndarray]:
@@ -95,6 +98,10 @@ class Ops(Protocol):
         """The step after a fused q|k|v matmul: qkv [T, (heads + 2 kv_heads) * head_dim] -> q rotated
         [T, heads, head_dim]; k rotated and v written to the rows' slots. The bits of
         split_qkv_rope_write."""
+    def norm_qkv_rope_write(self, x: Any, norm_weight: Any, eps: float, w: Any, bias: Any | None, rows: PagedRows,
+                            table: RopeTable, layer: KVLayer, n_heads: int, n_kv: int) -> Any:
+        """qkv_rope_write(norm_matmul(x, norm_weight, eps, w, bias), ...) for upload_qkv's weight and
+        bias, in those bits (on CUDA one launch where the matmul can rotate and store)."""
     def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
         """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""
     def kv_read_pages(self, layer: KVLayer, pages: Any) -> tuple[np.ndarray, ...]:

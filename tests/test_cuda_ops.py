@@ -322,6 +322,49 @@ def test_gated_product_equals_silu_mul_of_the_stacked_product(gpu, gpu_off, dtyp
             ops.matmul(cp.asarray(_rand(1, k)), gated, residual=cp.asarray(_rand(1, ffn)))
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("kv_type", ["f16", "bf16", "f32"])
+def test_qkv_weight_in_rope_tiles_gives_the_separate_ops_bits(gpu, gpu_off, dtype, kv_type, monkeypatch):
+    """upload_qkv's weight (each head's rows regrouped so that one thread holds both dims of a rope
+    pair): norm_qkv_rope_write, one launch where the streaming kernel's epilogue rotates and stores,
+    must give q and the cache cells of norm_matmul then qkv_rope_write on the stacked weight, bit for
+    bit, at every batch width, exact or not, with and without a bias."""
+    from kernels.base import PagedRows
+    from kernels.cuda import plan
+    from kernels.weights import concat_rows
+
+    monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
+    n_heads, n_kv, hd = 4, 2, 64
+    k = 256 if dtype == "q8_0" else 200
+    parts = [_weight(h * hd, k, dtype) for h in (n_heads, n_kv, n_kv)]
+    cos, sin, _ = _rope_table(2048, hd // 2, True)
+    for ops in (gpu, gpu_off):
+        table = RopeTable(ops.tensor(cos), ops.tensor(sin), True)
+        nw = ops.tensor(_rand(k))
+        for bias in (None, Weight(_rand((n_heads + 2 * n_kv) * hd), "f32")):
+            tiled, tiled_bias = ops.upload_qkv(*parts, bias, hd)
+            stacked, stacked_bias = ops.upload(concat_rows(parts)), None if bias is None else ops.upload(bias)
+            assert tiled.rope_tiles == hd
+            for m in (1, 2, 9, 16, 64, 200):
+                x = cp.asarray(_rand(m, k))
+                slots = RNG.choice(4 * PAGE_SIZE, m, replace=False).astype(np.int64)
+                slots[RNG.random(m) < 0.1] = -1  # padding rows write nothing
+                rows = PagedRows(positions=cp.asarray(RNG.integers(0, 2048, m).astype(np.int32)),
+                                 seq=cp.zeros(m, cp.int32), block_tables=cp.zeros((1, 4), cp.int32),
+                                 slots=cp.asarray(slots))
+                fused_layer, split_layer = ops.kv_alloc(4, n_kv, hd, kv_type), ops.kv_alloc(4, n_kv, hd, kv_type)
+                got = ops.norm_qkv_rope_write(x, nw, 1e-5, tiled, tiled_bias, rows, table, fused_layer, n_heads, n_kv)
+                qkv = ops.norm_matmul(x, nw, 1e-5, stacked, stacked_bias)
+                want = ops.qkv_rope_write(qkv, rows, table, split_layer, n_heads, n_kv)
+                # exact off, wide: cuBLAS on the regrouped rows; it promises no bits, so only closeness
+                same = np.testing.assert_allclose if not ops.exact and m >= 65 else _assert_same_bits
+                same(cp.asnumpy(got), cp.asnumpy(want), rtol=1e-5, atol=1e-6)
+                for a, b in zip(ops.kv_read_pages(fused_layer, list(range(4))),
+                                ops.kv_read_pages(split_layer, list(range(4))), strict=True):
+                    if kv_type == "f32" or ops.exact or m < 65:
+                        same(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_silu_mul_reads_the_halves_in_place(gpu):
     gu = cp.asarray(_rand(33, 2 * 300))
     halves = cp.asnumpy(gpu.silu_mul(gu[:, :300], gu[:, 300:]))

@@ -27,12 +27,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import cupy as cp
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
 from kernels.cuda import modules, plan  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
+from kernels.cuda.ops import mm_tc_args  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PATCHES = {
@@ -66,8 +66,7 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     out = cp.zeros((m, n), cp.float32)
 
     def args(w):
-        return (w.data, out, x, out, out, out, np.int32(m), np.int32(n), np.int32(k), np.int32(w.data.shape[1]),
-                np.int32(0), out, np.float32(0), np.int32(k))
+        return mm_tc_args(w, x, out, out)
 
     def go():
         for w in ws:

@@ -4,6 +4,7 @@ machine (machine instances differ by a few per cent, so an A/B must share one ru
 Changes (the alternative to the plan):
   one_row        one row on tm1 instead of mm_*_one
   norm_gate_up   one row: the 8B gate|up matmul normalises its own input (no rms_norm launch)
+  rope_apart     q|k|v stored as they are, rope_qkv_write after the matmul (not in its epilogue)
   warpsW         split_k aims at W warps an SM instead of plan.WARPS_PER_SM (other sums: timing only)
 Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
 attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their loads, attention's
@@ -25,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import bench_decode_step  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+from kernels.weights import concat_rows  # noqa: E402
 
 _launch = plan.matmul_launch
 
@@ -34,10 +37,16 @@ def _tm1_for_one_row(dtype, m, n, k, sm_count, split=None, prologue=None):
     return mm if prologue else replace(mm, kernel=mm.kernel.replace("_one", "_tm1"))
 
 
-CHANGES = {  # name: [(plan attribute, its value in the alternative)]
-    "one_row": [("matmul_launch", _tm1_for_one_row)],
-    "norm_gate_up": [("NORM_PROLOGUE_BYTES", 40 << 20)],
-    **{f"warps{w}": [("WARPS_PER_SM", w)] for w in (8, 32)},
+def _stacked_qkv(self, q, k, v, bias, head_dim):
+    return self.upload(concat_rows([q, k, v])), None if bias is None else self.upload(bias)
+
+
+CHANGES = {  # name: [(module or class, attribute, its value in the alternative)]
+    "one_row": [(plan, "matmul_launch", _tm1_for_one_row)],
+    "norm_gate_up": [(plan, "NORM_PROLOGUE_BYTES", 40 << 20)],
+    # q|k|v rows as they are: rope_qkv_write after the matmul instead of in its epilogue
+    "rope_apart": [(CudaOps, "upload_qkv", _stacked_qkv)],
+    **{f"warps{w}": [(plan, "WARPS_PER_SM", w)] for w in (8, 32)},
 }
 
 
@@ -51,7 +60,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     alt = CHANGES[a.change]
-    plan_values = [(attr, getattr(plan, attr)) for attr, _ in alt]
+    plan_values = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in alt]
     batches = [int(b) for b in a.batches.split(",")]
     res: dict = {"change": a.change, "pages": a.pages,
                  "what": "decode step graph replay ms (exact on, context 600)"}
@@ -59,15 +68,15 @@ def main() -> None:
         for shape in a.shapes.split(","):
             for _ in range(a.repeats):
                 for state, values in (("plan", plan_values), ("alt", alt)):
-                    for attr, value in values:
-                        setattr(plan, attr, value)
+                    for obj, attr, value in values:
+                        setattr(obj, attr, value)
                     for r in bench_decode_step(True, shape, batches, 600, pages=a.pages):
                         key = f"{shape} b{r['batch']} {state}"
                         res.setdefault(key, []).append(round(r["step_ms"], 4))
                         print(key, res[key], flush=True)
     finally:
-        for attr, value in plan_values:
-            setattr(plan, attr, value)
+        for obj, attr, value in plan_values:
+            setattr(obj, attr, value)
     Path(a.out).write_text(json.dumps(res, indent=1))
 
 

@@ -59,7 +59,7 @@ def check_weights(c: ModelConfig, weights: dict[str, Weight]) -> None:
 @dataclass
 class _Layer:
     attn_norm: Any
-    w_qkv: Any  # q | k | v rows
+    w_qkv: Any  # Ops.upload_qkv (with q/k norm: q | k | v rows as they are)
     b_qkv: Any
     wo: Any
     q_norm: Any
@@ -85,9 +85,6 @@ class LlamaModel:
                 raise ModelLoadError(f"tensors {', '.join(names)} have different types")
             return ws
 
-        def fused(*names: str):
-            return up(concat_rows(parts(*names)))
-
         self.embed = up(weights["model.embed_tokens.weight"])
         self.norm = up(weights["model.norm.weight"])
         self.lm_head = self.embed if config.tie_embeddings else up(weights["lm_head.weight"])
@@ -97,10 +94,15 @@ class LlamaModel:
             a, m = p + "self_attn.", p + "mlp."
             bias = None
             if config.qkv_bias:
-                bias = up(Weight(np.concatenate([weights[a + f"{x}_proj.bias"].to_f32() for x in "qkv"]), "f32"))
+                bias = Weight(np.concatenate([weights[a + f"{x}_proj.bias"].to_f32() for x in "qkv"]), "f32")
+            qkv = parts(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+            if config.qk_norm:  # normalised per head before RoPE: the products in their own order
+                w_qkv, b_qkv = up(concat_rows(qkv)), None if bias is None else up(bias)
+            else:
+                w_qkv, b_qkv = ops.upload_qkv(*qkv, bias, config.head_dim)
             self.layers.append(_Layer(
                 up(weights[p + "input_layernorm.weight"]),
-                fused(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), bias,
+                w_qkv, b_qkv,
                 up(weights[a + "o_proj.weight"]),
                 opt(a + "q_norm.weight"), opt(a + "k_norm.weight"),
                 up(weights[p + "post_attention_layernorm.weight"]),
@@ -117,10 +119,11 @@ class LlamaModel:
         c, ops = self.config, self.ops
         x = ops.embedding(self.embed, tokens)
         for layer, cache in zip(self.layers, kv, strict=True):
-            qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
             if layer.q_norm is None:
-                q = ops.qkv_rope_write(qkv, rows, self.rope, cache, c.n_heads, c.n_kv_heads)
+                q = ops.norm_qkv_rope_write(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv, rows, self.rope,
+                                            cache, c.n_heads, c.n_kv_heads)
             else:
+                qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
                 q = self._qk_norm_rope_write(qkv, layer, rows, cache)
             attn = ops.attention(q, cache, rows, self.scale)
             x = ops.matmul(attn, layer.wo, residual=x)

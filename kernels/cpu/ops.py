@@ -97,6 +97,9 @@ class CpuOps:
     def upload_gate_up(self, gate: Weight, up: Weight) -> GateUp:
         return GateUp(self.upload(concat_rows([gate, up])))
 
+    def upload_qkv(self, q: Weight, k: Weight, v: Weight, bias: Weight | None, head_dim: int):
+        return self.upload(concat_rows([q, k, v])), None if bias is None else self.upload(bias)
+
     def tensor(self, a: np.ndarray) -> np.ndarray:
         return np.asarray(a)
 
@@ -204,6 +207,10 @@ class CpuOps:
     def qkv_rope_write(self, qkv: np.ndarray, rows: PagedRows, table: RopeTable, layer: CpuKVLayer,
                        n_heads: int, n_kv: int) -> np.ndarray:
         return split_qkv_rope_write(self, qkv, rows, table, layer, n_heads, n_kv)
+
+    def norm_qkv_rope_write(self, x, norm_weight, eps: float, w, bias, rows: PagedRows, table: RopeTable,
+                            layer: CpuKVLayer, n_heads: int, n_kv: int) -> np.ndarray:
+        return self.qkv_rope_write(self.norm_matmul(x, norm_weight, eps, w, bias), rows, table, layer, n_heads, n_kv)
 
     def _page(self, layer: CpuKVLayer, page: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         ks = layer.k_scale[page, :n] if layer.k_scale is not None else None

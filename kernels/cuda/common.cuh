@@ -105,6 +105,46 @@ struct BF16 {
     }
 };
 
+// ---- a q|k|v matmul's outputs to attention's inputs (rope_qkv_write, and the matmul's EPI_ROPE
+// epilogue): pair j of head hh of row r, a at dim e1 and b at e2 (neox: j and j + D/2, else 2j and
+// 2j + 1). q heads are rotated into q [T, H, D]; k heads rotated and v heads as they are stored into
+// the row's cache cell (none for a negative slot, a padding row).
+struct QkvOut {
+    float* q;
+    void* kc;
+    void* vc;
+    const int* positions;
+    const i64* slots;
+    const float* cos_t;
+    const float* sin_t;
+    int H, Hkv, D;
+};
+
+template <typename S>
+__device__ __forceinline__ void qkv_pair_store(const QkvOut& o, int r, int hh, int j, int e1, int e2, float a,
+                                               float b) {
+    const i64 at = (i64)o.positions[r] * (o.D >> 1) + j;
+    if (hh < o.H) {
+        float* dst = o.q + ((i64)r * o.H + hh) * o.D;
+        rotate(a, b, o.cos_t[at], o.sin_t[at], dst[e1], dst[e2]);
+        return;
+    }
+    const i64 slot = o.slots[r];
+    if (slot < 0) return;
+    const i64 cell = slot * o.Hkv * o.D;
+    typename S::T* kc = static_cast<typename S::T*>(o.kc);
+    typename S::T* vc = static_cast<typename S::T*>(o.vc);
+    if (hh < o.H + o.Hkv) {
+        float ya, yb;
+        rotate(a, b, o.cos_t[at], o.sin_t[at], ya, yb);
+        S::store(kc, cell + (i64)(hh - o.H) * o.D + e1, ya);
+        S::store(kc, cell + (i64)(hh - o.H) * o.D + e2, yb);
+    } else {
+        S::store(vc, cell + (i64)(hh - o.H - o.Hkv) * o.D + e1, a);
+        S::store(vc, cell + (i64)(hh - o.H - o.Hkv) * o.D + e2, b);
+    }
+}
+
 // ---- fixed-order reductions: a warp's xor butterfly, then warps in index order.
 // a + b == b + a bit for bit, so every lane of the butterfly ends with the same sum.
 
@@ -151,6 +191,9 @@ __device__ __forceinline__ float silu_times(float g, float u) {
 // A gated product (weights as 16-row tiles of 8 gate rows, then the matching 8 up rows): the thread
 // holding a gate output holds its up output 8 rows down and stores silu_times of the two, [M, N / 2].
 #define EPI_SILU 8
+// q|k|v with each head's rows in rope-pair tiles (CudaOps.upload_qkv): the thread holding dim j of a
+// head holds dim j + D/2 8 rows down, and stores what rope_qkv_write would (qkv_pair_store).
+#define EPI_ROPE 16
 __device__ __forceinline__ float epilogue(float v, const float* __restrict__ bias, const float* __restrict__ res,
                                           int m, int n, int N, int flags) {
     if (flags & EPI_BIAS) v = __fadd_rn(v, bias[n]);

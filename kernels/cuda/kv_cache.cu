@@ -32,49 +32,29 @@ extern "C" __global__ void kv_write_bf16(const float* k, const float* v, u16* kc
 
 // The fused step after the q|k|v matmul: qkv [T, (H + 2 * Hkv) * D] -> q rotated [T, H, D]; k
 // rotated and v stored into their cache cells. One thread per pair of a head (rotate() does the
-// arithmetic of the `rope` kernel, the stores the roundings of kv_write).
+// arithmetic of the `rope` kernel, the stores the roundings of kv_write). `tiles` (neox only): each
+// head's products come as 16-row tiles of dims 8i .. 8i+7 then D/2 + 8i .. D/2 + 8i+7 (CudaOps.upload_qkv).
 template <typename S>
-__device__ __forceinline__ void rope_qkv_write(const float* __restrict__ qkv, float* __restrict__ q,
-                                               typename S::T* __restrict__ kc, typename S::T* __restrict__ vc,
-                                               const int* __restrict__ positions, const i64* __restrict__ slots,
-                                               const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                                               int T, int H, int Hkv, int D, int neox) {
+__device__ __forceinline__ void rope_qkv_write(const float* __restrict__ qkv, const QkvOut& o, int T, int neox,
+                                               int tiles) {
     pdl_start();
-    const int half = D >> 1, heads = H + 2 * Hkv;
+    const int half = o.D >> 1, heads = o.H + 2 * o.Hkv;
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)T * heads * half) return;
     const int j = (int)(i % half);
     const int hh = (int)((i / half) % heads);
     const int r = (int)(i / ((i64)half * heads));
     const int e1 = neox ? j : 2 * j, e2 = neox ? j + half : 2 * j + 1;
-    const float* row = qkv + (i64)r * heads * D + (i64)hh * D;
-    const float a = row[e1], b = row[e2];
-    if (hh < H) {
-        const i64 at = (i64)positions[r] * half + j;
-        float* dst = q + ((i64)r * H + hh) * D;
-        rotate(a, b, cos_t[at], sin_t[at], dst[e1], dst[e2]);
-        return;
-    }
-    const i64 slot = slots[r];
-    if (slot < 0) return;
-    const i64 cell = slot * Hkv * D;
-    if (hh < H + Hkv) {
-        const i64 at = (i64)positions[r] * half + j;
-        float ya, yb;
-        rotate(a, b, cos_t[at], sin_t[at], ya, yb);
-        S::store(kc, cell + (i64)(hh - H) * D + e1, ya);
-        S::store(kc, cell + (i64)(hh - H) * D + e2, yb);
-    } else {
-        S::store(vc, cell + (i64)(hh - H - Hkv) * D + e1, a);
-        S::store(vc, cell + (i64)(hh - H - Hkv) * D + e2, b);
-    }
+    const int s1 = tiles ? 16 * (j >> 3) + (j & 7) : e1, s2 = tiles ? s1 + 8 : e2;
+    const float* row = qkv + (i64)r * heads * o.D + (i64)hh * o.D;
+    qkv_pair_store<S>(o, r, hh, j, e1, e2, row[s1], row[s2]);
 }
 
-#define ROPE_QKV(NAME, S)                                                                               \
-    extern "C" __global__ void NAME(const float* qkv, float* q, S::T* kc, S::T* vc, const int* positions, \
-                                    const i64* slots, const float* cos_t, const float* sin_t, int T, int H, \
-                                    int Hkv, int D, int neox) {                                         \
-        rope_qkv_write<S>(qkv, q, kc, vc, positions, slots, cos_t, sin_t, T, H, Hkv, D, neox);          \
+#define ROPE_QKV(NAME, S)                                                                                  \
+    extern "C" __global__ void NAME(const float* qkv, float* q, S::T* kc, S::T* vc, const int* positions,    \
+                                    const i64* slots, const float* cos_t, const float* sin_t, int T, int H,    \
+                                    int Hkv, int D, int neox, int tiles) {                                 \
+        rope_qkv_write<S>(qkv, QkvOut{q, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, T, neox, tiles); \
     }
 ROPE_QKV(rope_qkv_write_f32, F32)
 ROPE_QKV(rope_qkv_write_f16, F16)

@@ -169,7 +169,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags, const float* __restrict__ nw, float eps,
-                                      int ldx) {
+                                      int ldx, const QkvOut& qkv, int kv) {
     extern __shared__ float red[];
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -311,6 +311,25 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     }
 
     // c0, c1: feature n0+g, tokens 2t, 2t+1; c2, c3: feature n0+g+8.
+    if (flags & EPI_ROPE) {  // head n0 / D, dims j and j + D/2 (out is q)
+        const int hh = n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int m = m_base + tm * 8 + 2 * t + i;
+                if (m >= M) continue;
+                const float a = epilogue(acc[tm][i], bias, res, m, n0 + g, N, flags);
+                const float b = epilogue(acc[tm][2 + i], bias, res, m, n0 + g + 8, N, flags);
+                if (kv == 0)
+                    qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+                else if (kv == 1)
+                    qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+                else
+                    qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+            }
+        return;
+    }
 #pragma unroll
     for (int tm = 0; tm < TM; ++tm) {
         const int m = m_base + tm * 8 + 2 * t;
@@ -330,12 +349,16 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 }
 
 // Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) so the bounds hold and the
-// accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row).
+// accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row). kc .. kv: where
+// EPI_ROPE stores (k and v caches, kv their type: 0 f32, 1 f16, 2 bf16); unused otherwise.
 #define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
     extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
-        int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx) {                   \
-        mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx);            \
+        int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
+        const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
+        int kv) {                                                                                        \
+        mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,             \
+                              QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv);        \
     }
 
 #define MM_TC_ALL(T, WT)                      \

@@ -25,7 +25,7 @@ from kernels.cuda import plan, tensor_map
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
-from kernels.cuda.weights import CudaWeight, interleave_gate_up, pad_host
+from kernels.cuda.weights import CudaWeight, interleave_gate_up, pad_host, rope_tiles
 from kernels.weights import Weight, concat_rows
 
 # Exact mode off: batches at least this wide go to cuBLAS. Decode buckets stay narrower, so a
@@ -34,7 +34,7 @@ CUBLAS_MIN_ROWS = 65
 KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 ATTN_COUNTERS = 1 << 18  # launches with more (row, head group) pairs merge in a second kernel
-EPI_BIAS, EPI_RESIDUAL, EPI_SILU = 1, 2, 8  # matmul.cu's epilogue flags
+EPI_BIAS, EPI_RESIDUAL, EPI_SILU, EPI_ROPE = 1, 2, 8, 16  # matmul.cu's epilogue flags
 
 
 @dataclass
@@ -65,6 +65,18 @@ def _halves(gate, up) -> tuple[Any, Any]:
 
 def _index(a, dtype=cp.int32) -> Any:
     return cp.ascontiguousarray(cp.asarray(a), dtype=dtype)
+
+
+def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0, norm_weight=None, eps: float = 0.0,
+               qkv_out: tuple = ()) -> tuple:
+    """The arguments of the streaming kernel (matmul.cu's mm_tc) for x @ w^T into out; `dummy` stands
+    for absent pointers. `qkv_out`: where EPI_ROPE stores (k and v caches, positions, slots, cos,
+    sin, heads, kv heads, head dim, cache type code)."""
+    t, (n, k), d = int(out.shape[0]), w.shape, dummy
+    return ((w.data, d if w.scales is None else w.scales, x, d if bias is None else bias, d if res is None else res, out,
+             _i32(t), _i32(n), _i32(k), _i32(w.data.shape[1]), _i32(flags), d if norm_weight is None else norm_weight,
+             np.float32(eps), _i32(x.shape[1]))
+            + (qkv_out or (d,) * 6 + (_i32(0),) * 4))
 
 
 class CudaOps:
@@ -102,6 +114,15 @@ class CudaOps:
             return replace(w, gate_up="halves")
         scales = None if w.scales is None else interleave_gate_up(w.scales, f)
         return replace(w, data=interleave_gate_up(w.data, f), scales=scales, gate_up="tiles")
+
+    def upload_qkv(self, q: Weight, k: Weight, v: Weight, bias: Weight | None, head_dim: int):
+        w = self.upload(concat_rows([q, k, v]))
+        b = None if bias is None else self.upload(bias)
+        if head_dim % 16:
+            return w, b
+        scales = None if w.scales is None else rope_tiles(w.scales, head_dim)
+        w = replace(w, data=rope_tiles(w.data, head_dim), scales=scales, rope_tiles=head_dim)
+        return w, None if b is None else rope_tiles(b, head_dim)
 
     def tensor(self, a: np.ndarray):
         return cp.asarray(a)
@@ -180,47 +201,64 @@ class CudaOps:
                    (w.data, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
             return out
         scales = w.scales if w.scales is not None else self._dummy
-        wg = plan.wgmma_launch(w.dtype, t, n, k, self.sm_count) if self.wgmma and self.tiled is True else None
-        if wg is not None:  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
+        kind, wide = self._shared_memory_launch(t, w)
+        if kind == "wgmma":  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
             x16 = self._act16(x, kp, w.dtype == "bf16", perm=True)
-            fn = big_smem_kernel("wgmma.cu", wg.kernel, wg.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
-            launch(fn, wg.grid, wg.block,
+            fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
+            launch(fn, wide.grid, wide.block,
                    (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
                     tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out, _i32(t), _i32(n),
-                    _i32(kp), flags, _i32(wg.split)), shared=wg.shared)
+                    _i32(kp), flags, _i32(wide.split)), shared=wide.shared)
             return out
-        wide = plan.wide_launch(w.dtype, t, n, k, self.sm_count) if self.tiled in (True, "wide") else None
-        if wide is not None:  # long prefills: the same sums on 16-bit activations staged in shared memory
+        if kind == "wide":  # long prefills: the same sums on 16-bit activations staged in shared memory
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
             launch(big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines), wide.grid, wide.block,
                    (w.data, scales, self._act16(x, kp, w.dtype == "bf16"), b, res, out, _i32(t), _i32(n), _i32(kp),
                     _i32(w.data.shape[0]), flags, _i32(wide.split)), shared=wide.shared)
             return out
-        tiled = plan.tile_launch(w.dtype, t, n, k, self.sm_count) if self.tiled else None
-        if tiled is not None:  # wide batches: same sums, weights staged through shared memory
-            launch(kernel("matmul.cu", tiled.kernel), tiled.grid, tiled.block,
+        if kind == "tile":  # wide batches: same sums, weights staged through shared memory
+            launch(kernel("matmul.cu", wide.kernel), wide.grid, wide.block,
                    (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
-                    flags, _i32(tiled.split)))
+                    flags, _i32(wide.split)))
             return out
         return self._streaming(x, w, out, b, res, flags)
 
+    def _shared_memory_launch(self, t: int, w: CudaWeight) -> tuple[str | None, plan.MatmulLaunch | None]:
+        """The shared-memory kernel a 16-bit or int8 weight takes for t rows, if any: "wgmma",
+        "wide" or "tile" and its launch."""
+        n, k = w.shape
+        if self.wgmma and self.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, self.sm_count)):
+            return "wgmma", wg
+        if self.tiled in (True, "wide") and (wide := plan.wide_launch(w.dtype, t, n, k, self.sm_count)):
+            return "wide", wide
+        if self.tiled and (tiled := plan.tile_launch(w.dtype, t, n, k, self.sm_count)):
+            return "tile", tiled
+        return None, None
+
+    def _streams(self, t: int, w: CudaWeight) -> bool:
+        """Whether matmul runs t rows of w on the streaming kernel (mm_tc)."""
+        cublas = not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
+        return w.dtype != "f32" and not cublas and self._shared_memory_launch(t, w)[0] is None
+
     def _streaming(self, x, w: CudaWeight, out, bias, res, flags, prologue: str | None = None, norm_weight=None,
-                   eps: float = 0.0):
-        """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input."""
-        t, n, k, kp = int(out.shape[0]), w.shape[0], w.shape[1], int(w.data.shape[1])
-        mm = plan.matmul_launch(w.dtype, t, n, k, self.sm_count, prologue=prologue)
-        scales = w.scales if w.scales is not None else self._dummy
-        nw = norm_weight if norm_weight is not None else self._dummy
+                   eps: float = 0.0, qkv_out: tuple = ()):
+        """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input.
+        `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write)."""
+        mm = plan.matmul_launch(w.dtype, int(out.shape[0]), w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
         launch(kernel("matmul.cu", mm.kernel), mm.grid, mm.block,
-               (w.data, scales, x, bias, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags, nw, np.float32(eps),
-                _i32(x.shape[1])), shared=mm.shared)
+               mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
+
+    @staticmethod
+    def _norm_prologue(t: int, k: int, w: CudaWeight) -> bool:
+        """Whether norm_matmul runs as one kernel (the streaming kernel normalising its one row)."""
+        return (t == 1 and w.dtype != "f32" and w.gate_up != "halves" and w.shape[1] == k
+                and plan.norm_prologue(w.shape[0], k))
 
     def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
-        if not (t == 1 and w.dtype != "f32" and w.gate_up != "halves" and w.shape[1] == k
-                and plan.norm_prologue(w.shape[0], k)):
+        if not self._norm_prologue(t, k, w):
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
             raise ValueError("a gated product takes no bias or residual")
@@ -330,7 +368,8 @@ class CudaOps:
                (k, v, layer.k, layer.v, _index(slots, cp.int64), _i32(t), _i32(hd)))
 
     def qkv_rope_write(self, qkv, rows: PagedRows, table: RopeTable, layer: CudaKVLayer, n_heads: int,
-                       n_kv: int):
+                       n_kv: int, tiles: bool = False):
+        """`tiles`: qkv is the product of an upload_qkv weight (each head's dims in rope-pair tiles)."""
         qkv = _rows(qkv)
         t = int(qkv.shape[0])
         d = int(qkv.shape[1]) // (n_heads + 2 * n_kv)
@@ -340,8 +379,32 @@ class CudaOps:
             grid, block = plan.elementwise_grid(n)
             launch(kernel("kv_cache.cu", f"rope_qkv_write_{layer.kv_type}"), grid, block,
                    (qkv, q, layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64),
-                    table.cos, table.sin, _i32(t), _i32(n_heads), _i32(n_kv), _i32(d), _i32(table.neox)))
+                    table.cos, table.sin, _i32(t), _i32(n_heads), _i32(n_kv), _i32(d), _i32(table.neox), _i32(tiles)))
         return q
+
+    def norm_qkv_rope_write(self, x, norm_weight, eps: float, w: CudaWeight, bias, rows: PagedRows, table: RopeTable,
+                            layer: CudaKVLayer, n_heads: int, n_kv: int):
+        if not w.rope_tiles:
+            return self.qkv_rope_write(self.norm_matmul(x, norm_weight, eps, w, bias), rows, table, layer, n_heads, n_kv)
+        if not table.neox:
+            raise ValueError("an upload_qkv weight pairs dims d and d + head_dim/2 (neox rotation) only")
+        x = _rows(x)
+        t, k = (int(s) for s in x.shape)
+        if not self._streams(t, w):  # the product in tile order, then the rotation and the cache writes
+            return self.qkv_rope_write(self.norm_matmul(x, norm_weight, eps, w, bias), rows, table, layer, n_heads,
+                                       n_kv, tiles=True)
+        # the streaming kernel's epilogue rotates and stores: one launch fewer per layer
+        d = w.rope_tiles
+        q = cp.empty((t, n_heads, d), dtype=cp.float32)
+        if not t:
+            return q
+        flags = _i32(EPI_ROPE | (EPI_BIAS if bias is not None else 0))
+        b = bias if bias is not None else self._dummy
+        out = (layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64), table.cos, table.sin,
+               _i32(n_heads), _i32(n_kv), _i32(d), _i32(KV_CODES[layer.kv_type]))
+        if self._norm_prologue(t, k, w):
+            return self._streaming(x, w, q, b, self._dummy, flags, "norm", norm_weight, eps, qkv_out=out)
+        return self._streaming(self.rms_norm(x, norm_weight, eps), w, q, b, self._dummy, flags, qkv_out=out)
 
     def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):
         q = _rows(q)

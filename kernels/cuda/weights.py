@@ -24,6 +24,9 @@ class CudaWeight:
     # matching 8 up rows, so a matmul epilogue holds both halves of an output) or "halves" (gate
     # rows then up rows, where F is not a multiple of 8); products are silu(gate) * up.
     gate_up: str | None = None
+    # Ops.upload_qkv: each head's rows (this many) as 16-row tiles of dims 8i .. 8i+7, then D/2 + 8i ..
+    # D/2 + 8i+7 (rope pairs 8 rows apart: one thread holds both); products come in that order.
+    rope_tiles: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -66,3 +69,10 @@ def interleave_gate_up(a, f: int):
     same 8 up rows (F a multiple of 8)."""
     rest = a.shape[1:]
     return a[: 2 * f].reshape(2, f // 8, 8, *rest).swapaxes(0, 1).reshape(2 * f, *rest).copy()
+
+
+def rope_tiles(a, d: int):
+    """Rows of a device array (whole heads of d rows) with each head's rows as 16-row tiles: dims 8i ..
+    8i+7, then d/2 + 8i .. d/2 + 8i+7 (d a multiple of 16)."""
+    n, rest = a.shape[0], a.shape[1:]
+    return a.reshape(n // d, 2, d // 16, 8, *rest).swapaxes(1, 2).reshape(n, *rest).copy()
