@@ -10,9 +10,13 @@ Changes measured once and removed with their kernel code (bench/results/mm-prefe
 attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their loads, attention's
 key and value rows asked into L2 before its wait; a chunk's keys copied into shared memory
 (attn-staged*-ab-h200.json, K_SMEM of b3bf2f3); attention's latency build loading its first batch
-of values before the wait as well as its keys (v-early-ab-h200.json: 8B one row 4.138 -> 4.150 ms).
+of values before the wait as well as its keys (v-early-ab-h200.json: 8B one row 4.138 -> 4.150 ms);
+the matmul after attention asking the weights past its warps' first batch into L2 before its wait
+(cp.async.bulk.prefetch.L2, prefetch-after-attention-ab-h200.json: 8B one row 4.088 -> 4.133 ms, 16
+rows 5.98 -> 6.04, 1B equal).
 Adopted: attention blocks past their row's last chunk leaving at once (skip-idle-ab-h200.json, table
-width 56 pages: 8B one row 4.18 -> 4.08 ms).
+width 56 pages: 8B one row 4.18 -> 4.08 ms); q|k|v rotated and stored by the matmul's epilogue
+(rope-epilogue-ab-h200.json: 8B one row 4.19 -> 4.10 ms, 1B 0.863 -> 0.831).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from kernels.cuda import plan, tensor_map
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
-from kernels.cuda.weights import CudaWeight, interleave_gate_up, pad_host, rope_tiles
+from kernels.cuda.weights import CudaWeight, interleave_gate_up, pad_host, rope_tile_order
 from kernels.weights import Weight, concat_rows
 
 # Exact mode off: batches at least this wide go to cuBLAS. Decode buckets stay narrower, so a
@@ -116,13 +116,13 @@ class CudaOps:
         return replace(w, data=interleave_gate_up(w.data, f), scales=scales, gate_up="tiles")
 
     def upload_qkv(self, q: Weight, k: Weight, v: Weight, bias: Weight | None, head_dim: int):
-        w = self.upload(concat_rows([q, k, v]))
-        b = None if bias is None else self.upload(bias)
+        w = concat_rows([q, k, v])
         if head_dim % 16:
-            return w, b
-        scales = None if w.scales is None else rope_tiles(w.scales, head_dim)
-        w = replace(w, data=rope_tiles(w.data, head_dim), scales=scales, rope_tiles=head_dim)
-        return w, None if b is None else rope_tiles(b, head_dim)
+            return self.upload(w), None if bias is None else self.upload(bias)
+        order = rope_tile_order(w.shape[0], head_dim)  # regrouped on the host: one device copy
+        w = Weight(w.data[order], w.dtype, None if w.scales is None else w.scales[order])
+        b = None if bias is None else self.upload(Weight(bias.data[order], bias.dtype))
+        return replace(self.upload(w), rope_tiles=head_dim), b
 
     def tensor(self, a: np.ndarray):
         return cp.asarray(a)
