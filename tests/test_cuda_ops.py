@@ -328,12 +328,13 @@ def test_qkv_weight_in_rope_tiles_gives_the_separate_ops_bits(gpu, gpu_off, dtyp
     """upload_qkv's weight (each head's rows regrouped so that one thread holds both dims of a rope
     pair): norm_qkv_rope_write, one launch where the streaming kernel's epilogue rotates and stores,
     must give q and the cache cells of norm_matmul then qkv_rope_write on the stacked weight, bit for
-    bit, at every batch width, exact or not, with and without a bias."""
+    bit, at every batch width and on every kernel, exact or not, with and without a bias."""
     from kernels.base import PagedRows
     from kernels.cuda import plan
     from kernels.weights import concat_rows
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
+    monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
     n_heads, n_kv, hd = 4, 2, 64
     k = 256 if dtype == "q8_0" else 200
     parts = [_weight(h * hd, k, dtype) for h in (n_heads, n_kv, n_kv)]
@@ -345,7 +346,8 @@ def test_qkv_weight_in_rope_tiles_gives_the_separate_ops_bits(gpu, gpu_off, dtyp
             tiled, tiled_bias = ops.upload_qkv(*parts, bias, hd)
             stacked, stacked_bias = ops.upload(concat_rows(parts)), None if bias is None else ops.upload(bias)
             assert tiled.rope_tiles == hd
-            for m in (1, 2, 9, 16, 64, 200):
+            for m, kernels in ((1, True), (2, True), (9, True), (16, True), (64, True), (200, True), (200, "wide")):
+                monkeypatch.setattr(ops, "tiled", kernels)  # 200 rows: mm_wgmma (f16, bf16 on sm_90), then mm_wide
                 x = cp.asarray(_rand(m, k))
                 slots = RNG.choice(4 * PAGE_SIZE, m, replace=False).astype(np.int64)
                 slots[RNG.random(m) < 0.1] = -1  # padding rows write nothing

@@ -48,18 +48,24 @@ def measure(forward, stream, reps: int) -> dict:
             "logits": out.get().tobytes()}
 
 
-def run_mode(exact: bool, a) -> list[dict]:
-    cfg, ops, model, pool, pages = model_setup(exact, a.shape, 1, a.tokens)
-    pos = np.arange(a.tokens)
+def prompt_forward(exact: bool, shape: str, tokens: int):
+    """The model's forward pass over one prompt of `tokens` tokens (random weights), as a function."""
+    cfg, ops, model, pool, pages = model_setup(exact, shape, 1, tokens)
+    pos = np.arange(tokens)
     table = np.arange(pages, dtype=np.int32)
-    rows = PagedRows(ops.tensor(pos.astype(np.int32)), ops.tensor(np.zeros(a.tokens, np.int32)),
+    rows = PagedRows(ops.tensor(pos.astype(np.int32)), ops.tensor(np.zeros(tokens, np.int32)),
                      ops.tensor(table[None]), ops.tensor(table[pos // 256].astype(np.int64) * 256 + pos % 256))
     ids = ops.tensor((pos % cfg.vocab_size).astype(np.int32))
-    last = ops.tensor(np.array([a.tokens - 1], np.int64))
+    last = ops.tensor(np.array([tokens - 1], np.int64))
 
     def forward():
         return model.forward(ids, rows, pool.layers, last)
 
+    return forward
+
+
+def run_mode(exact: bool, a) -> list[dict]:
+    forward = prompt_forward(exact, a.shape, a.tokens)
     out, ref = [], None
     own = cp.cuda.Stream(non_blocking=False)
     for label, launcher, stream in (("cupy, default stream", ORIGINAL, cp.cuda.Stream.null),

@@ -1,6 +1,7 @@
 """Probe: decode-step graph replays with the plan as it is and with one change, alternated on one
 machine (machine instances differ by a few per cent, so an A/B must share one run).
   python3 bench/probes/step_ab.py --change one_row --out ab.json
+  (--prefill 512: one prompt's forward pass, exact on and off, instead of decode steps)
 Changes (the alternative to the plan):
   one_row        one row on tm1 instead of mm_*_one
   norm_gate_up   one row: the 8B gate|up matmul normalises its own input (no rms_norm launch)
@@ -13,7 +14,9 @@ key and value rows asked into L2 before its wait; a chunk's keys copied into sha
 of values before the wait as well as its keys (v-early-ab-h200.json: 8B one row 4.138 -> 4.150 ms);
 the matmul after attention asking the weights past its warps' first batch into L2 before its wait
 (cp.async.bulk.prefetch.L2, prefetch-after-attention-ab-h200.json: 8B one row 4.088 -> 4.133 ms, 16
-rows 5.98 -> 6.04, 1B equal).
+rows 5.98 -> 6.04, 1B equal); the rotation and cache stores in the epilogue of the wide kernels too
+(mm_wgmma, mm_wide, mm_tile; rope-epilogue-prefill-ab-h200.json, where "plan" is that build): 8B
+prompt of 512 tokens 28.3 -> 29.5 ms exact (scattered 4- and 2-byte stores from 128-row tiles).
 Adopted: attention blocks past their row's last chunk leaving at once (skip-idle-ab-h200.json, table
 width 56 pages: 8B one row 4.18 -> 4.08 ms); q|k|v rotated and stored by the matmul's epilogue
 (rope-epilogue-ab-h200.json: 8B one row 4.19 -> 4.10 ms, 1B 0.863 -> 0.831).
@@ -27,8 +30,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import cupy as cp
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import bench_decode_step  # noqa: E402
+from bench.probes.prefill_pdl import measure, prompt_forward  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.weights import concat_rows  # noqa: E402
@@ -54,6 +60,18 @@ CHANGES = {  # name: [(module or class, attribute, its value in the alternative)
 }
 
 
+def _steps(shape: str, batches: list[int], pages: int | None):
+    for r in bench_decode_step(True, shape, batches, 600, pages=pages):
+        yield f"{shape} b{r['batch']}", r["step_ms"]
+
+
+def _prefill(shape: str, tokens: int):
+    for exact in (True, False):
+        yield f"{shape} prompt {tokens} exact {'on' if exact else 'off'}", measure(
+            prompt_forward(exact, shape, tokens), cp.cuda.Stream.null, 5)["wall_ms"]
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--change", choices=sorted(CHANGES), required=True)
@@ -61,22 +79,23 @@ def main() -> None:
     ap.add_argument("--batches", default="1")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--pages", type=int, help="pages per sequence (decode graph table width)")
+    ap.add_argument("--prefill", type=int, help="time one prompt of this many tokens (exact on and off) instead")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     alt = CHANGES[a.change]
     plan_values = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in alt]
     batches = [int(b) for b in a.batches.split(",")]
-    res: dict = {"change": a.change, "pages": a.pages,
-                 "what": "decode step graph replay ms (exact on, context 600)"}
+    res: dict = {"change": a.change, "pages": a.pages, "what": f"prompt of {a.prefill} tokens, forward pass ms" if a.prefill
+                 else "decode step graph replay ms (exact on, context 600)"}
     try:
         for shape in a.shapes.split(","):
             for _ in range(a.repeats):
                 for state, values in (("plan", plan_values), ("alt", alt)):
                     for obj, attr, value in values:
                         setattr(obj, attr, value)
-                    for r in bench_decode_step(True, shape, batches, 600, pages=a.pages):
-                        key = f"{shape} b{r['batch']} {state}"
-                        res.setdefault(key, []).append(round(r["step_ms"], 4))
+                    for key, ms in (_prefill(shape, a.prefill) if a.prefill else _steps(shape, batches, a.pages)):
+                        key = f"{key} {state}"
+                        res.setdefault(key, []).append(round(ms, 4))
                         print(key, res[key], flush=True)
     finally:
         for obj, attr, value in plan_values:
