@@ -6,6 +6,10 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
   tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
               before mm_*_one)
+  uUbT        the 9-16-row kernel (tm2) with U chunks a batch, bounded for T-thread blocks (same bits;
+              fails to launch on larger blocks). tm2-batches-h200.json, 16 rows: q|k|v 19.1 us, 18.1
+              at U 2 bounded for 256 (no spill), 19.7 / 20.2 at U 3 / 4; gate|up 72.5, 79.8 at U 3
+              bounded for 64 (72 registers, one wave), ~110 at 80 registers (1.13 waves)
 Builds measured once and removed with their kernel code (bench/results/prefetch-mm-h200.json): weights
 asked into L2 one to four batches ahead (`pfD`, bulk or per line; slower everywhere), one token tile
 with four chunks a batch each loading after the chunk before (the tm1 of 56c1bd4, now two a batch),
@@ -21,6 +25,7 @@ L2) and whether each same-bits build matched `base` bit for bit.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import replace
@@ -36,16 +41,23 @@ from kernels.cuda.ops import mm_tc_args  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PATCHES = {
-    "xonce": ("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;"),
-    "xhalf": ("hi = ok ? p[1] : zero;", "hi = lo;"),
+    "xonce": [("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;")],
+    "xhalf": [("hi = ok ? p[1] : zero;", "hi = lo;")],
 }
+# the token-tile pair kernel (9-16 rows) with U chunks a batch under a register bound of its own
+_MM_TC = "    extern \"C\" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME("
+for name, (u, threads, blocks) in {"u2b256": (2, 256, 3), "u3b256": (3, 256, 3), "u4b256": (4, 256, 3),
+                                   "u3b64": (3, 64, 14)}.items():
+    PATCHES[name] = [(_MM_TC, _MM_TC.replace("1024 / (TM > 2 ? TM / 2 : 1)",
+                                             f"TM == 2 ? {threads} : 1024 / (TM > 2 ? TM / 2 : 1), TM == 2 ? {blocks} : 1")),
+                     ("MM_TC(mm_##T##_tm2, WT, 2, 2, 0)", f"MM_TC(mm_##T##_tm2, WT, 2, {u}, 0)")]
 
 
+@functools.cache
 def build(variant: str):
     text = modules.source("matmul.cu")
     for part in variant.split("+"):
-        if part not in ("base", "tm1"):
-            old, new = PATCHES[part]
+        for old, new in PATCHES.get(part, []):
             assert old in text, part
             text = text.replace(old, new)
     return cp.RawModule(code=text, options=modules.OPTIONS)

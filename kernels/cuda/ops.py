@@ -177,7 +177,7 @@ class CudaOps:
         n = w.shape[0]
         if w.shape[1] != k:
             raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
-        cublas = not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
+        cublas = self._to_cublas(t, w)
         if w.gate_up is not None:
             if bias is not None or residual is not None:
                 raise ValueError("a gated product takes no bias or residual")
@@ -235,10 +235,12 @@ class CudaOps:
             return "tile", tiled
         return None, None
 
+    def _to_cublas(self, t: int, w: CudaWeight) -> bool:
+        return not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
+
     def _streams(self, t: int, w: CudaWeight) -> bool:
         """Whether matmul runs t rows of w on the streaming kernel (mm_tc)."""
-        cublas = not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
-        return w.dtype != "f32" and not cublas and self._shared_memory_launch(t, w)[0] is None
+        return w.dtype != "f32" and not self._to_cublas(t, w) and self._shared_memory_launch(t, w)[0] is None
 
     def _streaming(self, x, w: CudaWeight, out, bias, res, flags, prologue: str | None = None, norm_weight=None,
                    eps: float = 0.0, qkv_out: tuple = ()):

@@ -71,7 +71,6 @@ def interleave_gate_up(a, f: int):
     return a[: 2 * f].reshape(2, f // 8, 8, *rest).swapaxes(0, 1).reshape(2 * f, *rest).copy()
 
 
-
 def rope_tile_order(n: int, d: int) -> np.ndarray:
     """Row order of n rows (whole heads of d rows) with each head's rows as 16-row tiles: dims 8i ..
     8i+7, then d/2 + 8i .. d/2 + 8i+7 (d a multiple of 16)."""
