@@ -16,7 +16,10 @@ the matmul after attention asking the weights past its warps' first batch into L
 (cp.async.bulk.prefetch.L2, prefetch-after-attention-ab-h200.json: 8B one row 4.088 -> 4.133 ms, 16
 rows 5.98 -> 6.04, 1B equal); the rotation and cache stores in the epilogue of the wide kernels too
 (mm_wgmma, mm_wide, mm_tile; rope-epilogue-prefill-ab-h200.json, where "plan" is that build): 8B
-prompt of 512 tokens 28.3 -> 29.5 ms exact (scattered 4- and 2-byte stores from 128-row tiles).
+prompt of 512 tokens 28.3 -> 29.5 ms exact (scattered 4- and 2-byte stores from 128-row tiles);
+attention's throughput build copying its second batch of values into shared memory by cp.async with
+the first batch's loads (V_STAGE, 39 KB a block; vstage-ab-h200.json): 8B 8 rows 5.43 -> 5.49 ms,
+16 rows 5.90 -> 5.98, 1B equal.
 Adopted: attention blocks past their row's last chunk leaving at once (skip-idle-ab-h200.json, table
 width 56 pages: 8B one row 4.18 -> 4.08 ms); q|k|v rotated and stored by the matmul's epilogue
 (rope-epilogue-ab-h200.json: 8B one row 4.19 -> 4.10 ms, 1B 0.863 -> 0.831).
