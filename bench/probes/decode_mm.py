@@ -6,6 +6,8 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
   tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
               before mm_*_one)
+  x16         activations rounded to 16 bits beforehand (act_to_16), one 16-byte load per token tile
+              and chunk (same bits; the x16 of 5e2ab6f, rebuilt to look at it with ncu_run.sh)
   uUbT        the 9-16-row kernel (tm2) with U chunks a batch, bounded for T-thread blocks (same bits;
               fails to launch on larger blocks). tm2-batches-h200.json, 16 rows: q|k|v 19.1 us, 18.1
               at U 2 bounded for 256 (no spill), 19.7 / 20.2 at U 3 / 4; gate|up 72.5, 79.8 at U 3
@@ -37,13 +39,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
 from kernels.cuda import modules, plan  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
-from kernels.cuda.ops import mm_tc_args  # noqa: E402
+from kernels.cuda.ops import CudaOps, mm_tc_args  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PATCHES = {
     "xonce": [("const int k0 = c * 32 + 8 * t;", "const int k0 = c_begin * 32 + 8 * t;")],
     "xhalf": [("hi = ok ? p[1] : zero;", "hi = lo;")],
 }
+# activations given already rounded to 16 bits (act_to_16's layout, not permuted): the pairs pack_act
+# makes, one 16-byte load per token tile and chunk (same bits)
+PATCHES["x16"] = [
+    ("float xv[TM][8];", "float xv[TM][8];\n        uint4 xq[TM];"),
+    ("for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, k0, vec, xv[tm]);",
+     "for (int tm = 0; tm < TM; ++tm) { const int m = m_base + tm * 8 + g;"
+     " xq[tm] = m < M ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(x) + (i64)m * ldx + k0)"
+     " : make_uint4(0u, 0u, 0u, 0u); }"),
+    ("mma_chunk<WT>(acc[tm], a1, a2, pack_act<WT>(v[0], v[1]), pack_act<WT>(v[2], v[3]),\n"
+     "                          pack_act<WT>(v[4], v[5]), pack_act<WT>(v[6], v[7]), da[u], db[u]);",
+     "mma_chunk<WT>(acc[tm], a1, a2, xq[tm].x, xq[tm].y, xq[tm].z, xq[tm].w, da[u], db[u]);"),
+]
 # the token-tile pair kernel (9-16 rows) with U chunks a batch under a register bound of its own
 _MM_TC = "    extern \"C\" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME("
 for name, (u, threads, blocks) in {"u2b256": (2, 256, 3), "u3b256": (3, 256, 3), "u4b256": (4, 256, 3),
@@ -75,6 +89,8 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     w0 = random_weight(n, k, "f16")
     ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
     x = cp.random.standard_normal((m, k), dtype=cp.float32)
+    if "x16" in variant.split("+"):
+        x = CudaOps._act16(x, int(w0.data.shape[1]), False)
     out = cp.zeros((m, n), cp.float32)
 
     def args(w):
