@@ -86,14 +86,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     alt = CHANGES[a.change]
-    plan_values = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in alt]
+    current = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in alt]
     batches = [int(b) for b in a.batches.split(",")]
     res: dict = {"change": a.change, "pages": a.pages, "what": f"prompt of {a.prefill} tokens, forward pass ms" if a.prefill
                  else "decode step graph replay ms (exact on, context 600)"}
     try:
         for shape in a.shapes.split(","):
             for _ in range(a.repeats):
-                for state, values in (("plan", plan_values), ("alt", alt)):
+                for state, values in (("plan", current), ("alt", alt)):
                     for obj, attr, value in values:
                         setattr(obj, attr, value)
                     for key, ms in (_prefill(shape, a.prefill) if a.prefill else _steps(shape, batches, a.pages)):
@@ -101,7 +101,7 @@ def main() -> None:
                         res.setdefault(key, []).append(round(ms, 4))
                         print(key, res[key], flush=True)
     finally:
-        for obj, attr, value in plan_values:
+        for obj, attr, value in current:
             setattr(obj, attr, value)
     Path(a.out).write_text(json.dumps(res, indent=1))
 
