@@ -365,6 +365,9 @@ def test_qkv_weight_in_rope_tiles_gives_the_separate_ops_bits(gpu, gpu_off, dtyp
                                 ops.kv_read_pages(split_layer, list(range(4))), strict=True):
                     if kv_type == "f32" or ops.exact or m < 65:
                         same(a, b, rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match="neox"):  # the tiles pair dims d and d + head_dim/2 only
+            ops.norm_qkv_rope_write(x, nw, 1e-5, tiled, tiled_bias, rows, RopeTable(table.cos, table.sin, False),
+                                    fused_layer, n_heads, n_kv)
 
 
 def test_silu_mul_reads_the_halves_in_place(gpu):

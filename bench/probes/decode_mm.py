@@ -7,16 +7,16 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
               before mm_*_one)
   x16         activations rounded to 16 bits beforehand (act_to_16), one 16-byte load per token tile
-              and chunk (same bits; the x16 of 5e2ab6f, rebuilt to look at it with ncu_run.sh)
+              and chunk (same bits). As mm_*_x16_* of 5e2ab6f (x16-mm-h200.json): 6-10 % faster at 8
+              rows, 13-26 % slower at 16 except o; rebuilt here (not yet run) to find out why with
+              ncu_run.sh tm2 tm2x16
   uUbT        the 9-16-row kernel (tm2) with U chunks a batch, bounded for T-thread blocks (same bits;
               fails to launch on larger blocks). tm2-batches-h200.json, 16 rows: q|k|v 19.1 us, 18.1
               at U 2 bounded for 256 (no spill), 19.7 / 20.2 at U 3 / 4; gate|up 72.5, 79.8 at U 3
               bounded for 64 (72 registers, one wave), ~110 at 80 registers (1.13 waves)
 Builds measured once and removed with their kernel code (bench/results/prefetch-mm-h200.json): weights
 asked into L2 one to four batches ahead (`pfD`, bulk or per line; slower everywhere), one token tile
-with four chunks a batch each loading after the chunk before (the tm1 of 56c1bd4, now two a batch),
-activations rounded to 16 bits beforehand (`x16`, mm_*_x16_* of 5e2ab6f, x16-mm-h200.json: 6-10 %
-faster at 8 rows, 13-26 % slower at 16 except o; the producing kernels would have to write them).
+with four chunks a batch each loading after the chunk before (the tm1 of 56c1bd4, now two a batch).
 Builds measured once and removed (git history): weights staged ahead in shared memory by cp.async
 (`ring{R}`, MM_RING in matmul.cu of d31d409), token tiles fastest in the grid (`fast`, 628915c).
 Prints and writes JSON: microseconds per matmul (median of graph replays over weight copies past

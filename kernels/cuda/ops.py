@@ -265,9 +265,8 @@ class CudaOps:
         if w.gate_up is not None and bias is not None:
             raise ValueError("a gated product takes no bias or residual")
         out = cp.empty((1, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
-        flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0))
-        return self._streaming(x, w, out, bias if bias is not None else self._dummy, self._dummy, flags, "norm",
-                               norm_weight, eps)
+        flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
+        return self._streaming(x, w, out, bias, None, flags, "norm", norm_weight, eps)
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):
         t, k = x.shape
@@ -400,13 +399,11 @@ class CudaOps:
         q = cp.empty((t, n_heads, d), dtype=cp.float32)
         if not t:
             return q
-        flags = _i32(EPI_ROPE | (EPI_BIAS if bias is not None else 0))
-        b = bias if bias is not None else self._dummy
         out = (layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64), table.cos, table.sin,
                _i32(n_heads), _i32(n_kv), _i32(d), _i32(KV_CODES[layer.kv_type]))
-        if self._norm_prologue(t, k, w):
-            return self._streaming(x, w, q, b, self._dummy, flags, "norm", norm_weight, eps, qkv_out=out)
-        return self._streaming(self.rms_norm(x, norm_weight, eps), w, q, b, self._dummy, flags, qkv_out=out)
+        prologue = "norm" if self._norm_prologue(t, k, w) else None
+        return self._streaming(x if prologue else self.rms_norm(x, norm_weight, eps), w, q, bias, None,
+                               EPI_ROPE | (EPI_BIAS if bias is not None else 0), prologue, norm_weight, eps, out)
 
     def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):
         q = _rows(q)
