@@ -10,6 +10,9 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
               and chunk (same bits). As mm_*_x16_* of 5e2ab6f (x16-mm-h200.json): 6-10 % faster at 8
               rows, 13-26 % slower at 16 except o; rebuilt here (not yet run) to find out why with
               ncu_run.sh tm2 tm2x16
+  rRuU        R row tiles a warp (a block covers 16 R weight rows), so each chunk's activations feed
+              R tiles' MMAs; U chunks a batch (same bits), at 1-16 rows
+  wtile       weights laid out tile by tile (each 16-row x 32-k chunk 1 KB contiguous; same bits)
   uUbT        the 9-16-row kernel (tm2) with U chunks a batch, bounded for T-thread blocks (same bits;
               fails to launch on larger blocks). tm2-batches-h200.json, 16 rows: q|k|v 19.1 us, 18.1
               at U 2 bounded for 256 (no spill), 19.7 / 20.2 at U 3 / 4; gate|up 72.5, 79.8 at U 3
@@ -49,22 +52,46 @@ PATCHES = {
 # activations given already rounded to 16 bits (act_to_16's layout, not permuted): the pairs pack_act
 # makes, one 16-byte load per token tile and chunk (same bits)
 PATCHES["x16"] = [
-    ("float xv[TM][8];", "float xv[TM][8];\n        uint4 xq[TM];"),
+    ("float xv[TM][8];", "uint4 xq[TM];"),
     ("for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, k0, vec, xv[tm]);",
      "for (int tm = 0; tm < TM; ++tm) { const int m = m_base + tm * 8 + g;"
      " xq[tm] = m < M ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(x) + (i64)m * ldx + k0)"
      " : make_uint4(0u, 0u, 0u, 0u); }"),
-    ("mma_chunk<WT>(acc[tm], a1, a2, pack_act<WT>(v[0], v[1]), pack_act<WT>(v[2], v[3]),\n"
-     "                          pack_act<WT>(v[4], v[5]), pack_act<WT>(v[6], v[7]), da[u], db[u]);",
-     "mma_chunk<WT>(acc[tm], a1, a2, xq[tm].x, xq[tm].y, xq[tm].z, xq[tm].w, da[u], db[u]);"),
+    ("for (int i = 0; i < 4; ++i) b[tm][i] = pack_act<WT>(xv[tm][2 * i], xv[tm][2 * i + 1]);",
+     "{ b[tm][0] = xq[tm].x; b[tm][1] = xq[tm].y; b[tm][2] = xq[tm].z; b[tm][3] = xq[tm].w; }"),
+]
+# weights stored tile by tile: each (16-row tile, 32-k chunk) 1 KB contiguous, chunks of a tile in order
+# (the probe lays them out so; same bits), so a warp's batch is one contiguous run of U KB
+PATCHES["wtile"] = [
+    ("h + row_a + c * 32 + 8 * t)", "h + ((i64)((n0 >> 4) + r) * C + c) * 512 + g * 32 + 8 * t)"),
+    ("h + row_b + c * 32 + 8 * t)", "h + ((i64)((n0 >> 4) + r) * C + c) * 512 + (g + 8) * 32 + 8 * t)"),
 ]
 # the token-tile pair kernel (9-16 rows) with U chunks a batch under a register bound of its own
-_MM_TC = "    extern \"C\" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME("
+_MM_TC = "    extern \"C\" __global__ void __launch_bounds__(1024 / (TM * RT > 2 ? TM * RT / 2 : 1)) NAME("
 for name, (u, threads, blocks) in {"u2b256": (2, 256, 3), "u3b256": (3, 256, 3), "u4b256": (4, 256, 3),
                                    "u3b64": (3, 64, 14)}.items():
-    PATCHES[name] = [(_MM_TC, _MM_TC.replace("1024 / (TM > 2 ? TM / 2 : 1)",
-                                             f"TM == 2 ? {threads} : 1024 / (TM > 2 ? TM / 2 : 1), TM == 2 ? {blocks} : 1")),
-                     ("MM_TC(mm_##T##_tm2, WT, 2, 2, 0)", f"MM_TC(mm_##T##_tm2, WT, 2, {u}, 0)")]
+    PATCHES[name] = [(_MM_TC, _MM_TC.replace("1024 / (TM * RT > 2 ? TM * RT / 2 : 1)",
+                                             f"TM == 2 ? {threads} : 1024 / (TM * RT > 2 ? TM * RT / 2 : 1), "
+                                             f"TM == 2 ? {blocks} : 1")),
+                     ("MM_TC(mm_##T##_tm2, WT, 2, 2, 0, 1)", f"MM_TC(mm_##T##_tm2, WT, 2, {u}, 0, 1)")]
+
+
+def _rt(variant: str) -> tuple[int, int] | None:
+    """(R, U) of an `rRuU` build: R row tiles a warp sharing each chunk's activations (same bits), U
+    chunks a batch, as kernels mm_f16_tm1r and mm_f16_tm2r bounded for 512-thread blocks (the 8B
+    shapes' splits are <= 16)."""
+    for part in variant.split("+"):
+        if len(part) == 4 and part[0] == "r" and part[2] == "u":
+            return int(part[1]), int(part[3])
+    return None
+
+
+def _rt_kernels(text: str, r: int, u: int) -> str:
+    start = text.index("#define MM_TC(")
+    macro = text[start:text.index("\n\n", start)]
+    macro = macro.replace("#define MM_TC(", "#define MM_TCB(").replace("1024 / (TM * RT > 2 ? TM * RT / 2 : 1)", "512")
+    return (text + "\n" + macro + "\n" + f"MM_TCB(mm_f16_tm1r, WT_F16, 1, {u}, 0, {r})\n"
+            f"MM_TCB(mm_f16_tm2r, WT_F16, 2, {u}, 0, {r})\n")
 
 
 @functools.cache
@@ -74,6 +101,8 @@ def build(variant: str):
         for old, new in PATCHES.get(part, []):
             assert old in text, part
             text = text.replace(old, new)
+    if _rt(variant):
+        text = _rt_kernels(text, *_rt(variant))
     return cp.RawModule(code=text, options=modules.OPTIONS)
 
 
@@ -84,10 +113,17 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     if "tm1" in variant.split("+"):  # one token tile a block however many rows (same bits)
         mm = replace(mm, kernel="mm_f16_tm1", token_tiles=1,
                      grid=(mm.grid[0], plan.ceil_div(m, 8), 1), shared=plan.combine_bytes(mm.split, 1))
+    if _rt(variant) and mm.token_tiles <= 2:
+        r = _rt(variant)[0]
+        mm = replace(mm, kernel=f"mm_f16_tm{mm.token_tiles}r", grid=(plan.ceil_div(n, 16 * r),) + mm.grid[1:],
+                     shared=mm.shared * r)
     shared = mm.shared
     fn = mod.get_function(mm.kernel)
     w0 = random_weight(n, k, "f16")
     ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
+    if "wtile" in variant.split("+"):
+        ws = [replace(w, data=w.data.reshape(-1, 16, w.data.shape[1] // 32, 32).transpose(0, 2, 1, 3).copy()
+                      .reshape(w.data.shape)) for w in ws]
     x = cp.random.standard_normal((m, k), dtype=cp.float32)
     if "x16" in variant.split("+"):
         x = CudaOps._act16(x, int(w0.data.shape[1]), False)
