@@ -276,16 +276,16 @@ def test_matmul_residual_epilogue_equals_add(gpu, gpu_off, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("shape", [(3072, 2048), (40, 96), (37, 64), (40, 70), (520, 4096), (28672, 4096)], ids=str)
 def test_norm_matmul_equals_the_separate_ops(gpu, gpu_off, dtype, shape):
-    """One row runs as one kernel that normalises its own input (where plan.norm_prologue says so);
-    the bits must be rms_norm's then matmul's, with and without bias, exact or not; wider batches
-    take the separate ops."""
+    """One row runs as one kernel that normalises its own input (where plan.norm_prologue says so),
+    9-16 rows as rms_norm_16 then the kernel reading 16-bit pairs; the bits must be rms_norm's then
+    matmul's, with and without bias, exact or not; other batches take the separate ops."""
     n, k = shape
     if dtype == "q8_0" and k % 32:
         pytest.skip("Q8_0 rows are whole blocks of 32")
     w = _weight(n, k, dtype)
     for ops in (gpu, gpu_off):
         dw, nw, db = ops.upload(w), ops.tensor(_rand(k)), ops.tensor(_rand(n))
-        for m in (1, 2, 9):
+        for m in (1, 2, 9, 16):  # 9-16 rows: rms_norm_16's pairs into mm_*_tm2h
             x = cp.asarray(_rand(m, k, scale=3.0))
             for bias in (None, db):
                 fused = cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, dw, bias))

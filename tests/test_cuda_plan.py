@@ -79,6 +79,15 @@ def test_norm_prologue_only_where_its_reads_stay_small():
         plan.matmul_launch("f16", 2, 3072, 2048, 132, prologue="norm")
 
 
+def test_16bit_activations_only_for_the_token_tile_pair_kernel():
+    """rms_norm_16 feeds the 9-16-row kernel alone (the other kernels read float32 rows)."""
+    for n, k in ((6144, 4096), (28672, 4096), (128256, 4096), (3072, 2048)):
+        assert [m for m in range(1, 40) if plan.reads_16bit(m, n, k, 132)] == list(range(9, 17))
+        assert plan.matmul_launch("bf16", 12, n, k, 132, prologue="x16").kernel == "mm_bf16_tm2h"
+    with pytest.raises(ValueError, match="9-16-row"):
+        plan.matmul_launch("f16", 8, 4096, 4096, 132, prologue="x16")
+
+
 def test_attention_scratch_is_bounded():
     launch = plan.attention_launch(100_000, 32, 8, 128, 128, 132)
     assert launch.row_slice * 32 * 128 * 130 * 4 <= plan.ATTN_PART_BYTES

@@ -6,10 +6,12 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
   xhalf       timing only, wrong bits: 16 of an activation's 32 bytes loaded (what 16-bit ones would cost)
   tm1         one token tile (8 rows) a block whatever the batch (same bits; at one row the kernel
               before mm_*_one)
-  x16         activations rounded to 16 bits beforehand (act_to_16), one 16-byte load per token tile
-              and chunk (same bits). As mm_*_x16_* of 5e2ab6f (x16-mm-h200.json): 6-10 % faster at 8
-              rows, 13-26 % slower at 16 except o; rebuilt here (not yet run) to find out why with
-              ncu_run.sh tm2 tm2x16
+  x16         at 9-16 rows the product's mm_*_tm2h: activations rounded to 16 bits beforehand (as
+              rms_norm_16 gives them), one 16-byte load per token tile and chunk (same bits). Run with
+              their own patches before mm_*_tm2h (batch-loads-mm-h200.json): `nobatch` (each chunk's
+              activation loads placed by the compiler: 8 rows gate|up 69.2 us against 60.1)
+  m72         72 registers for the 9-16-row kernel (__maxnreg__) instead of 64
+  u3, u4      3 or 4 chunks a batch at 2-16 rows
   rRuU        R row tiles a warp (a block covers 16 R weight rows), so each chunk's activations feed
               R tiles' MMAs; U chunks a batch (same bits), at 1-16 rows
   wtile       weights laid out tile by tile (each 16-row x 32-k chunk 1 KB contiguous; same bits)
@@ -51,15 +53,13 @@ PATCHES = {
 }
 # activations given already rounded to 16 bits (act_to_16's layout, not permuted): the pairs pack_act
 # makes, one 16-byte load per token tile and chunk (same bits)
-PATCHES["x16"] = [
-    ("float xv[TM][8];", "uint4 xq[TM];"),
-    ("for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, k0, vec, xv[tm]);",
-     "for (int tm = 0; tm < TM; ++tm) { const int m = m_base + tm * 8 + g;"
-     " xq[tm] = m < M ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(x) + (i64)m * ldx + k0)"
-     " : make_uint4(0u, 0u, 0u, 0u); }"),
-    ("for (int i = 0; i < 4; ++i) b[tm][i] = pack_act<WT>(xv[tm][2 * i], xv[tm][2 * i + 1]);",
-     "{ b[tm][0] = xq[tm].x; b[tm][1] = xq[tm].y; b[tm][2] = xq[tm].z; b[tm][3] = xq[tm].w; }"),
-]
+# 72 registers for the 9-16-row kernel (and 64 for the 8-row one) instead of the 1024-thread bound (64):
+# blocks of more than 256 threads then run fewer a SM
+PATCHES["m72"] = [("__launch_bounds__(1024 / (TM * RT > 2 ? TM * RT / 2 : 1))",
+                   "__maxnreg__(TM == 2 ? 72 : (TM == 1 ? 64 : 128))")]
+for _u in (3, 4):  # chunks a batch of the 1-8 and 9-16-row kernels
+    PATCHES[f"u{_u}"] = [("MM_TC(mm_##T##_tm1, WT, 1, 2, 0, 1)", f"MM_TC(mm_##T##_tm1, WT, 1, {_u}, 0, 1)"),
+                         ("MM_TC(mm_##T##_tm2, WT, 2, 2, 0, 1)", f"MM_TC(mm_##T##_tm2, WT, 2, {_u}, 0, 1)")]
 # weights stored tile by tile: each (16-row tile, 32-k chunk) 1 KB contiguous, chunks of a tile in order
 # (the probe lays them out so; same bits), so a warp's batch is one contiguous run of U KB
 PATCHES["wtile"] = [
@@ -125,7 +125,9 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
         ws = [replace(w, data=w.data.reshape(-1, 16, w.data.shape[1] // 32, 32).transpose(0, 2, 1, 3).copy()
                       .reshape(w.data.shape)) for w in ws]
     x = cp.random.standard_normal((m, k), dtype=cp.float32)
-    if "x16" in variant.split("+"):
+    if "x16" in variant.split("+") and mm.token_tiles == 2:
+        mm = plan.matmul_launch("f16", m, n, k, sm, prologue="x16")
+        fn = mod.get_function(mm.kernel)
         x = CudaOps._act16(x, int(w0.data.shape[1]), False)
     out = cp.zeros((m, n), cp.float32)
 

@@ -15,9 +15,7 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import attention_inputs, random_weight  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.launch import launch  # noqa: E402
-from kernels.cuda.ops import CudaOps, mm_tc_args  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
 
 
 def attention(ops: CudaOps, rows: int, ctx: int, prefill: bool) -> None:

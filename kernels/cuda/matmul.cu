@@ -43,6 +43,9 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // rms_norm's expressions in rms_norm's order (rms_inv), so the bits of rms_norm then matmul.
 #define PRO_ONE 2
 #define PRO_NORM 4
+// Activations already rounded to the MMA's 16-bit pairs by the kernel that wrote them (rms_norm_16:
+// pack_act's rounding), [M, Kp] zero-padded past K: half the bytes and registers of float32 rows.
+#define PRO_X16 8
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -228,16 +231,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // One chunk into the accumulators. No branch on the token tiles (a tile past M multiplies zeros
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together
     // (at 16 rows: 12.5 against 15.2 us for an 8B q or o matmul, 37.9 against 53.7 us for gate).
-    auto chunk = [&](int u, int c) {
-        float xv[TM][8];
-        const int k0 = c * 32 + 8 * t;
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, k0, vec, xv[tm]);
-        unsigned b[TM][4];
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) b[tm][i] = pack_act<WT>(xv[tm][2 * i], xv[tm][2 * i + 1]);
+    // One chunk into the accumulators from its activations' 16-bit pairs (b: k 8t .. 8t+3, then
+    // 8t+4 .. 8t+7, per token tile).
+    auto chunk_mma = [&](int u, const unsigned (&b)[TM][4]) {
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
             unsigned a1[4], a2[4];
@@ -246,6 +242,20 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             for (int tm = 0; tm < TM; ++tm)
                 mma_chunk<WT>(acc[r][tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], da[r][u], db[r][u]);
         }
+    };
+    auto pack_chunk = [&](const float (&xv)[TM][8], unsigned (&b)[TM][4]) {
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b[tm][i] = pack_act<WT>(xv[tm][2 * i], xv[tm][2 * i + 1]);
+    };
+    auto chunk = [&](int u, int c) {
+        float xv[TM][8];
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, c * 32 + 8 * t, vec, xv[tm]);
+        unsigned b[TM][4];
+        pack_chunk(xv, b);
+        chunk_mma(u, b);
     };
     // One row: lane l loads and packs activations k0 + 4l .. k0 + 4l + 3 of the batch (chunk c0 +
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
@@ -288,10 +298,54 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
     }
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
+        if (PRO == PRO_X16) {
+            // The batch's activations first, then its weights behind a branch: ptxas keeps loads in
+            // their basic block, so every load is out before the first MMA waits (it moved each
+            // chunk's activation loads behind the previous chunk's MMAs when they shared a block).
+            const u16* x16 = reinterpret_cast<const u16*>(x);
+            uint4 xq[U][TM];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int tm = 0; tm < TM; ++tm) {
+                    const int m = m_base + tm * 8 + g;
+                    xq[u][tm] = m < M && c0 + u < c_end
+                                    ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+                }
+            if (c0 != c_begin) load_weights(c0);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (c0 + u < c_end) {
+                    unsigned b[TM][4];
+#pragma unroll
+                    for (int tm = 0; tm < TM; ++tm) {
+                        b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
+                    }
+                    chunk_mma(u, b);
+                }
+            continue;
+        }
         if (c0 != c_begin) load_weights(c0);
-        // A whole batch's chunks unrolled as one block of code, so that all their activation loads
-        // are issued with the weights' (one token tile, H200, 8 rows: two chunks a batch this way
-        // against four each loading after the previous chunk's MMAs, 8B gate|up 75.6 -> 70.9 us).
+        // A whole batch's activation loads issued with its weights' before any MMA: one round trip a
+        // batch. Left to the compiler (a branch on `vec` in each load), the next chunk's loads went
+        // out only after the previous chunk's MMAs had waited for the weights (H200, 8 rows, 8B
+        // gate|up 69.2 -> 60.1 us, down 33.3 -> 29.3; at 16 rows the 64 registers forbid it).
+        if (vec && c0 + U <= c_end) {
+            float xv[U][TM][8];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int tm = 0; tm < TM; ++tm)
+                    load_x8(x, m_base + tm * 8 + g, M, K, ldx, (c0 + u) * 32 + 8 * t, true, xv[u][tm]);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                unsigned b[TM][4];
+                pack_chunk(xv[u], b);
+                chunk_mma(u, b);
+            }
+            continue;
+        }
         if (c0 + U <= c_end) {
 #pragma unroll
             for (int u = 0; u < U; ++u) chunk(u, c0 + u);
@@ -375,7 +429,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 }
 
 // Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM * RT / 2) so the bounds hold
-// and the accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row). RT row tiles
+// and the accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row), PRO_X16
+// (16-bit activations, 9-16 rows). RT row tiles
 // a warp (a block covers 16 * RT weight rows). kc .. kv: where EPI_ROPE stores (k and v caches, kv their
 // type: 0 f32, 1 f16, 2 bf16); unused otherwise.
 #define MM_TC(NAME, WT, TM, U, PRO, RT)                                                                  \
@@ -391,6 +446,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #define MM_TC_ALL(T, WT)                         \
     MM_TC(mm_##T##_tm1, WT, 1, 2, 0, 1)          \
     MM_TC(mm_##T##_tm2, WT, 2, 2, 0, 1)          \
+    MM_TC(mm_##T##_tm2h, WT, 2, 2, PRO_X16, 1)   \
     MM_TC(mm_##T##_tm4, WT, 4, 2, 0, 1)          \
     MM_TC(mm_##T##_tm8, WT, 8, 1, 0, 1)          \
     MM_TC(mm_##T##_one, WT, 1, 4, PRO_ONE, 1)    \

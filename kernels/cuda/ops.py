@@ -257,16 +257,41 @@ class CudaOps:
         return (t == 1 and w.dtype != "f32" and w.gate_up != "halves" and w.shape[1] == k
                 and plan.norm_prologue(w.shape[0], k))
 
+    def _prologue(self, t: int, k: int, w: CudaWeight) -> str | None:
+        """How norm_matmul feeds the streaming kernel: "norm" (one row: the kernel normalises it),
+        "x16" (rms_norm_16's 16-bit pairs) or None (rms_norm's rows, then matmul)."""
+        if self._norm_prologue(t, k, w):
+            return "norm"
+        if (w.gate_up != "halves" and w.shape[1] == k and self._streams(t, w)
+                and plan.reads_16bit(t, w.shape[0], k, self.sm_count)):
+            return "x16"
+        return None
+
+    def _normed(self, x, norm_weight, eps: float, w: CudaWeight, prologue: str | None):
+        """The streaming kernel's input for `prologue` (see _prologue)."""
+        if prologue == "norm":
+            return x
+        if prologue != "x16":
+            return self.rms_norm(x, norm_weight, eps)
+        t, k = (int(s) for s in x.shape)
+        kp = int(w.data.shape[1])
+        y = cp.empty((t, kp), dtype=cp.uint16)
+        launch(kernel("rows.cu", "rms_norm_16"), (t,), (256,),
+               (x, norm_weight, y, _i32(k), _i32(kp), np.float32(eps), _i32(w.dtype == "bf16")))
+        return y
+
     def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
-        if not self._norm_prologue(t, k, w):
+        prologue = self._prologue(t, k, w)
+        if prologue is None:
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
             raise ValueError("a gated product takes no bias or residual")
-        out = cp.empty((1, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
+        out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
         flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
-        return self._streaming(x, w, out, bias, None, flags, "norm", norm_weight, eps)
+        return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, out, bias, None, flags, prologue,
+                               norm_weight, eps)
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):
         t, k = x.shape
@@ -401,8 +426,8 @@ class CudaOps:
             return q
         out = (layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64), table.cos, table.sin,
                _i32(n_heads), _i32(n_kv), _i32(d), _i32(KV_CODES[layer.kv_type]))
-        prologue = "norm" if self._norm_prologue(t, k, w) else None
-        return self._streaming(x if prologue else self.rms_norm(x, norm_weight, eps), w, q, bias, None,
+        prologue = self._prologue(t, k, w)
+        return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, q, bias, None,
                                EPI_ROPE | (EPI_BIAS if bias is not None else 0), prologue, norm_weight, eps, out)
 
     def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):

@@ -75,19 +75,32 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
                   prologue: str | None = None) -> MatmulLaunch:
     """The tensor-core launch for x[m, k] @ w[n, k]^T. `split` overrides split_k (benchmarks only:
     a different split is a different summation order). `prologue="norm"` (one row only) picks the
-    kernel that normalises its input row itself; any other single row gets the one-row kernel."""
-    if prologue is not None and m != 1:
+    kernel that normalises its input row itself; any other single row gets the one-row kernel.
+    `prologue="x16"` (where reads_16bit) picks the kernel whose activations come rounded to 16 bits."""
+    if prologue == "norm" and m != 1:
         raise ValueError(f"a {prologue} prologue is for one row, not {m}")
     s = split_k(n, k, sm_count) if split is None else split
     want = ceil_div(max(m, 1), TOKEN_TILE)
     tm = 1
     while tm < want and tm < max_token_tiles(s):
         tm *= 2
+    if prologue == "x16":
+        if tm != 2:
+            raise ValueError(f"16-bit activations are for the 9-16-row kernel, not {m} rows")
+        prologue = "tm2h"
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
+
+
+def reads_16bit(m: int, n: int, k: int, sm_count: int) -> bool:
+    """Whether a normalised input of m rows reaches the streaming kernel rounded to 16 bits already
+    (rms_norm_16, the pairs the MMAs take): the 9-16-row kernel, whose float32 rows with a batch's
+    loads in flight do not fit its 64 registers (H200, 8B at 16 rows: gate|up 72.9 -> 64.4 us, q|k|v
+    19.6 -> 17.2; bench/results/batch-loads-mm-h200.json)."""
+    return m > 1 and matmul_launch("f16", m, n, k, sm_count).token_tiles == 2
 
 
 NORM_PROLOGUE_BYTES = 8 << 20  # L2 reads of a matmul whose every block normalises the input row itself

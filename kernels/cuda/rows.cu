@@ -15,6 +15,24 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
     for (int i = threadIdx.x; i < D; i += ROW_THREADS) yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
+// rms_norm's values rounded to the MMA's 16-bit pairs (bf16 or f16, pack_act's rounding), rows of
+// Dp >= D zero-padded: the input of the streaming matmul's PRO_X16 build (matmul.cu).
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+rms_norm_16(const float* __restrict__ x, const float* __restrict__ w, u16* __restrict__ y, int D, int Dp, float eps,
+            int bf16) {
+    pdl_start();
+    __shared__ float scratch[8];
+    const float* xr = x + (i64)blockIdx.x * D;
+    unsigned* yr = reinterpret_cast<unsigned*>(y + (i64)blockIdx.x * Dp);
+    const float inv = rms_inv(xr, D, eps, scratch);
+    for (int i = threadIdx.x; i < Dp / 2; i += ROW_THREADS) {
+        const int k = 2 * i;
+        const float lo = k < D ? __fmul_rn(__fmul_rn(xr[k], inv), w[k]) : 0.f;
+        const float hi = k + 1 < D ? __fmul_rn(__fmul_rn(xr[k + 1], inv), w[k + 1]) : 0.f;
+        yr[i] = bf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+    }
+}
+
 // Index of each row's largest value; ties go to the lowest index.
 __device__ __forceinline__ void better(float& v, int& i, float ov, int oi) {
     if (ov > v || (ov == v && oi < i)) {
