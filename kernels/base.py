@@ -80,6 +80,9 @@ class Ops(Protocol):
         residual + that (the bits of add(residual, matmul(x, w, bias)))."""
     def norm_matmul(self, x: Any, norm_weight: Any, eps: float, w: Any, bias: Any | None = None) -> Any:
         """matmul(rms_norm(x, norm_weight, eps), w, bias), the same bits (one kernel where that is faster)."""
+    def ffn(self, x: Any, norm_weight: Any, eps: float, w_gate_up: Any, w_down: Any) -> Any:
+        """The gated feed-forward block with its residual: matmul(norm_matmul(x, norm_weight, eps,
+        w_gate_up), w_down, residual=x), the same bits (w_gate_up from upload_gate_up)."""
     def rope(self, x: Any, positions: Any, table: RopeTable) -> Any:
         """x [T, heads, head_dim] rotated by each row's position."""
     def silu_mul(self, gate: Any, up: Any) -> Any:

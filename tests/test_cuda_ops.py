@@ -323,6 +323,23 @@ def test_gated_product_equals_silu_mul_of_the_stacked_product(gpu, gpu_off, dtyp
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("ffn", [1024, 96, 100])
+def test_ffn_equals_norm_matmul_then_down_with_residual(gpu, gpu_off, dtype, ffn):
+    """ffn (at 9-16 rows the gated products reach the down projection as 16-bit pairs) must give
+    matmul(norm_matmul(x, gate|up), down, residual=x) bit for bit at every batch width."""
+    if dtype == "q8_0" and ffn % 32:
+        pytest.skip("Q8_0 rows are whole blocks of 32")
+    k = 256
+    gate, up, down = _weight(ffn, k, dtype), _weight(ffn, k, dtype), _weight(k, ffn, dtype)
+    for ops in (gpu, gpu_off):
+        gated, dw, nw = ops.upload_gate_up(gate, up), ops.upload(down), ops.tensor(_rand(k))
+        for m in (1, 8, 9, 16, 17, 64):
+            x = cp.asarray(_rand(m, k))
+            want = ops.matmul(ops.norm_matmul(x, nw, 1e-5, gated), dw, residual=x)
+            _assert_same_bits(cp.asnumpy(ops.ffn(x, nw, 1e-5, gated, dw)), cp.asnumpy(want))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("kv_type", ["f16", "bf16", "f32"])
 def test_qkv_weight_in_rope_tiles_gives_the_separate_ops_bits(gpu, gpu_off, dtype, kv_type, monkeypatch):
     """upload_qkv's weight (each head's rows regrouped so that one thread holds both dims of a rope

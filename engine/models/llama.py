@@ -127,8 +127,7 @@ class LlamaModel:
                 q = self._qk_norm_rope_write(qkv, layer, rows, cache)
             attn = ops.attention(q, cache, rows, self.scale)
             x = ops.matmul(attn, layer.wo, residual=x)
-            act = ops.norm_matmul(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up)  # silu(gate) * up
-            x = ops.matmul(act, layer.w_down, residual=x)
+            x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
         if logit_rows is not None:
             x = x[logit_rows]
         return ops.norm_matmul(x, self.norm, c.rms_eps, self.lm_head)

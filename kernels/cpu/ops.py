@@ -177,6 +177,9 @@ class CpuOps:
     def norm_matmul(self, x, norm_weight, eps: float, w, bias=None) -> np.ndarray:
         return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
 
+    def ffn(self, x, norm_weight, eps: float, w_gate_up, w_down) -> np.ndarray:
+        return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
+
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (np.float32(1.0) + np.exp(-gate)) * up
 

@@ -191,6 +191,9 @@ __device__ __forceinline__ float silu_times(float g, float u) {
 // A gated product (weights as 16-row tiles of 8 gate rows, then the matching 8 up rows): the thread
 // holding a gate output holds its up output 8 rows down and stores silu_times of the two, [M, N / 2].
 #define EPI_SILU 8
+// With EPI_SILU in the streaming kernel: the gated products stored as the MMA's 16-bit values
+// (pack_act's rounding), the input of a PRO_X16 matmul.
+#define EPI_OUT16 32
 // q|k|v with each head's rows in rope-pair tiles (CudaOps.upload_qkv): the thread holding dim j of a
 // head holds dim j + D/2 8 rows down, and stores what rope_qkv_write would (qkv_pair_store).
 #define EPI_ROPE 16

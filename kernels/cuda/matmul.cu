@@ -413,9 +413,15 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             const int m = m_base + tm * 8 + 2 * t;
             if (flags & EPI_SILU) {
 #pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    if (m + j < M)
-                        out[(i64)(m + j) * (N >> 1) + (nr >> 1) + g] = silu_times(acc[r][tm][j], acc[r][tm][2 + j]);
+                for (int j = 0; j < 2; ++j) {
+                    if (m + j >= M) continue;
+                    const float v = silu_times(acc[r][tm][j], acc[r][tm][2 + j]);
+                    const i64 at = (i64)(m + j) * (N >> 1) + (nr >> 1) + g;
+                    if (flags & EPI_OUT16)
+                        reinterpret_cast<u16*>(out)[at] = (u16)(pack_act<WT>(v, 0.f) & 0xffffu);
+                    else
+                        out[at] = v;
+                }
                 continue;
             }
 #pragma unroll

@@ -34,7 +34,7 @@ CUBLAS_MIN_ROWS = 65
 KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 ATTN_COUNTERS = 1 << 18  # launches with more (row, head group) pairs merge in a second kernel
-EPI_BIAS, EPI_RESIDUAL, EPI_SILU, EPI_ROPE = 1, 2, 8, 16  # matmul.cu's epilogue flags
+EPI_BIAS, EPI_RESIDUAL, EPI_SILU, EPI_ROPE, EPI_OUT16 = 1, 2, 8, 16, 32  # matmul.cu's epilogue flags
 
 
 @dataclass
@@ -292,6 +292,22 @@ class CudaOps:
         flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, out, bias, None, flags, prologue,
                                norm_weight, eps)
+
+    def ffn(self, x, norm_weight, eps: float, w_gate_up: CudaWeight, w_down: CudaWeight):
+        x = _rows(x)
+        t, k = (int(s) for s in x.shape)
+        f = w_gate_up.shape[0] // 2
+        # 9-16 rows: the gated products go to the down projection as 16-bit pairs too (EPI_OUT16)
+        if (self._prologue(t, k, w_gate_up) == "x16" and w_gate_up.gate_up == "tiles"
+                and w_down.shape[1] == f and int(w_down.data.shape[1]) == f and self._streams(t, w_down)
+                and (w_gate_up.dtype == "bf16") == (w_down.dtype == "bf16")
+                and plan.reads_16bit(t, w_down.shape[0], f, self.sm_count)):
+            act = cp.empty((t, f), dtype=cp.uint16)
+            self._streaming(self._normed(x, norm_weight, eps, w_gate_up, "x16"), w_gate_up, act, self._dummy, None,
+                            EPI_SILU | EPI_OUT16, "x16")
+            out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
+            return self._streaming(act, w_down, out, self._dummy, x, EPI_RESIDUAL, "x16")
+        return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):
         t, k = x.shape
