@@ -107,6 +107,8 @@ class Ops(Protocol):
         bias, in those bits (on CUDA one launch where the matmul can rotate and store)."""
     def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
         """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""
+    def attention_out(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float, wo: Any, residual: Any) -> Any:
+        """matmul(attention(q, layer, rows, scale), wo, residual=residual), the same bits."""
     def kv_read_pages(self, layer: KVLayer, pages: Any) -> tuple[np.ndarray, ...]:
         """Copy pages to host memory (parking)."""
     def kv_write_pages(self, layer: KVLayer, pages: Any, data: tuple[np.ndarray, ...]) -> None:

@@ -178,6 +178,29 @@ def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):
     assert all(o.tobytes() == two_launches.tobytes() for o in one_launch)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+def test_attention_out_equals_attention_then_o_projection(gpu, monkeypatch, dtype):
+    """attention_out (at 9-16 rows attention stores the o projection's 16-bit input, OUT16) gives the
+    bits of attention then matmul with the residual, at every batch width, with the merge kernel or
+    the in-place merge."""
+    from kernels.cuda import ops as cuda_ops
+    from kernels.weights import Weight
+
+    hd, n_heads, n_kv, kv_type = CONFIGS[1]
+    cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv))
+    wo = gpu.upload(Weight.from_f32(RNG.standard_normal((512, n_heads * hd)).astype(np.float32) * 0.05, dtype))
+    for counters in (cuda_ops.ATTN_COUNTERS, 0):
+        monkeypatch.setattr(cuda_ops, "ATTN_COUNTERS", counters)
+        for m in (1, 8, 9, 16, 17):
+            seqs, positions = _sample_rows(m)
+            q = cp.asarray(RNG.standard_normal((m, n_heads, hd)).astype(np.float32))
+            res = cp.asarray(RNG.standard_normal((m, 512)).astype(np.float32))
+            rows = cache.rows(seqs, positions)
+            want = gpu.matmul(gpu.attention(q, cache.layer, rows, 0.125), wo, residual=res)
+            got = gpu.attention_out(q, cache.layer, rows, 0.125, wo, res)
+            assert cp.asnumpy(got).tobytes() == cp.asnumpy(want).tobytes(), f"{dtype} m={m} counters={counters}"
+
+
 LATE_WRITE = r"""
 extern "C" __global__ void late_write(unsigned short* k, unsigned short* v, const unsigned short* nk,
                                       const unsigned short* nv, const long long* at, int cells, int n,

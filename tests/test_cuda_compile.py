@@ -42,7 +42,7 @@ def test_source_compiles(path, tmp_path):
 def test_attention_variants_compile(variant, build, tmp_path):
     d, g, kv = variant
     path = next(p for p in sources() if p.name == "attention.cu")
-    _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), *build))
+    _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), ("OUT16", kv), *build))
 
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: p.name)

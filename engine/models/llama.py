@@ -125,8 +125,7 @@ class LlamaModel:
             else:
                 qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
                 q = self._qk_norm_rope_write(qkv, layer, rows, cache)
-            attn = ops.attention(q, cache, rows, self.scale)
-            x = ops.matmul(attn, layer.wo, residual=x)
+            x = ops.attention_out(q, cache, rows, self.scale, layer.wo, x)
             x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
         if logit_rows is not None:
             x = x[logit_rows]

@@ -221,6 +221,9 @@ class CpuOps:
         return (_decode(layer.k[page, :n], ks, layer.kv_type),
                 _decode(layer.v[page, :n], vs, layer.v_type))
 
+    def attention_out(self, q, layer: CpuKVLayer, rows: PagedRows, scale: float, wo, residual) -> np.ndarray:
+        return self.matmul(self.attention(q, layer, rows, scale), wo, residual=residual)
+
     def attention(self, q: np.ndarray, layer: CpuKVLayer, rows: PagedRows, scale: float) -> np.ndarray:
         t, n_heads, hd = q.shape
         n_kv = layer.k.shape[2]

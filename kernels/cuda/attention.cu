@@ -48,6 +48,9 @@
 #ifndef K_EARLY_OK
 #define K_EARLY_OK 1
 #endif
+#ifndef OUT16
+#define OUT16 0  // the output as floats (0) or as the o projection's 16-bit MMA values: 1 f16, 2 bf16
+#endif
 #ifndef VBATCH
 #define VBATCH 16  // 16-byte value loads in flight per thread
 #endif
@@ -97,6 +100,14 @@ __device__ __forceinline__ float merge_row(const float* __restrict__ part, int r
         m = m_new;
     }
     return __fdiv_rn(acc, l);
+}
+
+// One output value: a float, or (OUT16) rounded as the o projection's MMA rounds its input (pack_act).
+__device__ __forceinline__ void store_out(float* out, i64 at, float v) {
+    if (OUT16 == 0)
+        out[at] = v;
+    else
+        reinterpret_cast<u16*>(out)[at] = (u16)((OUT16 == 2 ? pack_bf16x2(v, 0.f) : pack_f16x2(v, 0.f)) & 0xffffu);
 }
 
 extern "C" __global__ void __launch_bounds__(PAGE, MIN_BLOCKS)
@@ -296,7 +307,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     __threadfence();
     for (int i = tid; i < ng * D; i += PAGE) {
         const int g = i / D, d = i % D, qh = h * G + g0 + g;
-        out[((i64)r * n_heads + qh) * D + d] = merge_row(part, r, qh, d, last, n_heads, W);
+        store_out(out, ((i64)r * n_heads + qh) * D + d, merge_row(part, r, qh, d, last, n_heads, W));
     }
 }
 
@@ -306,5 +317,5 @@ attn_merge(const float* __restrict__ part, const int* __restrict__ positions, fl
            int n_heads, int W) {
     pdl_start();
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    out[((i64)r * n_heads + qh) * D + d] = merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W);
+    store_out(out, ((i64)r * n_heads + qh) * D + d, merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W));
 }

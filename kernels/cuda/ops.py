@@ -446,11 +446,24 @@ class CudaOps:
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, q, bias, None,
                                EPI_ROPE | (EPI_BIAS if bias is not None else 0), prologue, norm_weight, eps, out)
 
-    def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float):
+    def attention_out(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float, wo: CudaWeight, residual):
+        q = _rows(q)
+        t, n_heads, d = (int(s) for s in q.shape)
+        k = n_heads * d
+        # 9-16 rows: attention's output reaches the o projection as its 16-bit pairs (OUT16)
+        if (wo.shape[1] == k and int(wo.data.shape[1]) == k and self._streams(t, wo)
+                and plan.reads_16bit(t, wo.shape[0], k, self.sm_count)):
+            attn = self.attention(q, layer, rows, scale, out16=2 if wo.dtype == "bf16" else 1)
+            out = cp.empty((t, wo.shape[0]), dtype=cp.float32)
+            return self._streaming(attn, wo, out, self._dummy, _rows(residual), EPI_RESIDUAL, "x16")
+        return self.matmul(self.attention(q, layer, rows, scale), wo, residual=residual)
+
+    def attention(self, q, layer: CudaKVLayer, rows: PagedRows, scale: float, out16: int = 0):
+        """`out16` (attention_out): the output as the o projection's 16-bit values, 1 f16, 2 bf16."""
         q = _rows(q)
         t, n_heads, d = (int(s) for s in q.shape)
         n_kv = int(layer.k.shape[2])
-        out = cp.empty((t, n_heads * d), dtype=cp.float32)
+        out = cp.empty((t, n_heads * d), dtype=cp.uint16 if out16 else cp.float32)
         if not t:
             return out
         positions, seq = _index(rows.positions), _index(rows.seq)
@@ -458,7 +471,7 @@ class CudaOps:
         slots = cp.full(t, -1, cp.int64) if rows.slots is None else _index(rows.slots, cp.int64)
         width = int(tables.shape[1])
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
-        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type])) + at.build
+        defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16)) + at.build
         partial = kernel("attention.cu", "attn_partial", defines)
         merge = kernel("attention.cu", "attn_merge", defines)
         step = at.row_slice
