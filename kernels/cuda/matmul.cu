@@ -167,7 +167,7 @@ __device__ __forceinline__ void tile_chunk(float (&part)[RT][4][4], const unsign
     }
 }
 
-template <int WT, int TM, int U, int PRO, int RT>
+template <int WT, int TM, int U, int PRO>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
@@ -177,46 +177,37 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * (16 * RT);
+    const int n0 = blockIdx.x * 16;
     const int m_base = blockIdx.y * (8 * TM);
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
 
-    // RT row tiles (rows n0 + 16 r ..) share each chunk's activations; a tile at or past N (the
-    // weights are padded to whole tiles only) is skipped.
-    float acc[RT][TM][4];
+    float acc[TM][4];
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int i = 0; i < TM; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
+    for (int i = 0; i < TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
     // uint4 (16-bit weights) or uint2 (int8 weights) per row and chunk: lane t holds k 8t .. 8t+7.
-    uint4 wa[RT][U], wb[RT][U];
-    float da[RT][U] = {}, db[RT][U] = {};
+    const i64 row_a = (i64)(n0 + g) * Kp, row_b = (i64)(n0 + g + 8) * Kp;
+    uint4 wa[U], wb[U];
+    float da[U] = {}, db[U] = {};
     auto load_weights = [&](int c0) {
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            const int na = n0 + 16 * r + g;
-            if (r > 0 && n0 + 16 * r >= N) continue;
-            const i64 row_a = (i64)na * Kp, row_b = (i64)(na + 8) * Kp;
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int c = c0 + u;
-                if (c >= c_end) continue;
-                if (WT == WT_Q8) {
-                    const signed char* q = reinterpret_cast<const signed char*>(w);
-                    uint2 qa = *reinterpret_cast<const uint2*>(q + row_a + c * 32 + 8 * t);
-                    uint2 qb = *reinterpret_cast<const uint2*>(q + row_b + c * 32 + 8 * t);
-                    wa[r][u] = make_uint4(qa.x, qa.y, 0u, 0u);
-                    wb[r][u] = make_uint4(qb.x, qb.y, 0u, 0u);
-                    da[r][u] = f16_to_f32(scales[(i64)na * C + c]);
-                    db[r][u] = f16_to_f32(scales[(i64)(na + 8) * C + c]);
-                } else {
-                    const u16* h = reinterpret_cast<const u16*>(w);
-                    wa[r][u] = *reinterpret_cast<const uint4*>(h + row_a + c * 32 + 8 * t);
-                    wb[r][u] = *reinterpret_cast<const uint4*>(h + row_b + c * 32 + 8 * t);
-                }
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u;
+            if (c >= c_end) continue;
+            if (WT == WT_Q8) {
+                const signed char* q = reinterpret_cast<const signed char*>(w);
+                uint2 qa = *reinterpret_cast<const uint2*>(q + row_a + c * 32 + 8 * t);
+                uint2 qb = *reinterpret_cast<const uint2*>(q + row_b + c * 32 + 8 * t);
+                wa[u] = make_uint4(qa.x, qa.y, 0u, 0u);
+                wb[u] = make_uint4(qb.x, qb.y, 0u, 0u);
+                da[u] = f16_to_f32(scales[(i64)(n0 + g) * C + c]);
+                db[u] = f16_to_f32(scales[(i64)(n0 + g + 8) * C + c]);
+            } else {
+                const u16* h = reinterpret_cast<const u16*>(w);
+                wa[u] = *reinterpret_cast<const uint4*>(h + row_a + c * 32 + 8 * t);
+                wb[u] = *reinterpret_cast<const uint4*>(h + row_b + c * 32 + 8 * t);
             }
         }
     };
@@ -228,20 +219,16 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     __shared__ float norm_scratch[8];
     float inv = 0.f;
     if (PRO == PRO_NORM) inv = rms_inv(x, K, eps, norm_scratch);
-    // One chunk into the accumulators. No branch on the token tiles (a tile past M multiplies zeros
+    // One chunk into the accumulators from its activations' 16-bit pairs (b: k 8t .. 8t+3, then
+    // 8t+4 .. 8t+7, per token tile). No branch on the token tiles (a tile past M multiplies zeros
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together
     // (at 16 rows: 12.5 against 15.2 us for an 8B q or o matmul, 37.9 against 53.7 us for gate).
-    // One chunk into the accumulators from its activations' 16-bit pairs (b: k 8t .. 8t+3, then
-    // 8t+4 .. 8t+7, per token tile).
     auto chunk_mma = [&](int u, const unsigned (&b)[TM][4]) {
+        unsigned a1[4], a2[4];
+        a_frags<WT>(wa[u], wb[u], a1, a2);
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            unsigned a1[4], a2[4];
-            a_frags<WT>(wa[r][u], wb[r][u], a1, a2);
-#pragma unroll
-            for (int tm = 0; tm < TM; ++tm)
-                mma_chunk<WT>(acc[r][tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], da[r][u], db[r][u]);
-        }
+        for (int tm = 0; tm < TM; ++tm)
+            mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], da[u], db[u]);
     };
     auto pack_chunk = [&](const float (&xv)[TM][8], unsigned (&b)[TM][4]) {
 #pragma unroll
@@ -262,7 +249,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs: H200, 8B, one row,
     // gate|up 65.7 -> 60.1 us, down 31.1 -> 28.9, decode step 4.50-4.57 -> 4.14 ms.
-    static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U == 4 && RT == 1), "one warp load covers four chunks");
+    static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U == 4), "one warp load covers four chunks");
     if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (c0 != c_begin) load_weights(c0);
@@ -292,8 +279,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
                     for (int i = 0; i < 4; ++i) b[i] = g == 0 ? b[i] : 0u;
                     unsigned a1[4], a2[4];
-                    a_frags<WT>(wa[0][u], wb[0][u], a1, a2);
-                    mma_chunk<WT>(acc[0][0], a1, a2, b[0], b[1], b[2], b[3], da[0][u], db[0][u]);
+                    a_frags<WT>(wa[u], wb[u], a1, a2);
+                    mma_chunk<WT>(acc[0], a1, a2, b[0], b[1], b[2], b[3], da[u], db[u]);
                 }
         }
     }
@@ -358,105 +345,93 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 
     // The fixed combine: warp 0 adds the S partial sums in slice order, p0 + p1 + ... + p(S-1).
     // (Sequential, so a kernel that walks the slices one after another can reproduce it.)
-    constexpr int PART = RT * TM * 4;
     if (S > 1) {
         if (s > 0) {
-            float* dst = red + ((s - 1) * 32 + lane) * PART;
+            float* dst = red + ((s - 1) * 32 + lane) * (TM * 4);
 #pragma unroll
-            for (int r = 0; r < RT; ++r)
+            for (int tm = 0; tm < TM; ++tm)
 #pragma unroll
-                for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) dst[(r * TM + tm) * 4 + i] = acc[r][tm][i];
+                for (int i = 0; i < 4; ++i) dst[tm * 4 + i] = acc[tm][i];
         }
         __syncthreads();
         if (s != 0) return;
 #pragma unroll 4
         for (int p = 1; p < S; ++p) {
-            const float* src = red + ((p - 1) * 32 + lane) * PART;
-#pragma unroll
-            for (int r = 0; r < RT; ++r)
-#pragma unroll
-                for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        acc[r][tm][i] = __fadd_rn(acc[r][tm][i], src[(r * TM + tm) * 4 + i]);
-        }
-    }
-
-    // c0, c1: feature nr+g, tokens 2t, 2t+1; c2, c3: feature nr+g+8.
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        const int nr = n0 + 16 * r;
-        if (r > 0 && nr >= N) break;
-        if (flags & EPI_ROPE) {  // head nr / D, dims j and j + D/2 (out is q)
-            const int hh = nr / qkv.D, j = 8 * ((nr % qkv.D) >> 4) + g;
+            const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
 #pragma unroll
             for (int tm = 0; tm < TM; ++tm)
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int m = m_base + tm * 8 + 2 * t + i;
-                    if (m >= M) continue;
-                    const float a = epilogue(acc[r][tm][i], bias, res, m, nr + g, N, flags);
-                    const float b = epilogue(acc[r][tm][2 + i], bias, res, m, nr + g + 8, N, flags);
-                    if (kv == 0)
-                        qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                    else if (kv == 1)
-                        qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                    else
-                        qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                }
+                for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
+        }
+    }
+
+    // c0, c1: feature n0+g, tokens 2t, 2t+1; c2, c3: feature n0+g+8.
+    if (flags & EPI_ROPE) {  // head n0 / D, dims j and j + D/2 (out is q)
+        const int hh = n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int m = m_base + tm * 8 + 2 * t + i;
+                if (m >= M) continue;
+                const float a = epilogue(acc[tm][i], bias, res, m, n0 + g, N, flags);
+                const float b = epilogue(acc[tm][2 + i], bias, res, m, n0 + g + 8, N, flags);
+                if (kv == 0)
+                    qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+                else if (kv == 1)
+                    qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+                else
+                    qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+            }
+        return;
+    }
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+        const int m = m_base + tm * 8 + 2 * t;
+        if (flags & EPI_SILU) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                if (m + j >= M) continue;
+                const float v = silu_times(acc[tm][j], acc[tm][2 + j]);
+                const i64 at = (i64)(m + j) * (N >> 1) + (n0 >> 1) + g;
+                if (flags & EPI_OUT16)
+                    reinterpret_cast<u16*>(out)[at] = (u16)(pack_act<WT>(v, 0.f) & 0xffffu);
+                else
+                    out[at] = v;
+            }
             continue;
         }
 #pragma unroll
-        for (int tm = 0; tm < TM; ++tm) {
-            const int m = m_base + tm * 8 + 2 * t;
-            if (flags & EPI_SILU) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    if (m + j >= M) continue;
-                    const float v = silu_times(acc[r][tm][j], acc[r][tm][2 + j]);
-                    const i64 at = (i64)(m + j) * (N >> 1) + (nr >> 1) + g;
-                    if (flags & EPI_OUT16)
-                        reinterpret_cast<u16*>(out)[at] = (u16)(pack_act<WT>(v, 0.f) & 0xffffu);
-                    else
-                        out[at] = v;
-                }
-                continue;
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int n = nr + g + ((i & 2) ? 8 : 0);
-                const int mm = m + (i & 1);
-                if (n < N && mm < M) out[(i64)mm * N + n] = epilogue(acc[r][tm][i], bias, res, mm, n, N, flags);
-            }
+        for (int i = 0; i < 4; ++i) {
+            const int n = n0 + g + ((i & 2) ? 8 : 0);
+            const int mm = m + (i & 1);
+            if (n < N && mm < M) out[(i64)mm * N + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
         }
     }
 }
 
-// Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM * RT / 2) so the bounds hold
-// and the accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row), PRO_X16
-// (16-bit activations, 9-16 rows). RT row tiles
-// a warp (a block covers 16 * RT weight rows). kc .. kv: where EPI_ROPE stores (k and v caches, kv their
-// type: 0 f32, 1 f16, 2 bf16); unused otherwise.
-#define MM_TC(NAME, WT, TM, U, PRO, RT)                                                                  \
-    extern "C" __global__ void __launch_bounds__(1024 / (TM * RT > 2 ? TM * RT / 2 : 1)) NAME(           \
+// Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) so the bounds hold and the
+// accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row), PRO_X16 (16-bit
+// activations, 9-16 rows). kc .. kv: where EPI_ROPE stores (k and v caches, kv their type: 0 f32, 1 f16,
+// 2 bf16); unused otherwise.
+#define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
+    extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
         int kv) {                                                                                        \
-        mm_tc<WT, TM, U, PRO, RT>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,         \
-                                  QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv);    \
+        mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,             \
+                              QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv);        \
     }
 
-#define MM_TC_ALL(T, WT)                         \
-    MM_TC(mm_##T##_tm1, WT, 1, 2, 0, 1)          \
-    MM_TC(mm_##T##_tm2, WT, 2, 2, 0, 1)          \
-    MM_TC(mm_##T##_tm2h, WT, 2, 2, PRO_X16, 1)   \
-    MM_TC(mm_##T##_tm4, WT, 4, 2, 0, 1)          \
-    MM_TC(mm_##T##_tm8, WT, 8, 1, 0, 1)          \
-    MM_TC(mm_##T##_one, WT, 1, 4, PRO_ONE, 1)    \
-    MM_TC(mm_##T##_norm, WT, 1, 4, PRO_NORM, 1)
+#define MM_TC_ALL(T, WT)                        \
+    MM_TC(mm_##T##_tm1, WT, 1, 2, 0)            \
+    MM_TC(mm_##T##_tm2, WT, 2, 2, 0)            \
+    MM_TC(mm_##T##_tm2h, WT, 2, 2, PRO_X16)     \
+    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)            \
+    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)            \
+    MM_TC(mm_##T##_one, WT, 1, 4, PRO_ONE)      \
+    MM_TC(mm_##T##_norm, WT, 1, 4, PRO_NORM)
 
 MM_TC_ALL(f16, WT_F16)
 MM_TC_ALL(bf16, WT_BF16)
