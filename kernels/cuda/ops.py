@@ -267,6 +267,11 @@ class CudaOps:
             return "x16"
         return None
 
+    def _takes_16bit(self, t: int, w: CudaWeight, k: int, bf16: bool) -> bool:
+        """Whether t rows of k 16-bit values (bf16 or f16), unpadded, can feed w's streaming kernel."""
+        return (w.shape[1] == k and int(w.data.shape[1]) == k and (w.dtype == "bf16") == bf16 and self._streams(t, w)
+                and plan.reads_16bit(t, w.shape[0], k, self.sm_count))
+
     def _normed(self, x, norm_weight, eps: float, w: CudaWeight, prologue: str | None):
         """The streaming kernel's input for `prologue` (see _prologue)."""
         if prologue == "norm":
@@ -299,9 +304,7 @@ class CudaOps:
         f = w_gate_up.shape[0] // 2
         # 9-16 rows: the gated products go to the down projection as 16-bit pairs too (EPI_OUT16)
         if (self._prologue(t, k, w_gate_up) == "x16" and w_gate_up.gate_up == "tiles"
-                and w_down.shape[1] == f and int(w_down.data.shape[1]) == f and self._streams(t, w_down)
-                and (w_gate_up.dtype == "bf16") == (w_down.dtype == "bf16")
-                and plan.reads_16bit(t, w_down.shape[0], f, self.sm_count)):
+                and self._takes_16bit(t, w_down, f, w_gate_up.dtype == "bf16")):
             act = cp.empty((t, f), dtype=cp.uint16)
             self._streaming(self._normed(x, norm_weight, eps, w_gate_up, "x16"), w_gate_up, act, self._dummy, None,
                             EPI_SILU | EPI_OUT16, "x16")
@@ -451,8 +454,7 @@ class CudaOps:
         t, n_heads, d = (int(s) for s in q.shape)
         k = n_heads * d
         # 9-16 rows: attention's output reaches the o projection as its 16-bit pairs (OUT16)
-        if (wo.shape[1] == k and int(wo.data.shape[1]) == k and self._streams(t, wo)
-                and plan.reads_16bit(t, wo.shape[0], k, self.sm_count)):
+        if self._takes_16bit(t, wo, k, wo.dtype == "bf16"):
             attn = self.attention(q, layer, rows, scale, out16=2 if wo.dtype == "bf16" else 1)
             out = cp.empty((t, wo.shape[0]), dtype=cp.float32)
             return self._streaming(attn, wo, out, self._dummy, _rows(residual), EPI_RESIDUAL, "x16")
