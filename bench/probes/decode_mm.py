@@ -39,8 +39,8 @@ from pathlib import Path
 import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
-from kernels.cuda import modules, plan  # noqa: E402
+from bench.gpu_ops import ROTATE_BYTES, patched_module, random_weight, timed  # noqa: E402
+from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
 from kernels.cuda.ops import CudaOps, mm_tc_args  # noqa: E402
 
@@ -72,12 +72,7 @@ for name, (u, threads, blocks) in {"u2b256": (2, 256, 3), "u3b256": (3, 256, 3),
 
 @functools.cache
 def build(variant: str):
-    text = modules.source("matmul.cu")
-    for part in variant.split("+"):
-        for old, new in PATCHES.get(part, []):
-            assert old in text, part
-            text = text.replace(old, new)
-    return cp.RawModule(code=text, options=modules.OPTIONS)
+    return patched_module("matmul.cu", variant, PATCHES)
 
 
 def run(variant: str, name: str, m: int, sm: int) -> dict:

@@ -24,8 +24,8 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.gpu_ops import random_weight, timed  # noqa: E402
-from kernels.cuda import modules, plan, tensor_map  # noqa: E402
+from bench.gpu_ops import patched_module, random_weight, timed  # noqa: E402
+from kernels.cuda import plan, tensor_map  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
@@ -77,12 +77,7 @@ PATCHES = {
 
 @functools.cache
 def build(variant: str):
-    text = modules.source("wgmma.cu")
-    for part in variant.split("+"):
-        for old, new in PATCHES.get(part, []):
-            assert old in text, part
-            text = text.replace(old, new)
-    return cp.RawModule(code=text, options=modules.OPTIONS + (f"-arch={modules.ARCH['wgmma.cu']}",))
+    return patched_module("wgmma.cu", variant, PATCHES)
 
 
 def pieces(a):
