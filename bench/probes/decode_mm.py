@@ -56,6 +56,24 @@ PATCHES = {
 # blocks of more than 256 threads then run fewer a SM
 PATCHES["m72"] = [("__launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1))",
                    "__maxnreg__(TM == 2 ? 72 : (TM == 1 ? 64 : 128))")]
+# the natural k sets a 16-bit weights' shared-memory wgmma operand gives (k 0-15 then 16-31 of each
+# chunk): lane t takes k 4t .. 4t+3 and 16+4t .. 16+4t+3, two 8-byte loads a row, the same sectors
+# (different bits from base; timing the decode cost of that layout)
+_LD2 = ("__device__ __forceinline__ uint4 ld_pair8(const u16* p) {\n"
+        "    const uint2 lo = *reinterpret_cast<const uint2*>(p), hi = *reinterpret_cast<const uint2*>(p + 16);\n"
+        "    return make_uint4(lo.x, lo.y, hi.x, hi.y);\n}\n")
+PATCHES["nat"] = [
+    ("// A token's 8 activations", _LD2 + "// A token's 8 activations"),
+    ("lo = ok ? p[0] : zero, hi = ok ? p[1] : zero;", "lo = ok ? p[0] : zero, hi = ok ? p[4] : zero;"),
+    ("ldx, c * 32 + 8 * t, vec, xv[tm]", "ldx, c * 32 + 4 * t, vec, xv[tm]"),
+    ("ldx, (c0 + u) * 32 + 8 * t, true, xv[u][tm]", "ldx, (c0 + u) * 32 + 4 * t, true, xv[u][tm]"),
+    ("wa[u] = *reinterpret_cast<const uint4*>(h + row_a + c * 32 + 8 * t);", "wa[u] = ld_pair8(h + row_a + c * 32 + 4 * t);"),
+    ("wb[u] = *reinterpret_cast<const uint4*>(h + row_b + c * 32 + 8 * t);", "wb[u] = ld_pair8(h + row_b + c * 32 + 4 * t);"),
+    ("*reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)", "ld_pair8(x16 + (i64)m * ldx + (c0 + u) * 32 + 4 * t)"),
+    ("const int src = u * 8 + 2 * t;", "const int src = u * 8 + t;"),
+    ("__shfl_sync(0xffffffffu, p0, src + 1), __shfl_sync(0xffffffffu, p1, src + 1)",
+     "__shfl_sync(0xffffffffu, p0, src + 4), __shfl_sync(0xffffffffu, p1, src + 4)"),
+]
 for _u in (3, 4):  # chunks a batch of the 1-8 and 9-16-row kernels
     PATCHES[f"u{_u}"] = [("MM_TC(mm_##T##_tm1, WT, 1, 2, 0)", f"MM_TC(mm_##T##_tm1, WT, 1, {_u}, 0)"),
                          ("MM_TC(mm_##T##_tm2, WT, 2, 2, 0)", f"MM_TC(mm_##T##_tm2, WT, 2, {_u}, 0)")]
@@ -130,7 +148,7 @@ def main() -> None:
                 out = r.pop("out")
                 if v == "base":
                     ref = out.get().tobytes()
-                elif not {"xonce", "xhalf"} & set(v.split("+")) and ref is not None:
+                elif not {"xonce", "xhalf", "nat"} & set(v.split("+")) and ref is not None:
                     r["same_bits"] = out.get().tobytes() == ref
                 rows.append(r)
                 print(f"{name:8s} m={m:2d} {v:14s} {r['us']:8.1f} us {r['GBps']:7.0f} GB/s"

@@ -155,7 +155,8 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
 
 
 WGMMA_STAGES = 4  # H200, 8B shapes at 512 rows: 4 stages 339-435 TFLOP/s, 5 or 6 stages 296-371
-WGMMA_THREADS = 288  # two consumer warpgroups and the producer warp
+WGMMA_COPY_WARPS = 2  # producer warps gathering the weights (wgmma.cu)
+WGMMA_THREADS = 256 + 32 * WGMMA_COPY_WARPS  # two consumer warpgroups and the producers
 WGMMA_MIN_BLOCKS_PER_SM = 0.45  # H200, 512 rows: 1B down in 64 blocks 113 TFLOP/s, tiled 74
 
 
