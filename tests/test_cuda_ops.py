@@ -127,8 +127,8 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("k, kp", [(40, 64), (4096, 4096), (14336, 14336)])
 def test_activations_to_16_bits_round_pad_and_permute(k, kp, dtype):
-    """act_to_16: each value rounded to nearest even, zeros past K; with perm, a 32-k chunk holds its
-    4-value pieces in the order 0 2 4 6 1 3 5 7 (mm_wgmma's token order)."""
+    """act_to_16: each value rounded to nearest even, zeros past K; with perm, column j = 8a + 2b + e
+    of a 32-k chunk holds k = 8b + 2a + e (mm_wgmma's token order)."""
     x = _rand(37, k)
     want = np.zeros((37, kp), np.float32)
     want[:, :k] = x
@@ -137,7 +137,8 @@ def test_activations_to_16_bits_round_pad_and_permute(k, kp, dtype):
     else:
         want = f32_to_bf16(want)
     j = np.arange(kp)
-    perm = j - j % 32 + 4 * np.array([0, 2, 4, 6, 1, 3, 5, 7])[(j % 32) // 4] + j % 4
+    a, b, e = (j % 32) // 8, (j % 8) // 2, j % 2
+    perm = j - j % 32 + 8 * b + 2 * a + e
     for permuted, cols in ((False, j), (True, perm)):
         got = cp.asnumpy(CudaOps._act16(cp.asarray(x), kp, dtype == "bf16", perm=permuted))
         assert got.tobytes() == np.ascontiguousarray(want[:, cols]).tobytes()

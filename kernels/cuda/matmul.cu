@@ -481,14 +481,14 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
 }
 
 // Activations to 16 bits, zero-padded to Kp columns (a multiple of 32), with pack_act's rounding:
-// the operands of mm_wide (exact) and of cuBLAS (exact mode off). With `perm`, each 32-k chunk holds
-// its 8-byte pieces p_i (k 4i .. 4i+3) in the order p0 p2 p4 p6 p1 p3 p5 p7: mm_wgmma's token
-// operand, whose first 16 columns are the first MMA's k set (wgmma.cu).
+// the operands of mm_wide (exact) and of cuBLAS (exact mode off). With `perm`, column j of each
+// 32-k chunk holds k = 8b + 2a + e for j = 8a + 2b + e: the k order mm_wgmma's token operand needs
+// (wgmma.cu).
 extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restrict__ y, int M, int K, int Kp,
                                      int bf16, int perm) {
     pdl_start();
-    // one 16-byte unit of output per thread: with `perm`, unit 4c + j of a row holds chunk c's pieces
-    // at storage positions 2j and 2j + 1, pairs b = 0 .. 3 two values each
+    // one 16-byte unit of output per thread: with `perm`, unit 4c + a of a row holds chunk c's
+    // k = 32c + 8b + 2a + e (b = 0..3, e = 0..1), pairs that sit side by side in x
     const int u = blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= Kp / 8) return;
     for (int m = blockIdx.y; m < M; m += gridDim.y) {
@@ -496,8 +496,7 @@ extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restric
         unsigned w[4];
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
-            const int q = 2 * (u & 3) + (b >> 1);  // storage position of the pair's piece
-            const int k = perm ? (u >> 2) * 32 + 4 * (((2 * q) & 7) + (q >> 2)) + 2 * (b & 1) : u * 8 + 2 * b;
+            const int k = perm ? (u >> 2) * 32 + 8 * b + 2 * (u & 3) : u * 8 + 2 * b;
             const float lo = k < K ? xr[k] : 0.f, hi = k + 1 < K ? xr[k + 1] : 0.f;
             w[b] = bf16 ? pack_act<WT_BF16>(lo, hi) : pack_act<WT_F16>(lo, hi);
         }

@@ -204,11 +204,11 @@ class CudaOps:
         kind, wide = self._shared_memory_launch(t, w)
         if kind == "wgmma":  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
             x16 = self._act16(x, kp, w.dtype == "bf16", perm=True)
-            defines = (("WG_STAGES", plan.WGMMA_STAGES), ("WG_COPY_WARPS", plan.WGMMA_COPY_WARPS))
-            fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, defines)
+            fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
             launch(fn, wide.grid, wide.block,
-                   (w.data, tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out,
-                    _i32(t), _i32(n), _i32(kp), flags, _i32(wide.split)), shared=wide.shared)
+                   (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
+                    tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out, _i32(t), _i32(n),
+                    _i32(kp), flags, _i32(wide.split)), shared=wide.shared)
             return out
         if kind == "wide":  # long prefills: the same sums on 16-bit activations staged in shared memory
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))

@@ -1,28 +1,26 @@
-// The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a): mm_tc's sums, element for
-// element (tests/test_cuda_ops.py checks it against every other matmul kernel; how it got its shape:
-// kernels/cuda/NOTES.md).
+// The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a), fed by the Tensor Memory
+// Accelerator: mm_tc's sums, element for element (tests/test_cuda_ops.py checks it against every
+// other matmul kernel; how it got its shape: kernels/cuda/NOTES.md).
 //
 // mm_tc's arithmetic (matmul.cu): K in chunks of 32; in each chunk one MMA takes the k set {0-3,
 // 8-11, 16-19, 24-27}, the next {4-7, 12-15, 20-23, 28-31} (which order inside one instruction
 // changes no bits, and wgmma rounds as mma.sync does: bench/results/wgmma-bits-h200.json); chunks
 // ascending inside each of S slices (bounds s * C / S), slices joined in order.
 //
-// A block's two consumer warpgroups compute 128 weight rows x 128 tokens, both operands from shared
-// memory. mm_tc's k sets are not 16 consecutive k, so both are stored with each 64-byte chunk row
-// as its 8-byte pieces p0 p2 p4 p6 p1 p3 p5 p7 (p_i = k 4i .. 4i+3): bytes 0-31 hold the first
-// MMA's k set, 32-63 the second's. The tokens come that way from act_to_16 (`perm`), by TMA with
-// the 128-byte swizzle (a stage's token row is 128 bytes). The weights stay in mm_tc's layout in
-// global memory (decode reads each lane's 16 bytes in one load: the natural k order would cost it
-// 9-12 %, natural-kset-mm-h200.json), so TMA cannot reorder them: the producer warp gathers them
-// with 8-byte cp.async into the 64-byte swizzle (a weight row's chunk is 64 bytes). Reading the
-// weights as register fragments instead (the kernel of sessions 6-10) ran 12-18 % slower
-// (wgmma-ss-h200.json).
+// A block's two warpgroups compute 128 weight rows x 128 tokens. Weights are wgmma's A
+// operand, from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8 (16 bytes
+// each) from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the second. The
+// k slot each word fills fixes which k of the tokens must meet it, so the tokens (B, from shared
+// memory, K-major) come permuted within each chunk (act_to_16 with `perm`): four 16-byte units per
+// token and chunk, units 0-1 the first MMA's k slots 0-15, units 2-3 the second's. A pipeline stage
+// holds WG_KC = 2 chunks; a stage's token rows (128 bytes) carry the hardware's 128-byte swizzle,
+// without which the MMA's shared-memory reads conflict eightfold. Weights sit unswizzled, [chunk]
+// [row][64 bytes]: a quarter-warp's 16-byte reads are 128 consecutive bytes.
 //
-// Warp 8 is the producer: per stage one TMA copy of the 128 tokens (lane 0) and 64 cp.async a lane
-// of weights; a stage's `full` mbarrier counts the TMA bytes and one arrival a lane once its copies
-// have landed. Warps 0-7 only wait and issue MMAs: no block-wide barrier, no copy instructions. Each
-// consumer warp arrives on the stage's `empty` barrier once its MMAs on it are done; the producer
-// refills the stage after all 8.
+// Per stage a TMA copy per chunk brings 128 weight rows x 64 bytes and one the stage's 128 tokens (a
+// tensor map with the 128-byte swizzle); a `full` mbarrier counts their bytes. Each warp arrives on
+// the stage's `empty` barrier once its MMAs on it are done; thread 0 issues every copy, a stage's
+// refill once all 8 have arrived. No block-wide barrier, no copy instructions but thread 0's.
 #include "common.cuh"
 
 typedef unsigned u32;
@@ -37,13 +35,6 @@ typedef unsigned u32;
 #define X_STAGE (WG_KC * WG_TOK * 64)
 #define W_STAGE (WG_KC * WG_ROWS * 64)
 #define ROW_BYTES (WG_KC * 64)  // one token's row of a stage
-#ifndef WG_COPY_WARPS
-#define WG_COPY_WARPS 2  // producer warps (plan.WGMMA_COPY_WARPS), a multiple of WG_KC
-#endif
-#define COPY_LANES (WG_COPY_WARPS * 32)  // one arrival each on a stage's `full` barrier
-
-// The natural piece at storage position q of a 64-byte chunk row: p0 p2 p4 p6 p1 p3 p5 p7.
-__device__ __forceinline__ int piece_at(int q) { return ((2 * q) & 7) + (q >> 2); }
 
 // K-major with the 128-byte swizzle: 8-token groups ROW_BYTES * 8 apart; the leading offset is unused.
 __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
@@ -51,47 +42,89 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr) {
            (1ull << 62);
 }
 
-// K-major weights with the 64-byte swizzle: a row's chunk is 64 bytes, 8-row groups 512 apart.
-__device__ __forceinline__ unsigned long long smem_desc_w(unsigned addr) {
-    return (unsigned long long)((addr >> 4) & 0x3fff) | ((unsigned long long)((512 >> 4) & 0x3fff) << 32) | (2ull << 62);
-}
-
-#define WGMMA_SS(T)                                                                                            \
+#define WGMMA_RA(T)                                                                                            \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                     \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                                        \
-                 : "l"(dw), "l"(dx))
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db))
 
 template <int BF16>
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], unsigned long long dw, unsigned long long dx) {
+__device__ __forceinline__ void wgmma_ra(float (&d)[64], u32 a0, u32 a1, u32 a2, u32 a3, unsigned long long db) {
     if constexpr (BF16) {
-        WGMMA_SS("bf16");
+        WGMMA_RA("bf16");
     } else {
-        WGMMA_SS("f16");
+        WGMMA_RA("f16");
     }
 }
 
-// mm_tc's S slices over the C chunks: each summed from zero by `chunk`, joined in order once its
-// MMAs are done. Slices are loops of their own so that no branch in the chunk loop touches the
-// accumulators (see NOTES: ptxas waited for every MMA at the loop's back edge where one did).
+// mm_tc's S slices over the C chunks, each summed from zero and joined in order. Two accumulators
+// take the slices in turn: once a slice's first chunk is issued (its wait leaves only that chunk's
+// MMAs pending), the slice before it is complete and joins the total while the MMAs run; with one
+// accumulator every slice end drained the MMA pipeline (8B o at 512 rows: 16 slices). The total
+// lives in shared memory (`tot`: this thread's 16 float4, 256 apart): the registers hold two
+// accumulators and the fragments. Slices are code of
+// their own so that no branch in the chunk loop touches the accumulators (see NOTES: ptxas waited
+// for every MMA at the loop's back edge where one did).
+__device__ __forceinline__ void join_total(float4* tot, const float (&part)[64], bool first) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        float4 v = make_float4(part[4 * i], part[4 * i + 1], part[4 * i + 2], part[4 * i + 3]);
+        if (!first) {
+            const float4 t = tot[i * 256];
+            v = make_float4(__fadd_rn(t.x, v.x), __fadd_rn(t.y, v.y), __fadd_rn(t.z, v.z), __fadd_rn(t.w, v.w));
+        }
+        tot[i * 256] = v;
+    }
+}
+
 template <typename Chunk>
-__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&total)[64], int C, int S) {
-    for (int s = 0; s < S; ++s) {
-        const int end = (int)(((i64)(s + 1) * C) / S);
-        int c = (int)(((i64)s * C) / S);
-        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
+__device__ __forceinline__ void slice(Chunk& chunk, float (&acc)[64], const float (&prev)[64], float4* tot,
+                                      uint4 (&a)[2][2], int s, int C, int S) {
+    const int end = (int)(((i64)(s + 1) * C) / S);
+    int c = (int)(((i64)s * C) / S);
 #pragma unroll
-            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j);
-        }
-        for (; c < end; ++c) {  // the slice's last chunks, one at a time
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            chunk(c);
-        }
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    chunk(c++, acc, a[0]);
+    if (s > 0) join_total(tot, prev, s == 1);
+    // fragments alternate so that none an MMA in flight reads is overwritten
+    for (; c + 2 <= end; c += 2) {
+        chunk(c, acc, a[1]);
+        chunk(c + 1, acc, a[0]);
+    }
+    if (c < end) {
+        chunk(c, acc, a[1]);
+    } else {  // the last chunk read a[0], which the next slice's first chunk overwrites
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    }
+}
+
+// The sum of every slice, into part[0].
+template <typename Chunk>
+__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[2][64], float4* tot, int C, int S) {
+    uint4 a[2][2];
+    for (int s = 0; s < S; s += 2) {
+        slice(chunk, part[0], part[1], tot, a, s, C, S);
+        if (s + 1 < S) slice(chunk, part[1], part[0], tot, a, s + 1, C, S);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (S == 1) return;
+    if (S & 1) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
-            part[i] = 0.f;
+        for (int i = 0; i < 16; ++i) {
+            const float4 t = tot[i * 256];
+            part[0][4 * i] = __fadd_rn(t.x, part[0][4 * i]);
+            part[0][4 * i + 1] = __fadd_rn(t.y, part[0][4 * i + 1]);
+            part[0][4 * i + 2] = __fadd_rn(t.z, part[0][4 * i + 2]);
+            part[0][4 * i + 3] = __fadd_rn(t.w, part[0][4 * i + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float4 t = tot[i * 256];
+            part[0][4 * i] = __fadd_rn(t.x, part[1][4 * i]);
+            part[0][4 * i + 1] = __fadd_rn(t.y, part[1][4 * i + 1]);
+            part[0][4 * i + 2] = __fadd_rn(t.z, part[1][4 * i + 2]);
+            part[0][4 * i + 3] = __fadd_rn(t.w, part[1][4 * i + 3]);
         }
     }
 }
@@ -112,20 +145,12 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Waits for the phase of `parity` to complete. A barrier that never completes is a bug: trap after
-// ~seconds rather than hang the device.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    for (unsigned spins = 0;; ++spins) {
-        unsigned done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        if (done) return;
-        if (spins > (1u << 26)) __trap();
-    }
-}
-
-__device__ __forceinline__ void cp_async8(unsigned dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+// Whether the phase of `parity` has completed (one test, no wait).
+__device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
 }
 
 __device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
@@ -135,22 +160,23 @@ __device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c
 }
 
 template <int BF16>
-__device__ __forceinline__ void mm_wgmma_tma(const u16* __restrict__ w, const TensorMap* xmap,
+__device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const TensorMap* xmap,
                                              const float* __restrict__ bias, const float* __restrict__ res,
                                              float* __restrict__ out, int M, int N, int Kp, int flags, int S) {
     extern __shared__ unsigned char smem_raw[];
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // Token tiles vary fastest: the blocks that share a weight tile run together, so it comes from DRAM
     // once (weight tiles first: every tile read once per token tile, 8B gate|up at 512 rows 4x its bytes).
     const int n0 = blockIdx.y * WG_ROWS, m0 = blockIdx.x * WG_TOK;
     const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_smem has the slack)
+    const unsigned char* const wsmem = smem_raw + (base - raw) + WG_STAGES * X_STAGE;
     const unsigned wbase = base + WG_STAGES * X_STAGE;
     const unsigned full = wbase + WG_STAGES * W_STAGE, empty = full + 8 * WG_STAGES;  // mbarriers
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
-            mbar_init(full + 8 * s, 1 + COPY_LANES);
+            mbar_init(full + 8 * s, 1);
             mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -158,74 +184,69 @@ __device__ __forceinline__ void mm_wgmma_tma(const u16* __restrict__ w, const Te
     __syncthreads();
     pdl_start();
 
-    if (tid >= 256) {  // the producer warps: each copies one chunk kc of each stage, rows of one part
-        // Lane l copies storage piece q = l & 7 of rows 4i + (l >> 3): a warp instruction, four whole
-        // 64-byte rows. Rows past the padded weight are not copied: their outputs are never stored.
-        constexpr int PER = WG_ROWS / 4 / (WG_COPY_WARPS / WG_KC);  // copies a lane makes per stage
-        const int pw = (tid - 256) >> 5, kc = pw % WG_KC, i0 = (pw / WG_KC) * PER, q = lane & 7, r0 = lane >> 3;
-        const int rows = imin(WG_ROWS, ((N + 15) & ~15) - n0), i_end = (rows - r0 + 3) / 4 - i0;
-        const u16* src = w + (i64)(n0 + 4 * i0 + r0) * Kp + 4 * piece_at(q) + kc * 32;
-        const i64 row4 = (i64)4 * Kp;
-        // 64-byte swizzle: 16-byte unit u of row r sits at unit u ^ ((r >> 1) & 3), for r = 4i + r0
-        // that is (r0 >> 1) for even i and 2 + (r0 >> 1) for odd i (i0 is even)
-        const unsigned dst_even = (4 * i0 + r0) * 64 + ((((q >> 1) ^ (r0 >> 1)) << 4) | ((q & 1) << 3));
-        const unsigned dst_odd = (4 * i0 + r0) * 64 + ((((q >> 1) ^ (2 + (r0 >> 1))) << 4) | ((q & 1) << 3));
-        for (int st = 0; st < stages; ++st) {
-            const int s = st % WG_STAGES, c = st * WG_KC + kc;
-            if (st >= WG_STAGES) mbar_wait(empty + 8 * s, ((st / WG_STAGES) - 1) & 1);
-            if (pw == 0 && lane == 0) {
-                mbar_expect(full + 8 * s, X_STAGE);
-                tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
-            }
-            if (c < C) {
-                const unsigned dst = wbase + s * W_STAGE + kc * WG_ROWS * 64;
-                const u16* p = src + st * (WG_KC * 32);
+    // Thread 0 issues the copies: every stage at first, then each stage's refill once all 8 warps are
+    // done with it, tested (never waited for) at every chunk. A warp of its own would make nine
+    // warps, and nine may have only 168 registers; a wait in thread 0 alone would make ptxas
+    // serialise the MMAs (C7518).
+    auto fill = [&](int st) {
+        const int s = st % WG_STAGES;
+        mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
 #pragma unroll
-                for (int i = 0; i < PER; ++i, p += row4)
-                    if (i < i_end) cp_async8(dst + i * 256 + (i & 1 ? dst_odd : dst_even), p);
-            }
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(full + 8 * s) : "memory");
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        return;
-    }
+        for (int kc = 0; kc < WG_KC; ++kc)
+            tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
+        tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
+    };
+    int next = imin(WG_STAGES, stages);  // thread 0: the first stage not yet asked for
+    if (tid == 0)
+        for (int st = 0; st < next; ++st) fill(st);
+    auto refill = [&]() {
+        const int done = next - WG_STAGES;  // the stage whose slot `next` takes
+        if (tid == 0 && next < stages && mbar_test(empty + 8 * (done % WG_STAGES), (done / WG_STAGES) & 1))
+            fill(next++);
+    };
 
-    float part[64], total[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
+    float part[2][64];
+    float4* tot = reinterpret_cast<float4*>(smem_raw + (full + 16 * WG_STAGES - raw)) + tid;  // slices' sum
+    const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
 
     // One chunk: the wait for its stage when it opens one, then two MMAs; afterwards at most
     // WG_DEPTH chunks' MMAs are in flight, so the stage before this one is free to refill.
-    auto chunk = [&](int c) {
+    auto chunk = [&](int c, float (&acc)[64], uint4 (&a)[2]) {
         const int st = c / WG_KC, kc = c % WG_KC, s = st % WG_STAGES;
-        if (kc == 0) {
-            mbar_wait(full + 8 * s, (st / WG_STAGES) & 1);
-            // the weights were written by cp.async (generic proxy); the MMAs read through the async one
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        refill();
+        if (kc == 0) {  // a stage that never arrives is a bug: trap after ~seconds rather than hang
+            for (unsigned spins = 0; !mbar_test(full + 8 * s, (st / WG_STAGES) & 1); ++spins) {
+                refill();
+                if (spins > (1u << 26)) {  // the MMAs in flight first, or ptxas adds that wait itself (C7517)
+                    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                    __trap();
+                }
+            }
         }
-        const unsigned ws = wbase + s * W_STAGE + kc * WG_ROWS * 64 + wg * 64 * 64;
+        const unsigned char* ws = wsmem + s * W_STAGE + kc * WG_ROWS * 64;
+        a[0] = *reinterpret_cast<const uint4*>(ws + frag);
+        a[1] = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
         const unsigned xs = base + s * X_STAGE + kc * 64;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_ss<BF16>(part, smem_desc_w(ws), smem_desc(xs));
-        wgmma_ss<BF16>(part, smem_desc_w(ws + 32), smem_desc(xs + 32));
+        wgmma_ra<BF16>(acc, a[0].x, a[1].x, a[0].y, a[1].y, smem_desc(xs));
+        wgmma_ra<BF16>(acc, a[0].z, a[1].z, a[0].w, a[1].w, smem_desc(xs + 32));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
         if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
     };
-    slices(chunk, part, total, C, S);
-    // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
-    const int warp = (tid >> 5) & 3;
+    slices(chunk, part, tot, C, S);
+    // part[0][16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-        store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(total + 16 * q), n0 + wg * 64 + warp * 16,
+        store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(part[0] + 16 * q), n0 + wg * 64 + warp * 16,
                        m0 + 32 * q, bias, res, out, M, N, flags);
 }
 
 #define MM_WGMMA_TMA(NAME, BF16)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256 + COPY_LANES, 1)                                                      \
-        NAME(const u16* w, const __grid_constant__ TensorMap xmap, const float* bias, const float* res,         \
-             float* out, int M, int N, int Kp, int flags, int S) {                                            \
-        mm_wgmma_tma<BF16>(w, &xmap, bias, res, out, M, N, Kp, flags, S);                                     \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                      \
+        NAME(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, const float* bias, \
+             const float* res, float* out, int M, int N, int Kp, int flags, int S) {                          \
+        mm_wgmma_tma<BF16>(&wmap, &xmap, bias, res, out, M, N, Kp, flags, S);                                 \
     }
 
 MM_WGMMA_TMA(mm_wgmma_tma_f16, 0)

@@ -1,12 +1,12 @@
-"""Probe: how fast the producer warps of the exact prefill matmul (wgmma.cu) gather the weights.
+"""Probe: builds of the exact prefill matmul (wgmma.cu) at 512 rows on the 8B shapes.
 
-mm_wgmma reads both operands from shared memory; the weights reach it by 8-byte cp.async (mm_tc's
-layout cannot be reordered by TMA), spread over WG_COPY_WARPS producer warps. Builds:
-  wN          N producer warps (the product uses plan.WGMMA_COPY_WARPS)
-  +nofence    timing only: without the consumers' proxy fence after each stage's wait
-Prints and writes JSON: TFLOP/s at 512 rows on the 8B shapes, and whether each build gave the
-product's bits.
-  python3 bench/probes/wgmma_feed.py --variants w2,w4,w8 --out results.json
+  base       the product kernel
+  drain      every slice waits for all its MMAs before the next starts (the kernel before two
+             accumulators took the slices in turn; same bits)
+  st5        five pipeline stages instead of four (same bits)
+Prints and writes JSON: microseconds and TFLOP/s per build and shape, and whether each build gave
+the product's bits.
+  python3 bench/probes/wgmma_variants.py --variants base,drain,st5 --out results.json
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ from kernels.cuda.launch import launch  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-PATCHES = {f"w{n}": [("#define WG_COPY_WARPS 2 ", f"#define WG_COPY_WARPS {n} ")] for n in (2, 4, 8)}
-PATCHES["nofence"] = [('            asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");\n', "")]
+PATCHES = {
+    "drain": [("    chunk(c++, acc, a[0]);\n",
+               '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");\n    chunk(c++, acc, a[0]);\n')],
+    "st5": [("#define WG_STAGES 4 ", "#define WG_STAGES 5 ")],
+}
 
 
 @functools.cache
@@ -42,16 +45,18 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
     w = random_weight(n, k, "f16")
     kp = int(w.data.shape[1])
     x16 = CudaOps._act16(cp.random.standard_normal((m, k), dtype=cp.float32), kp, False, perm=True)
+    wmap = tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE)
     xmap = tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B)
-    warps = next(int(p[1:]) for p in variant.split("+") if p.startswith("w"))
-    wg = replace(plan.wgmma_launch("f16", m, n, k, sm), block=(256 + 32 * warps, 1, 1))
+    stages = 5 if "st5" in variant.split("+") else plan.WGMMA_STAGES
+    wg = plan.wgmma_launch("f16", m, n, k, sm)
+    wg = replace(wg, shared=wg.shared + (stages - plan.WGMMA_STAGES) * (2 * (plan.WIDE_N + plan.WIDE_M) * 64 + 16))
     fn = build(variant).get_function(wg.kernel)
     fn.max_dynamic_shared_size_bytes = wg.shared
     out = cp.zeros((m, n), cp.float32)
     d = cp.zeros(4, cp.float32)
 
     def go():
-        launch(fn, wg.grid, wg.block, (w.data, xmap, d, d, out, np.int32(m), np.int32(n), np.int32(kp), np.int32(0),
+        launch(fn, wg.grid, wg.block, (wmap, xmap, d, d, out, np.int32(m), np.int32(n), np.int32(kp), np.int32(0),
                                        np.int32(wg.split)), shared=wg.shared)
 
     t = timed(go)
@@ -64,7 +69,7 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default=f"w{plan.WGMMA_COPY_WARPS},w4,w8")
+    ap.add_argument("--variants", default="base,drain,st5")
     ap.add_argument("--rows", type=int, default=512)
     a = ap.parse_args()
     sm = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -82,7 +87,7 @@ def main() -> None:
             out = r.pop("out")
             if ref is None:
                 ref = out
-            elif "nofence" not in v:
+            else:
                 r["same_bits"] = out == ref
             rows.append(r)
             print(f"{name:8s} {v:12s} {r['us']:8.1f} us {r['TFLOPs']:6.1f} TFLOP/s {r.get('same_bits', '')}", flush=True)
