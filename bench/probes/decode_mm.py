@@ -8,6 +8,9 @@ Builds of matmul.cu that differ only in how the weights and activations reach th
               before mm_*_one)
   x16         at 9-16 rows the product's mm_*_tm2h: activations rounded to 16 bits beforehand (as
               rms_norm_16 writes them), one 16-byte load per token tile and chunk (same bits)
+  nat         timing only (other bits): the k sets a shared-memory wgmma operand in mm_tc's layout
+              would need (k 0-15, then 16-31 of each chunk), two 8-byte loads a row; 9-12 % slower
+              at one row (natural-kset-mm-h200.json)
   m72         72 registers for the 9-16-row kernel (__maxnreg__) instead of 64
   u3, u4      3 or 4 chunks a batch at 2-16 rows
   uUbT        the 9-16-row kernel (tm2) with U chunks a batch, bounded for T-thread blocks (same bits;

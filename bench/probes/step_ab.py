@@ -19,7 +19,9 @@ rows 5.98 -> 6.04, 1B equal); the rotation and cache stores in the epilogue of t
 prompt of 512 tokens 28.3 -> 29.5 ms exact (scattered 4- and 2-byte stores from 128-row tiles);
 attention's throughput build copying its second batch of values into shared memory by cp.async with
 the first batch's loads (V_STAGE, 39 KB a block; vstage-ab-h200.json): 8B 8 rows 5.43 -> 5.49 ms,
-16 rows 5.90 -> 5.98, 1B equal.
+16 rows 5.90 -> 5.98, 1B equal; attention's throughput build at four blocks an SM (64 registers, 4
+or 8 value loads in flight; attn4-ab-h200.json): 8B 16 rows 5.36 -> 5.50 / 5.62 ms, 8 rows 5.02 ->
+5.22 / 5.28.
 Adopted: attention blocks past their row's last chunk leaving at once (skip-idle-ab-h200.json, table
 width 56 pages: 8B one row 4.18 -> 4.08 ms); q|k|v rotated and stored by the matmul's epilogue
 (rope-epilogue-ab-h200.json: 8B one row 4.19 -> 4.10 ms, 1B 0.863 -> 0.831).

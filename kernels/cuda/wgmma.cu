@@ -7,7 +7,7 @@
 // changes no bits, and wgmma rounds as mma.sync does: bench/results/wgmma-bits-h200.json); chunks
 // ascending inside each of S slices (bounds s * C / S), slices joined in order.
 //
-// A block's two warpgroups compute 128 weight rows x 128 tokens. Weights are wgmma's A
+// A block's two consumer warpgroups compute 128 weight rows x 128 tokens. Weights are wgmma's A
 // operand, from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8 (16 bytes
 // each) from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the second. The
 // k slot each word fills fixes which k of the tokens must meet it, so the tokens (B, from shared
@@ -17,10 +17,11 @@
 // without which the MMA's shared-memory reads conflict eightfold. Weights sit unswizzled, [chunk]
 // [row][64 bytes]: a quarter-warp's 16-byte reads are 128 consecutive bytes.
 //
-// Per stage a TMA copy per chunk brings 128 weight rows x 64 bytes and one the stage's 128 tokens (a
-// tensor map with the 128-byte swizzle); a `full` mbarrier counts their bytes. Each warp arrives on
-// the stage's `empty` barrier once its MMAs on it are done; thread 0 issues every copy, a stage's
-// refill once all 8 have arrived. No block-wide barrier, no copy instructions but thread 0's.
+// Warp 8 is the producer: per stage a TMA copy per chunk brings 128 weight rows x 64 bytes and one
+// the stage's 128 tokens (a tensor map with the 128-byte swizzle); a `full` mbarrier counts their
+// bytes. Warps 0-7 only wait, read their fragments and issue MMAs: no block-wide barrier, no copy
+// instructions. Each consumer warp arrives on the stage's `empty` barrier once its MMAs on it are
+// done; the producer refills the stage after all 8.
 #include "common.cuh"
 
 typedef unsigned u32;
@@ -57,74 +58,28 @@ __device__ __forceinline__ void wgmma_ra(float (&d)[64], u32 a0, u32 a1, u32 a2,
     }
 }
 
-// mm_tc's S slices over the C chunks, each summed from zero and joined in order. Two accumulators
-// take the slices in turn: once a slice's first chunk is issued (its wait leaves only that chunk's
-// MMAs pending), the slice before it is complete and joins the total while the MMAs run; with one
-// accumulator every slice end drained the MMA pipeline (8B o at 512 rows: 16 slices). The total
-// lives in shared memory (`tot`: this thread's 16 float4, 256 apart): the registers hold two
-// accumulators and the fragments. Slices are code of
-// their own so that no branch in the chunk loop touches the accumulators (see NOTES: ptxas waited
-// for every MMA at the loop's back edge where one did).
-__device__ __forceinline__ void join_total(float4* tot, const float (&part)[64], bool first) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        float4 v = make_float4(part[4 * i], part[4 * i + 1], part[4 * i + 2], part[4 * i + 3]);
-        if (!first) {
-            const float4 t = tot[i * 256];
-            v = make_float4(__fadd_rn(t.x, v.x), __fadd_rn(t.y, v.y), __fadd_rn(t.z, v.z), __fadd_rn(t.w, v.w));
-        }
-        tot[i * 256] = v;
-    }
-}
-
+// mm_tc's S slices over the C chunks: each summed from zero by `chunk`, joined in order once its
+// MMAs are done. Slices are loops of their own so that no branch in the chunk loop touches the
+// accumulators (see NOTES: ptxas waited for every MMA at the loop's back edge where one did).
 template <typename Chunk>
-__device__ __forceinline__ void slice(Chunk& chunk, float (&acc)[64], const float (&prev)[64], float4* tot,
-                                      uint4 (&a)[2][2], int s, int C, int S) {
-    const int end = (int)(((i64)(s + 1) * C) / S);
-    int c = (int)(((i64)s * C) / S);
+__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&total)[64], int C, int S) {
+    uint4 a[WG_DEPTH][2];  // fragments in turn: none an MMA in flight reads is overwritten
+    for (int s = 0; s < S; ++s) {
+        const int end = (int)(((i64)(s + 1) * C) / S);
+        int c = (int)(((i64)s * C) / S);
+        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    chunk(c++, acc, a[0]);
-    if (s > 0) join_total(tot, prev, s == 1);
-    // fragments alternate so that none an MMA in flight reads is overwritten
-    for (; c + 2 <= end; c += 2) {
-        chunk(c, acc, a[1]);
-        chunk(c + 1, acc, a[0]);
-    }
-    if (c < end) {
-        chunk(c, acc, a[1]);
-    } else {  // the last chunk read a[0], which the next slice's first chunk overwrites
+            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
+        }
+        for (; c < end; ++c) {  // the slice's last chunks, one at a time
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            chunk(c, a[0][0], a[0][1]);
+        }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    }
-}
-
-// The sum of every slice, into part[0].
-template <typename Chunk>
-__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[2][64], float4* tot, int C, int S) {
-    uint4 a[2][2];
-    for (int s = 0; s < S; s += 2) {
-        slice(chunk, part[0], part[1], tot, a, s, C, S);
-        if (s + 1 < S) slice(chunk, part[1], part[0], tot, a, s + 1, C, S);
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (S == 1) return;
-    if (S & 1) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const float4 t = tot[i * 256];
-            part[0][4 * i] = __fadd_rn(t.x, part[0][4 * i]);
-            part[0][4 * i + 1] = __fadd_rn(t.y, part[0][4 * i + 1]);
-            part[0][4 * i + 2] = __fadd_rn(t.z, part[0][4 * i + 2]);
-            part[0][4 * i + 3] = __fadd_rn(t.w, part[0][4 * i + 3]);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const float4 t = tot[i * 256];
-            part[0][4 * i] = __fadd_rn(t.x, part[1][4 * i]);
-            part[0][4 * i + 1] = __fadd_rn(t.y, part[1][4 * i + 1]);
-            part[0][4 * i + 2] = __fadd_rn(t.z, part[1][4 * i + 2]);
-            part[0][4 * i + 3] = __fadd_rn(t.w, part[1][4 * i + 3]);
+        for (int i = 0; i < 64; ++i) {
+            total[i] = s == 0 ? part[i] : __fadd_rn(total[i], part[i]);
+            part[i] = 0.f;
         }
     }
 }
@@ -145,12 +100,16 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Whether the phase of `parity` has completed (one test, no wait).
-__device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
-    unsigned done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done;
+// Waits for the phase of `parity` to complete. A barrier that never completes is a bug: trap after
+// ~seconds rather than hang the device.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    for (unsigned spins = 0;; ++spins) {
+        unsigned done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (done) return;
+        if (spins > (1u << 26)) __trap();
+    }
 }
 
 __device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
@@ -184,66 +143,52 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     __syncthreads();
     pdl_start();
 
-    // Thread 0 issues the copies: every stage at first, then each stage's refill once all 8 warps are
-    // done with it, tested (never waited for) at every chunk. A warp of its own would make nine
-    // warps, and nine may have only 168 registers; a wait in thread 0 alone would make ptxas
-    // serialise the MMAs (C7518).
-    auto fill = [&](int st) {
-        const int s = st % WG_STAGES;
-        mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
+    if (tid >= 256) {  // the producer warp; one lane issues everything
+        if (lane == 0) {
+            for (int st = 0; st < stages; ++st) {
+                const int s = st % WG_STAGES;
+                if (st >= WG_STAGES) mbar_wait(empty + 8 * s, ((st / WG_STAGES) - 1) & 1);
+                mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
 #pragma unroll
-        for (int kc = 0; kc < WG_KC; ++kc)
-            tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
-        tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
-    };
-    int next = imin(WG_STAGES, stages);  // thread 0: the first stage not yet asked for
-    if (tid == 0)
-        for (int st = 0; st < next; ++st) fill(st);
-    auto refill = [&]() {
-        const int done = next - WG_STAGES;  // the stage whose slot `next` takes
-        if (tid == 0 && next < stages && mbar_test(empty + 8 * (done % WG_STAGES), (done / WG_STAGES) & 1))
-            fill(next++);
-    };
+                for (int kc = 0; kc < WG_KC; ++kc)
+                    tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
+                tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
+            }
+        }
+        return;
+    }
 
-    float part[2][64];
-    float4* tot = reinterpret_cast<float4*>(smem_raw + (full + 16 * WG_STAGES - raw)) + tid;  // slices' sum
+    float part[64], total[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
     const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
 
     // One chunk: the wait for its stage when it opens one, then two MMAs; afterwards at most
     // WG_DEPTH chunks' MMAs are in flight, so the stage before this one is free to refill.
-    auto chunk = [&](int c, float (&acc)[64], uint4 (&a)[2]) {
+    auto chunk = [&](int c, uint4& a0, uint4& a1) {
         const int st = c / WG_KC, kc = c % WG_KC, s = st % WG_STAGES;
-        refill();
-        if (kc == 0) {  // a stage that never arrives is a bug: trap after ~seconds rather than hang
-            for (unsigned spins = 0; !mbar_test(full + 8 * s, (st / WG_STAGES) & 1); ++spins) {
-                refill();
-                if (spins > (1u << 26)) {  // the MMAs in flight first, or ptxas adds that wait itself (C7517)
-                    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                    __trap();
-                }
-            }
-        }
+        if (kc == 0) mbar_wait(full + 8 * s, (st / WG_STAGES) & 1);
         const unsigned char* ws = wsmem + s * W_STAGE + kc * WG_ROWS * 64;
-        a[0] = *reinterpret_cast<const uint4*>(ws + frag);
-        a[1] = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
+        a0 = *reinterpret_cast<const uint4*>(ws + frag);
+        a1 = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
         const unsigned xs = base + s * X_STAGE + kc * 64;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_ra<BF16>(acc, a[0].x, a[1].x, a[0].y, a[1].y, smem_desc(xs));
-        wgmma_ra<BF16>(acc, a[0].z, a[1].z, a[0].w, a[1].w, smem_desc(xs + 32));
+        wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
+        wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
         if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
     };
-    slices(chunk, part, tot, C, S);
-    // part[0][16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
+    slices(chunk, part, total, C, S);
+    // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
 #pragma unroll
     for (int q = 0; q < 4; ++q)
-        store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(part[0] + 16 * q), n0 + wg * 64 + warp * 16,
+        store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(total + 16 * q), n0 + wg * 64 + warp * 16,
                        m0 + 32 * q, bias, res, out, M, N, flags);
 }
 
 #define MM_WGMMA_TMA(NAME, BF16)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                      \
+    extern "C" __global__ void __launch_bounds__(288, 1)                                                      \
         NAME(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, const float* bias, \
              const float* res, float* out, int M, int N, int Kp, int flags, int S) {                          \
         mm_wgmma_tma<BF16>(&wmap, &xmap, bias, res, out, M, N, Kp, flags, S);                                 \
