@@ -251,26 +251,23 @@ class CudaOps:
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
 
-    @staticmethod
-    def _norm_prologue(t: int, k: int, w: CudaWeight) -> bool:
-        """Whether norm_matmul runs as one kernel (the streaming kernel normalising its one row)."""
-        return (t == 1 and w.dtype != "f32" and w.gate_up != "halves" and w.shape[1] == k
-                and plan.norm_prologue(w.shape[0], k))
-
     def _prologue(self, t: int, k: int, w: CudaWeight) -> str | None:
         """How norm_matmul feeds the streaming kernel: "norm" (one row: the kernel normalises it),
         "x16" (rms_norm_16's 16-bit pairs) or None (rms_norm's rows, then matmul)."""
-        if self._norm_prologue(t, k, w):
+        if w.gate_up == "halves" or w.shape[1] != k:
+            return None
+        if t == 1 and w.dtype != "f32" and plan.norm_prologue(w.shape[0], k):
             return "norm"
-        if (w.gate_up != "halves" and w.shape[1] == k and self._streams(t, w)
-                and plan.reads_16bit(t, w.shape[0], k, self.sm_count)):
-            return "x16"
-        return None
+        return "x16" if self._reads_16bit(t, w) else None
+
+    def _reads_16bit(self, t: int, w: CudaWeight) -> bool:
+        """Whether t rows for w's streaming kernel come as 16-bit pairs (plan.reads_16bit)."""
+        return self._streams(t, w) and plan.reads_16bit(t, w.shape[0], w.shape[1], self.sm_count)
 
     def _takes_16bit(self, t: int, w: CudaWeight, k: int, bf16: bool) -> bool:
         """Whether t rows of k 16-bit values (bf16 or f16), unpadded, can feed w's streaming kernel."""
-        return (w.shape[1] == k and int(w.data.shape[1]) == k and (w.dtype == "bf16") == bf16 and self._streams(t, w)
-                and plan.reads_16bit(t, w.shape[0], k, self.sm_count))
+        return (w.shape[1] == k and int(w.data.shape[1]) == k and (w.dtype == "bf16") == bf16
+                and self._reads_16bit(t, w))
 
     def _normed(self, x, norm_weight, eps: float, w: CudaWeight, prologue: str | None):
         """The streaming kernel's input for `prologue` (see _prologue)."""
