@@ -7,7 +7,7 @@ instead. For the same bits each instruction must still take mm_tc's k set ({0-3,
 stored with each 64-byte chunk of a row as its 8-byte pieces p0 p2 p4 p6 p1 p3 p5 p7 (p_i = k
 4i .. 4i+3): bytes 0-31 are the first instruction's 16 k, 32-63 the second's. The weights come by
 TMA with the 64-byte swizzle (a chunk row is 64 bytes), the tokens as before (128-byte swizzle).
-Builds: rs (the product kernel), ss, ss+d3 (three chunks' MMAs in flight: no fragments to keep).
+Builds: rs (the product kernel), ss, and the feed-bound builds of PATCHES.
 Prints and writes JSON: TFLOP/s at 512 rows on the 8B shapes, and whether ss gave rs's bits.
   python3 bench/probes/wgmma_ss.py --out results.json
 Measured (H200, wgmma-ss-h200.json): ss 12-18 % faster with rs's bits, ss+d3 no better. Not taken:
@@ -72,10 +72,19 @@ PATCHES = {
         wgmma_ss<BF16>(part, smem_desc_a64(wa), smem_desc(xs));
         wgmma_ss<BF16>(part, smem_desc_a64(wa + 32), smem_desc(xs + 32));'''),
     ],
-    # three chunks in flight: a stage is free once its second chunk is done, i.e. after the next
-    # stage's second chunk has waited (two groups may then be pending: that chunk and the one before)
-    "d3": [("#define WG_DEPTH 2 ", "#define WG_DEPTH 3 "),
-           ("if (kc == 0 && st > 0 && lane == 0)", "if (kc == 1 && st > 0 && lane == 0)")],
+    # what bounds the feed (timing only; wrong sums): all blocks copy weight tile 0 / token tile 0
+    # (no DRAM stream), a stage without its weights' or tokens' copy, slices not drained, no stores
+    "w0": [("(st * WG_KC + kc) * 32, n0, full", "(st * WG_KC + kc) * 32, 0, full")],
+    "x0": [("st * WG_KC * 32, m0, full", "st * WG_KC * 32, 0, full")],
+    "nw": [("mbar_expect(full + 8 * s, X_STAGE + W_STAGE);", "mbar_expect(full + 8 * s, X_STAGE);"),
+           ("for (int kc = 0; kc < WG_KC; ++kc)\n                    tma_2d(", "for (int kc = 0; kc < 0; ++kc)\n                    tma_2d(")],
+    "nx": [("mbar_expect(full + 8 * s, X_STAGE + W_STAGE);", "mbar_expect(full + 8 * s, W_STAGE);"),
+           ("                tma_2d(base + s * X_STAGE", "                if (0) tma_2d(base + s * X_STAGE")],
+    "nwx": [("mbar_expect(full + 8 * s, X_STAGE + W_STAGE);", "mbar_expect(full + 8 * s, 0);"),
+            ("for (int kc = 0; kc < WG_KC; ++kc)\n                    tma_2d(", "for (int kc = 0; kc < 0; ++kc)\n                    tma_2d("),
+            ("                tma_2d(base + s * X_STAGE", "                if (0) tma_2d(base + s * X_STAGE")],
+    "s1": [("(unsigned)C, (unsigned)S);", "(unsigned)C, 1u);")],
+    "nostore": [("    for (int q = 0; q < 4; ++q)\n        store_tiles", "    for (int q = 0; q < 4 * (flags == 77); ++q)\n        store_tiles")],
 }
 
 
@@ -123,12 +132,13 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default="rs,ss,ss+d3")
+    ap.add_argument("--variants", default="rs,ss")
     ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     a = ap.parse_args()
     sm = cp.cuda.Device().attributes["MultiProcessorCount"]
     rows = []
-    for name in SHAPES:
+    for name in a.shapes.split(","):
         ref = None
         for v in a.variants.split(","):
             cp.random.seed(0)

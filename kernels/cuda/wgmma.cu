@@ -58,22 +58,30 @@ __device__ __forceinline__ void wgmma_ra(float (&d)[64], u32 a0, u32 a1, u32 a2,
     }
 }
 
-// mm_tc's S slices over the C chunks: each summed from zero by `chunk`, joined in order once its
-// MMAs are done. Slices are loops of their own so that no branch in the chunk loop touches the
-// accumulators (see NOTES: ptxas waited for every MMA at the loop's back edge where one did).
+// mm_tc's S slices over the C chunks: each summed from zero, joined in order once its MMAs are done.
+// Slices are loops of their own so that no branch in the chunk loop touches the accumulators (see
+// NOTES: ptxas waited for every MMA at the loop's back edge where one did). The loop goes a stage
+// (two chunks) at a time, with each chunk's place in its stage known at compile time: a chunk loop
+// that worked it out at run time (a wait test and stage arithmetic every chunk) issued the MMAs too
+// slowly to keep the tensor cores busy (NOTES, session 12). `chunk(st, kc, a0, a1)` runs chunk kc of
+// stage st with its fragments in a0, a1: none an MMA in flight still reads.
 template <typename Chunk>
-__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&total)[64], int C, int S) {
-    uint4 a[WG_DEPTH][2];  // fragments in turn: none an MMA in flight reads is overwritten
-    for (int s = 0; s < S; ++s) {
-        const int end = (int)(((i64)(s + 1) * C) / S);
-        int c = (int)(((i64)s * C) / S);
-        for (; c + WG_DEPTH <= end; c += WG_DEPTH) {
-#pragma unroll
-            for (int j = 0; j < WG_DEPTH; ++j) chunk(c + j, a[j][0], a[j][1]);
-        }
-        for (; c < end; ++c) {  // the slice's last chunks, one at a time
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            chunk(c, a[0][0], a[0][1]);
+__device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&total)[64], unsigned C, unsigned S) {
+    static_assert(WG_KC == 2 && WG_DEPTH == 2, "a stage is two chunks, each with fragments of its own");
+    uint4 a[2][2];
+    for (unsigned s = 0; s < S; ++s) {
+        const unsigned end = (unsigned)(((i64)(s + 1) * C) / S);
+        for (unsigned c = (unsigned)(((i64)s * C) / S); c < end;) {
+            if (!(c & 1) && c + 2 <= end) {
+                for (; c + 2 <= end; c += 2) {
+                    chunk(c >> 1, 0, a[0][0], a[0][1]);
+                    chunk(c >> 1, 1, a[1][0], a[1][1]);
+                }
+            } else {  // a slice that begins or ends inside a stage: that chunk alone, all MMAs done first
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                chunk(c >> 1, c & 1, a[0][0], a[0][1]);
+                ++c;
+            }
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
@@ -165,8 +173,8 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
 
     // One chunk: the wait for its stage when it opens one, then two MMAs; afterwards at most
     // WG_DEPTH chunks' MMAs are in flight, so the stage before this one is free to refill.
-    auto chunk = [&](int c, uint4& a0, uint4& a1) {
-        const int st = c / WG_KC, kc = c % WG_KC, s = st % WG_STAGES;
+    auto chunk = [&](unsigned st, unsigned kc, uint4& a0, uint4& a1) {
+        const unsigned s = st % WG_STAGES;
         if (kc == 0) mbar_wait(full + 8 * s, (st / WG_STAGES) & 1);
         const unsigned char* ws = wsmem + s * W_STAGE + kc * WG_ROWS * 64;
         a0 = *reinterpret_cast<const uint4*>(ws + frag);
@@ -179,7 +187,7 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
         asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
         if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
     };
-    slices(chunk, part, total, C, S);
+    slices(chunk, part, total, (unsigned)C, (unsigned)S);
     // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
 #pragma unroll
     for (int q = 0; q < 4; ++q)
