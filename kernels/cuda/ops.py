@@ -203,13 +203,7 @@ class CudaOps:
         scales = w.scales if w.scales is not None else self._dummy
         kind, wide = self._shared_memory_launch(t, w)
         if kind == "wgmma":  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
-            x16 = self._act16(x, kp, w.dtype == "bf16", perm=True)
-            fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
-            launch(fn, wide.grid, wide.block,
-                   (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
-                    tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), b, res, out, _i32(t), _i32(n),
-                    _i32(kp), flags, _i32(wide.split)), shared=wide.shared)
-            return out
+            return self._wgmma(self._act16(x, kp, w.dtype == "bf16", perm=True), w, wide, b, res, out, flags)
         if kind == "wide":  # long prefills: the same sums on 16-bit activations staged in shared memory
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
             launch(big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines), wide.grid, wide.block,
@@ -222,6 +216,17 @@ class CudaOps:
                     flags, _i32(wide.split)))
             return out
         return self._streaming(x, w, out, b, res, flags)
+
+    @staticmethod
+    def _wgmma(x16, w: CudaWeight, wide: plan.MatmulLaunch, bias, res, out, flags):
+        """mm_wgmma_tma over x16, t rows of 16-bit activations in its `perm` k order."""
+        fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
+        launch(fn, wide.grid, wide.block,
+               (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
+                tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), bias, res, out,
+                _i32(x16.shape[0]), _i32(w.shape[0]), _i32(w.data.shape[1]), _i32(flags), _i32(wide.split)),
+               shared=wide.shared)
+        return out
 
     def _shared_memory_launch(self, t: int, w: CudaWeight) -> tuple[str | None, plan.MatmulLaunch | None]:
         """The shared-memory kernel a 16-bit or int8 weight takes for t rows, if any: "wgmma",
@@ -307,6 +312,17 @@ class CudaOps:
                             EPI_SILU | EPI_OUT16, "x16")
             out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
             return self._streaming(act, w_down, out, self._dummy, x, EPI_RESIDUAL, "x16")
+        if (w_gate_up.gate_up == "tiles" and w_gate_up.dtype == w_down.dtype in ("f16", "bf16")
+                and w_down.shape[1] == f == int(w_down.data.shape[1]) and not self._to_cublas(t, w_gate_up)
+                and (gate_up := self._shared_memory_launch(t, w_gate_up))[0] == "wgmma"
+                and (down := self._shared_memory_launch(t, w_down))[0] == "wgmma"):
+            # long prompts: the gated products go to the down projection as 16-bit values in its k order
+            kp = int(w_gate_up.data.shape[1])
+            x16 = self._act16(self.rms_norm(x, norm_weight, eps), kp, w_gate_up.dtype == "bf16", perm=True)
+            act = self._wgmma(x16, w_gate_up, gate_up[1], self._dummy, self._dummy, cp.empty((t, f), dtype=cp.uint16),
+                              EPI_SILU | EPI_OUT16)
+            out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
+            return self._wgmma(act, w_down, down[1], self._dummy, x, out, EPI_RESIDUAL)
         return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):

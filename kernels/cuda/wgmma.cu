@@ -126,6 +126,30 @@ __device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c
                  : "memory");
 }
 
+// EPI_SILU | EPI_OUT16: silu_times of each gate/up pair rounded to the MMA's 16 bits (act_to_16's
+// rounding) and stored in act_to_16's `perm` order, so the down projection takes it as it is: [M, N / 2]
+// 16-bit values, N / 2 a multiple of 32. Two neighbouring features are one 32-bit word: lane g + 1
+// hands its value to lane g. total[16q + 4j + i] as in the plain store below.
+template <int BF16>
+__device__ __forceinline__ void silu_store16(const float (&total)[64], int n_first, int m_first,
+                                             unsigned* __restrict__ out, int M, int N) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int f = (n_first >> 1) + g, r = f & 31;
+    const int word = ((f >> 5) * 4 + ((r >> 1) & 3)) * 4 + (r >> 3);  // of k = 32c + 8b + 2a: unit 4c + a, word b
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float v = silu_times(total[16 * q + 4 * j + e], total[16 * q + 4 * j + 2 + e]);
+                const float next = __shfl_down_sync(0xffffffffu, v, 4);
+                const int m = m_first + 32 * q + 8 * j + 2 * t + e;
+                if (!(g & 1) && m < M && 2 * f < N)
+                    out[(i64)m * (N >> 2) + word] = BF16 ? pack_bf16x2(v, next) : pack_f16x2(v, next);
+            }
+}
+
 template <int BF16>
 __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const TensorMap* xmap,
                                              const float* __restrict__ bias, const float* __restrict__ res,
@@ -188,6 +212,10 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
         if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
     };
     slices(chunk, part, total, (unsigned)C, (unsigned)S);
+    if ((flags & (EPI_SILU | EPI_OUT16)) == (EPI_SILU | EPI_OUT16)) {
+        silu_store16<BF16>(total, n0 + wg * 64 + warp * 16, m0, reinterpret_cast<unsigned*>(out), M, N);
+        return;
+    }
     // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
 #pragma unroll
     for (int q = 0; q < 4; ++q)
