@@ -56,8 +56,9 @@ def profile_step(shape: str, batch: int, ctx: int, pdl: bool, reps: int) -> dict
     return summarize(runs, {"shape": shape, "batch": batch, "ctx": ctx, "pdl": pdl}, cfg.n_layers)
 
 
-def profile_prefill(shape: str, tokens: int, exact: bool, reps: int) -> dict:
-    """One prompt of `tokens` through the model, as the engine runs a prompt chunk."""
+def prompt_forward(shape: str, tokens: int, exact: bool):
+    """(cfg, forward): forward() runs one prompt of `tokens` through the model, as the engine runs a
+    prompt chunk."""
     cfg, ops, model, pool, pages = model_setup(exact, shape, 1, tokens)
     pos = np.arange(tokens)
     table = np.arange(pages, dtype=np.int32)
@@ -69,6 +70,11 @@ def profile_prefill(shape: str, tokens: int, exact: bool, reps: int) -> dict:
     def forward():
         model.forward(ids, rows, pool.layers, last)
 
+    return cfg, forward
+
+
+def profile_prefill(shape: str, tokens: int, exact: bool, reps: int) -> dict:
+    cfg, forward = prompt_forward(shape, tokens, exact)
     forward()  # compiles every kernel
     cp.cuda.Device().synchronize()
     runs = kernel_times(forward, reps)

@@ -10,10 +10,13 @@ TMA with the 64-byte swizzle (a chunk row is 64 bytes), the tokens as before (12
 Builds: rs (the product kernel), ss, and the feed-bound builds of PATCHES.
 Prints and writes JSON: TFLOP/s at 512 rows on the 8B shapes, and whether ss gave rs's bits.
   python3 bench/probes/wgmma_ss.py --out results.json
-Measured (H200, wgmma-ss-h200.json): ss 12-18 % faster with rs's bits, ss+d3 no better. Not taken:
+Measured (H200, wgmma-ss-h200.json): ss 12-18 % faster with rs's bits, ss+d3 (since removed) no better. Not taken:
 mm_tc would have to read the same layout, two 8-byte loads a row instead of one 16-byte load, and
 that costs decode 9-12 % (decode_mm.py `nat`, natural-kset-mm-h200.json); gathering the pieces
 into shared memory by cp.async instead was slower than rs (wgmma-feed-h200.json, commit 4ccef02).
+Since session 12's stage-at-a-time chunk loop, ss is only 4-7 % faster (wgmma-lean-h200.json). The
+feed-bound builds (w0, x0, nw, nx, nwx, s1, nostore; wrong sums) show what the kernel waits for:
+  python3 bench/probes/wgmma_ss.py --variants rs,nwx,s1,nostore --shapes o,down --out F
 """
 
 from __future__ import annotations
