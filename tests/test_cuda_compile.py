@@ -37,7 +37,8 @@ def test_source_compiles(path, tmp_path):
     _compile(path, tmp_path)
 
 
-@pytest.mark.parametrize("build", [plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD], ids=["latency", "throughput"])
+@pytest.mark.parametrize("build", [plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD, plan.LATE_VALUES_BUILD],
+                         ids=["latency", "throughput", "late_values"])
 @pytest.mark.parametrize("variant", ATTENTION_VARIANTS[::5] + [ATTENTION_VARIANTS[-1]], ids=str)
 def test_attention_variants_compile(variant, build, tmp_path):
     d, g, kv = variant
@@ -63,12 +64,14 @@ def test_every_kernel_waits_for_its_predecessor(path, tmp_path):
         assert "griddepcontrol.launch_dependents" in body, f"{name} never lets the next kernel start"
 
 
-def test_wgmma_kernel_keeps_its_mmas_in_flight(tmp_path):
+@pytest.mark.parametrize("groups", [1, 2])
+def test_wgmma_kernel_keeps_its_mmas_in_flight(groups, tmp_path):
     """ptxas serialises the warpgroup MMAs (C7513) or waits for all of them (C7517) where the code
     lets other instructions touch their registers; either cost mm_wgmma most of its speed."""
     path = next(p for p in sources() if p.name == "wgmma.cu")
     flags = [o for o in OPTIONS if o != "-std=c++17"]
-    done = subprocess.run([NVCC, _arch(path), "-std=c++17", *flags, "-cubin", str(path), "-o", str(tmp_path / "k")],
+    done = subprocess.run([NVCC, _arch(path), "-std=c++17", *flags, f"-DWG_GROUPS={groups}", "-cubin", str(path),
+                           "-o", str(tmp_path / "k")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "C7513" not in done.stderr and "C7517" not in done.stderr, done.stderr

@@ -119,7 +119,8 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
     for m in (33, 64, 100, 128, 300, 512):
         x, r = cp.asarray(_rand(m, k)), cp.asarray(_rand(m, n))
         ref = cp.asnumpy(streaming.matmul(x, dw, db, residual=r))
-        for ops in (tiled, wide, best):
+        for ops, half in ((tiled, 1), (wide, 1), (best, 0), (best, 10**9)):  # mm_wgmma's 128- and 64-row tiles
+            monkeypatch.setattr(plan, "WGMMA_HALF_TILES_BELOW", half)
             got = cp.asnumpy(ops.matmul(x, dw, db, residual=r))
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
 
@@ -275,17 +276,21 @@ def test_matmul_residual_epilogue_equals_add(gpu, gpu_off, dtype, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("shape", [(3072, 2048), (40, 96), (37, 64), (40, 70), (520, 4096), (28672, 4096)], ids=str)
-def test_norm_matmul_equals_the_separate_ops(gpu, gpu_off, dtype, shape):
+def test_norm_matmul_equals_the_separate_ops(gpu, gpu_off, dtype, shape, monkeypatch):
     """One row runs as one kernel that normalises its own input (where plan.norm_prologue says so),
-    9-16 rows as rms_norm_16 then the kernel reading 16-bit pairs; the bits must be rms_norm's then
-    matmul's, with and without bias, exact or not; other batches take the separate ops."""
+    9-16 rows as rms_norm_16 then the kernel reading 16-bit pairs, long prompts on mm_wgmma as
+    rms_norm_16 in its k order; the bits must be rms_norm's then matmul's, with and without bias,
+    exact or not; other batches take the separate ops."""
+    from kernels.cuda import plan
+
     n, k = shape
     if dtype == "q8_0" and k % 32:
         pytest.skip("Q8_0 rows are whole blocks of 32")
+    monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
     w = _weight(n, k, dtype)
     for ops in (gpu, gpu_off):
         dw, nw, db = ops.upload(w), ops.tensor(_rand(k)), ops.tensor(_rand(n))
-        for m in (1, 2, 9, 16):  # 9-16 rows: rms_norm_16's pairs into mm_*_tm2h
+        for m in (1, 2, 9, 16, 130):  # 9-16 rows: rms_norm_16's pairs into mm_*_tm2h; 130: mm_wgmma (f16, bf16)
             x = cp.asarray(_rand(m, k, scale=3.0))
             for bias in (None, db):
                 fused = cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, dw, bias))
@@ -337,7 +342,9 @@ def test_ffn_equals_norm_matmul_then_down_with_residual(gpu, gpu_off, dtype, ffn
     gate, up, down = _weight(ffn, k, dtype), _weight(ffn, k, dtype), _weight(k, ffn, dtype)
     for ops in (gpu, gpu_off):
         gated, dw, nw = ops.upload_gate_up(gate, up), ops.upload(down), ops.tensor(_rand(k))
-        for m in (1, 8, 9, 16, 17, 64, 200, 300):
+        # 200 and 300 rows: mm_wgmma with 64-row tiles (few tiles), then 128-row ones
+        for m, half in ((1, 1), (8, 1), (9, 1), (16, 1), (17, 1), (64, 1), (200, 1), (300, 1), (300, 0)):
+            monkeypatch.setattr(plan, "WGMMA_HALF_TILES_BELOW", half)
             x = cp.asarray(_rand(m, k))
             want = ops.matmul(ops.norm_matmul(x, nw, 1e-5, gated), dw, residual=x)
             # exact off, wide: cuBLAS, which promises no bits, so only closeness

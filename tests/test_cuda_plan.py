@@ -68,7 +68,7 @@ def test_attention_build_follows_the_batch_not_the_row():
     """Decode of one or a few rows is built for latency, batches for throughput (same arithmetic)."""
     assert plan.attention_launch(1, 32, 8, 128, 4, 132).build == plan.LATENCY_BUILD
     assert plan.attention_launch(16, 32, 8, 128, 4, 132).build == plan.THROUGHPUT_BUILD
-    assert plan.attention_launch(512, 32, 8, 64, 4, 132).build == plan.THROUGHPUT_BUILD
+    assert plan.attention_launch(512, 32, 8, 64, 4, 132).build == plan.LATE_VALUES_BUILD
 
 
 def test_norm_prologue_only_where_its_reads_stay_small():
@@ -148,6 +148,8 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
             blocks = plan.ceil_div(n, plan.WIDE_N) * plan.ceil_div(m, plan.WIDE_M)
             assert (wg is None) == (dtype == "q8_0" or m < plan.WIDE_MIN_ROWS or blocks < 0.45 * 132)
             if wg:
+                rows = plan.wgmma_rows(wg)
+                assert rows == (64 if blocks < 0.75 * 132 else 128)  # few tiles: half-height ones, twice as many
                 assert wg.split == plan.split_k(n, k, 132) and wg.kernel == f"mm_wgmma_tma_{dtype}"
-                assert wg.grid[1] * plan.WIDE_N >= n and wg.grid[0] * plan.WIDE_M >= m
-                assert wg.shared == plan.wgmma_smem() <= 227 * 1024
+                assert wg.grid[1] * rows >= n and wg.grid[0] * plan.WIDE_M >= m
+                assert wg.shared == plan.wgmma_smem(rows) <= (227 * 1024) // (128 // rows)

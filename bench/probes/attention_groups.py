@@ -2,7 +2,9 @@
 each head's arithmetic is its own; the probe checks that bit for bit):
   python3 bench/probes/attention_groups.py [--out FILE]
 Builds measured and removed: a chunk's keys copied into shared memory by cp.async (K_SMEM of
-b3bf2f3; attn-staged*-h200.json: 26.9 against 26.9-29.3 us at 16 rows, 8B step 5.88 -> 6.05 ms)."""
+b3bf2f3; attn-staged*-h200.json: 26.9 against 26.9-29.3 us at 16 rows, 8B step 5.88 -> 6.05 ms);
+value batches reloaded only after the whole batch was read (before session 13's rolling reload:
+16 rows, head dim 128, 25.2 against 24.7 us; attention-late-values-h200.json, build "noroll")."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 BUILDS = {"latency": plan.LATENCY_BUILD, "throughput": plan.THROUGHPUT_BUILD,
-          "mid": (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 16))}
+          "mid": (("MIN_BLOCKS", 2), ("K_EARLY_OK", 0), ("VBATCH", 16)),
+          "late_values": plan.LATE_VALUES_BUILD}
 
 
 def main() -> None:

@@ -7,6 +7,11 @@ Changes (the alternative to the plan):
   norm_gate_up   one row: the 8B gate|up matmul normalises its own input (no rms_norm launch)
   rope_apart     q|k|v stored as they are, rope_qkv_write after the matmul (not in its epilogue)
   warpsW         split_k aims at W warps an SM instead of plan.WARPS_PER_SM (other sums: timing only)
+  late_values    attention of every head dim (not only <= 64) in LATE_VALUES_BUILD: keys loaded whole
+                 before the scores, values after them (8B 16 rows 5.32 -> 5.43 ms: late-values-ab-h200.json)
+  full_tiles     mm_wgmma's 128-row tiles even where they are few (with --prefill; 1B 7.03 -> 7.30 ms
+                 with 64-row ones kept, 8B 24.9 ms against 26.2 when it took them too:
+                 half-tiles-prefill-ab-h200.json)
 Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
 attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their loads, attention's
 key and value rows asked into L2 before its wait; a chunk's keys copied into shared memory
@@ -62,6 +67,8 @@ CHANGES = {  # name: [(module or class, attribute, its value in the alternative)
     # q|k|v rows as they are: rope_qkv_write after the matmul instead of in its epilogue
     "rope_apart": [(CudaOps, "upload_qkv", _stacked_qkv)],
     **{f"warps{w}": [(plan, "WARPS_PER_SM", w)] for w in (8, 32)},
+    "late_values": [(plan, "THROUGHPUT_BUILD", plan.LATE_VALUES_BUILD)],
+    "full_tiles": [(plan, "WGMMA_HALF_TILES_BELOW", 0)],
 }
 
 

@@ -21,8 +21,8 @@
 // captured step launches this kernel while the KV write before it runs; the cells that write
 // touches, a row's own and those of the rows before it in its sequence, are loaded after the wait,
 // never before), its values right after the wait, so that both arrive while the scores are computed. Compiled per (HEAD_DIM, GROUP_MAX,
-// KV_T) and register budget (MIN_BLOCKS, K_EARLY_OK, VBATCH: how many loads are in flight, never
-// the arithmetic) through -D options.
+// KV_T) and register budget (MIN_BLOCKS, K_EARLY_OK, VBATCH, V_LATE: which loads are in flight when,
+// never the arithmetic) through -D options.
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -54,7 +54,11 @@
 #ifndef VBATCH
 #define VBATCH 16  // 16-byte value loads in flight per thread
 #endif
+#ifndef V_LATE
+#define V_LATE 0  // the first value batch issued after the scores (the key registers free again), not before
+#endif
 #define K_EARLY (K_EARLY_OK && KU <= 16)  // the key row kept in registers, loaded before the wait
+#define K_REG (K_EARLY || (V_LATE && KU <= 16))  // the key row loaded whole into registers before the scores
 #define VU (8 / PER_U)                 // 16-byte loads per 8 values
 #define VB (KP * VU <= VBATCH ? KP : VBATCH / VU)  // keys per batch of value loads
 #define GB (GM * D * 8 <= 4096 ? GM : (4096 / (8 * D) > 0 ? 4096 / (8 * D) : 1))  // heads per fold of ob
@@ -140,7 +144,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     if ((int)blockIdx.z > last) return;
 
     auto key_row = [&](int c) { return kc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + tid * cell_stride; };
-    uint4 kr[K_EARLY ? KU : 1];
+    uint4 kr[K_REG ? KU : 1];
     // Before the wait only cells that existed before this step: the kernel before this one may
     // still be writing this step's cells, the row's own (p) and, in a verify or prompt step, those
     // of the rows before it in its sequence (consecutive rows whose slots are this table's cells
@@ -154,7 +158,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     if (K_EARLY && blockIdx.z <= last && tid < early) {
         const kv_t* k = key_row(blockIdx.z);
 #pragma unroll
-        for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(k + u * PER_U);
+        for (int u = 0; u < (K_REG ? KU : 1); ++u) kr[u] = ld16(k + u * PER_U);
     }
     pdl_start();
 
@@ -167,15 +171,20 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         const int n = c < last ? PAGE : p % PAGE + 1;
         const kv_t* vpage = vc + (i64)table[c] * PAGE * cell_stride + (i64)h * D + dg * 8;
         const kv_t* krow = key_row(c);
-        if (K_EARLY && (c != blockIdx.z || (tid >= early && tid < n))) {  // a later chunk, or this step's cells
+        // a later chunk or this step's cells (K_EARLY), else the whole row (every thread: cells past n
+        // are the page's own memory, loaded and never used)
+        if (K_REG && (!K_EARLY || c != blockIdx.z || (tid >= early && tid < n))) {
 #pragma unroll
-            for (int u = 0; u < (K_EARLY ? KU : 1); ++u) kr[u] = ld16(krow + u * PER_U);
+            for (int u = 0; u < (K_REG ? KU : 1); ++u) kr[u] = ld16(krow + u * PER_U);
         }
         uint4 vr[VB][VU];
+        auto first_values = [&] {
 #pragma unroll
-        for (int b = 0; b < VB; ++b)
+            for (int b = 0; b < VB; ++b)
 #pragma unroll
-            for (int u = 0; u < VU; ++u) vr[b][u] = ld16(vpage + (pt * KP + b) * cell_stride + u * PER_U);
+                for (int u = 0; u < VU; ++u) vr[b][u] = ld16(vpage + (pt * KP + b) * cell_stride + u * PER_U);
+        };
+        if (!V_LATE) first_values();
         __syncthreads();  // qs written; sc, ob and the reduction slots free again
 
         float s[GM];
@@ -185,13 +194,14 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 #pragma unroll
             for (int u = 0; u < KU; ++u) {
                 float kv[PER_U];
-                unpack(K_EARLY ? kr[K_EARLY ? u : 0] : ld16(krow + u * PER_U), kv);
+                unpack(K_REG ? kr[K_REG ? u : 0] : ld16(krow + u * PER_U), kv);
 #pragma unroll
                 for (int i = 0; i < PER_U; ++i)
 #pragma unroll
                     for (int g = 0; g < GM; ++g) s[g] = __fmaf_rn(qs[g][u * PER_U + i], kv[i], s[g]);
             }
         }
+        if (V_LATE) first_values();
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
             const float v = warp_max(tid < n ? s[g] : NEG_INF);
@@ -230,25 +240,21 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
             for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
 #pragma unroll
         for (int b0 = 0; b0 < KP; b0 += VB) {
-            if (b0 > 0) {
-#pragma unroll
-                for (int b = 0; b < VB; ++b)
-#pragma unroll
-                    for (int u = 0; u < VU; ++u)
-                        vr[b][u] = ld16(vpage + (pt * KP + b0 + b) * cell_stride + u * PER_U);
-            }
 #pragma unroll
             for (int b = 0; b < VB; ++b) {
                 const int j = pt * KP + b0 + b;
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < VU; ++u) {
+                    float t[PER_U];
+                    unpack(vr[b][u], t);
+#pragma unroll
+                    for (int i = 0; i < PER_U; ++i) v[u * PER_U + i] = t[i];
+                }
+                if (b0 + VB < KP)  // the register is free: the next batch's value for it goes out now
+#pragma unroll
+                    for (int u = 0; u < VU; ++u) vr[b][u] = ld16(vpage + (j + VB) * cell_stride + u * PER_U);
                 if (j < n) {
-                    float v[8];
-#pragma unroll
-                    for (int u = 0; u < VU; ++u) {
-                        float t[PER_U];
-                        unpack(vr[b][u], t);
-#pragma unroll
-                        for (int i = 0; i < PER_U; ++i) v[u * PER_U + i] = t[i];
-                    }
 #pragma unroll
                     for (int g = 0; g < GM; ++g) {
                         const float e = sc[g][j];

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 
 import cupy as cp
 import numpy as np
@@ -41,7 +42,7 @@ class _Config(ctypes.Structure):
 def _driver():
     lib = ctypes.CDLL("libcuda.so.1")
     fn = lib.cuLaunchKernelEx
-    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
 
@@ -59,19 +60,29 @@ def pdl_supported() -> bool:
     return True
 
 
-def _c_arg(a):
-    if isinstance(a, TensorMap):
-        return a
-    if isinstance(a, cp.ndarray):
-        return ctypes.c_void_p(a.data.ptr)
-    if isinstance(a, np.int32):
-        return ctypes.c_int32(int(a))
-    if isinstance(a, np.int64):
-        return ctypes.c_int64(int(a))
-    if isinstance(a, np.float32):
-        return ctypes.c_float(float(a))
-    raise TypeError(f"kernel argument of type {type(a).__name__}: pass arrays, TensorMap, np.int32, np.int64 or "
-                    "np.float32")
+# A scalar or pointer argument goes into an 8-byte slot of one buffer and the driver is handed a
+# pointer to it (it copies each parameter's own size); a tensor map is handed its cached structure.
+_SLOT_FORMAT = {np.int32: "i4x", np.int64: "q", np.float32: "f4x"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _slots(types: tuple) -> tuple[str, tuple[int, ...]]:
+    """The struct format of the non-map arguments and each argument's slot (-1: a tensor map)."""
+    fmt, where, n = "<", [], 0
+    for t in types:
+        if issubclass(t, TensorMap):
+            where.append(-1)
+            continue
+        if issubclass(t, cp.ndarray):
+            fmt += "Q"
+        elif t in _SLOT_FORMAT:
+            fmt += _SLOT_FORMAT[t]
+        else:
+            raise TypeError(f"kernel argument of type {t.__name__}: pass arrays, TensorMap, np.int32, np.int64 or "
+                            "np.float32")
+        where.append(n)
+        n += 1
+    return fmt, tuple(where)
 
 
 def _function(fn) -> int:
@@ -79,15 +90,29 @@ def _function(fn) -> int:
     return int(fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr)
 
 
-def _driver_launch(fn, grid, block, args, shared: int, stream, pdl: bool) -> None:
-    values = [_c_arg(a) for a in args]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+@functools.lru_cache(maxsize=4096)
+def _config(grid: tuple, block: tuple, shared: int, stream: int, pdl: bool) -> _Config:
+    """Launch configurations repeat layer after layer; the driver only reads them."""
     attr = _Attribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1
-    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-    cfg = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared, ctypes.c_void_p(stream.ptr),
+    grid, block = grid + (1,) * (3 - len(grid)), block + (1,) * (3 - len(block))
+    cfg = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared, ctypes.c_void_p(stream),
                   ctypes.pointer(attr), 1 if pdl else 0)
-    err = _driver()(ctypes.byref(cfg), ctypes.c_void_p(_function(fn)), params, None)
+    cfg._attr = attr  # kept alive with the configuration
+    return cfg
+
+
+def _driver_launch(fn, grid, block, args, shared: int, stream, pdl: bool) -> None:
+    fmt, where = _slots(tuple(map(type, args)))
+    n = len(args)
+    buf = ctypes.create_string_buffer(16 * n)  # the slots, then the pointer to each parameter
+    struct.pack_into(fmt, buf, 0, *[a.data.ptr if isinstance(a, cp.ndarray) else a
+                                    for a, w in zip(args, where, strict=True) if w >= 0])
+    base = ctypes.addressof(buf)
+    struct.pack_into(f"<{n}Q", buf, 8 * n, *[base + 8 * w if w >= 0 else ctypes.addressof(a)
+                                             for a, w in zip(args, where, strict=True)])
+    cfg = _config(tuple(grid), tuple(block), shared, stream.ptr, pdl)
+    err = _driver()(ctypes.byref(cfg), _function(fn), base + 8 * n, None)
     if err:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {err}")
 

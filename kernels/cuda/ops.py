@@ -220,9 +220,11 @@ class CudaOps:
     @staticmethod
     def _wgmma(x16, w: CudaWeight, wide: plan.MatmulLaunch, bias, res, out, flags):
         """mm_wgmma_tma over x16, t rows of 16-bit activations in its `perm` k order."""
-        fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, (("WG_STAGES", plan.WGMMA_STAGES),))
+        rows = plan.wgmma_rows(wide)
+        fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared,
+                             (("WG_STAGES", plan.WGMMA_STAGES), ("WG_GROUPS", rows // 64)))
         launch(fn, wide.grid, wide.block,
-               (tensor_map.tiled_2d(w.data, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE),
+               (tensor_map.tiled_2d(w.data, (32, rows), tensor_map.SWIZZLE_NONE),
                 tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), bias, res, out,
                 _i32(x16.shape[0]), _i32(w.shape[0]), _i32(w.data.shape[1]), _i32(flags), _i32(wide.split)),
                shared=wide.shared)
@@ -280,25 +282,41 @@ class CudaOps:
             return x
         if prologue != "x16":
             return self.rms_norm(x, norm_weight, eps)
+        return self._norm16(x, norm_weight, eps, w)
+
+    @staticmethod
+    def _norm16(x, norm_weight, eps: float, w: CudaWeight, perm: bool = False):
+        """rms_norm's rows as w's kernel takes its 16-bit input, padded to its k (`perm`: mm_wgmma's k order)."""
         t, k = (int(s) for s in x.shape)
         kp = int(w.data.shape[1])
         y = cp.empty((t, kp), dtype=cp.uint16)
         launch(kernel("rows.cu", "rms_norm_16"), (t,), (256,),
-               (x, norm_weight, y, _i32(k), _i32(kp), np.float32(eps), _i32(w.dtype == "bf16")))
+               (x, norm_weight, y, _i32(k), _i32(kp), np.float32(eps), _i32(w.dtype == "bf16"), _i32(perm)))
         return y
 
     def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
         prologue = self._prologue(t, k, w)
-        if prologue is None:
+        wgmma = prologue is None and self._to_wgmma(t, k, w)
+        if prologue is None and not wgmma:
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
             raise ValueError("a gated product takes no bias or residual")
         out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
         flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
+        if wgmma:  # long prompts: the normalised rows reach mm_wgmma as its 16-bit values in its k order
+            b = bias if bias is not None else self._dummy
+            return self._wgmma(self._norm16(x, norm_weight, eps, w, perm=True), w, wgmma, b, self._dummy, out, flags)
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, out, bias, None, flags, prologue,
                                norm_weight, eps)
+
+    def _to_wgmma(self, t: int, k: int, w: CudaWeight) -> plan.MatmulLaunch | None:
+        """mm_wgmma's launch where matmul would take it for t rows of k values (16-bit weights, exact)."""
+        if w.dtype not in ("f16", "bf16") or w.gate_up == "halves" or w.shape[1] != k or self._to_cublas(t, w):
+            return None
+        kind, launch_ = self._shared_memory_launch(t, w)
+        return launch_ if kind == "wgmma" else None
 
     def ffn(self, x, norm_weight, eps: float, w_gate_up: CudaWeight, w_down: CudaWeight):
         x = _rows(x)
@@ -312,17 +330,15 @@ class CudaOps:
                             EPI_SILU | EPI_OUT16, "x16")
             out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
             return self._streaming(act, w_down, out, self._dummy, x, EPI_RESIDUAL, "x16")
-        if (w_gate_up.gate_up == "tiles" and w_gate_up.dtype == w_down.dtype in ("f16", "bf16")
-                and w_down.shape[1] == f == int(w_down.data.shape[1]) and not self._to_cublas(t, w_gate_up)
-                and (gate_up := self._shared_memory_launch(t, w_gate_up))[0] == "wgmma"
-                and (down := self._shared_memory_launch(t, w_down))[0] == "wgmma"):
+        if (w_gate_up.gate_up == "tiles" and w_gate_up.dtype == w_down.dtype and w_down.shape[1] == f
+                and f == int(w_down.data.shape[1]) and (gate_up := self._to_wgmma(t, k, w_gate_up))
+                and (down := self._to_wgmma(t, f, w_down))):
             # long prompts: the gated products go to the down projection as 16-bit values in its k order
-            kp = int(w_gate_up.data.shape[1])
-            x16 = self._act16(self.rms_norm(x, norm_weight, eps), kp, w_gate_up.dtype == "bf16", perm=True)
-            act = self._wgmma(x16, w_gate_up, gate_up[1], self._dummy, self._dummy, cp.empty((t, f), dtype=cp.uint16),
+            x16 = self._norm16(x, norm_weight, eps, w_gate_up, perm=True)
+            act = self._wgmma(x16, w_gate_up, gate_up, self._dummy, self._dummy, cp.empty((t, f), dtype=cp.uint16),
                               EPI_SILU | EPI_OUT16)
             out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
-            return self._wgmma(act, w_down, down[1], self._dummy, x, out, EPI_RESIDUAL)
+            return self._wgmma(act, w_down, down, self._dummy, x, out, EPI_RESIDUAL)
         return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
 
     def _cublas(self, x, w: CudaWeight, bias, residual, out):

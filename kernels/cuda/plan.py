@@ -155,26 +155,34 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
 
 
 WGMMA_STAGES = 4  # H200, 8B shapes at 512 rows: 4 stages 339-435 TFLOP/s, 5 or 6 stages 296-371
-WGMMA_THREADS = 288  # two consumer warpgroups and the producer warp
 WGMMA_MIN_BLOCKS_PER_SM = 0.45  # H200, 512 rows: 1B down in 64 blocks 113 TFLOP/s, tiled 74
+WGMMA_HALF_TILES_BELOW = 0.75  # 128-row tiles per SM below which blocks take 64 weight rows (1B, not 8B)
 
 
-def wgmma_smem() -> int:
-    """Dynamic shared memory of mm_wgmma_tma: per stage two 32-k chunks of 128 weight rows and 128
+def wgmma_smem(rows: int = WIDE_N) -> int:
+    """Dynamic shared memory of mm_wgmma_tma: per stage two 32-k chunks of `rows` weight rows and 128
     tokens (wgmma.cu's WG_KC, fixed by its swizzle) and a full and an empty mbarrier; the slack
     that aligns its swizzled tiles to 1024 bytes."""
-    return WGMMA_STAGES * (2 * (WIDE_N + WIDE_M) * 64 + 16) + 1024
+    return WGMMA_STAGES * (2 * (rows + WIDE_M) * 64 + 16) + 1024
+
+
+def wgmma_rows(launch: MatmulLaunch) -> int:
+    """Weight rows per block of an mm_wgmma_tma launch: 64 per consumer warpgroup (plus the producer warp)."""
+    return 64 * (launch.block[0] // 128)
 
 
 def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
     """The launch of mm_wgmma_tma (sm_90 only; 16-bit weights) for long prefills, or None where the
-    batch is too short or its tiles too few."""
+    batch is too short or its tiles too few. Under WGMMA_HALF_TILES_BELOW 128-row tiles an SM: 64-row
+    tiles, two blocks an SM (H200, 1B prompt of 512 tokens 7.30 -> 7.03 ms; 8B o and down, 0.97
+    tiles an SM, slower: half-tiles-prefill-ab-h200.json)."""
     blocks = ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M)
     if dtype not in ("f16", "bf16") or m < WIDE_MIN_ROWS or blocks < WGMMA_MIN_BLOCKS_PER_SM * sm_count:
         return None
-    grid = (ceil_div(m, WIDE_M), ceil_div(n, WIDE_N), 1)  # token tiles fastest (wgmma.cu)
-    return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (WGMMA_THREADS, 1, 1), wgmma_smem(), split_k(n, k, sm_count),
-                        WIDE_M // TOKEN_TILE)
+    rows = WIDE_N // 2 if blocks < WGMMA_HALF_TILES_BELOW * sm_count else WIDE_N
+    grid = (ceil_div(m, WIDE_M), ceil_div(n, rows), 1)  # token tiles fastest (wgmma.cu)
+    return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (2 * rows + 32, 1, 1), wgmma_smem(rows),
+                        split_k(n, k, sm_count), WIDE_M // TOKEN_TILE)
 
 
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -206,6 +214,10 @@ ATTN_SPREAD = 32
 ATTN_LATENCY_PAIRS = 0.25  # (row, head group) pairs per SM up to which attention is built for latency
 LATENCY_BUILD = (("MIN_BLOCKS", 1), ("K_EARLY_OK", 1), ("VBATCH", 16))
 THROUGHPUT_BUILD = (("MIN_BLOCKS", 3), ("K_EARLY_OK", 0), ("VBATCH", 8))
+# Key rows of up to 64 dims fit in registers whole beside the throughput build's other state: loaded
+# before the scores, the values after them (H200, 1B decode step at 16 rows 1.257 -> 1.223 ms, 8 rows
+# 1.105 -> 1.083). At 128 dims that build is slower (8B 16 rows 5.32 -> 5.43 ms; late-values-ab-h200.json).
+LATE_VALUES_BUILD = THROUGHPUT_BUILD + (("V_LATE", 1),)
 
 
 def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int) -> AttentionLaunch:
@@ -222,7 +234,10 @@ def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
     sub = ceil_div(group, gm)
     blocks = max(1, rows * n_kv * sub)
     workers = max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
-    build = LATENCY_BUILD if blocks <= ATTN_LATENCY_PAIRS * sm_count else THROUGHPUT_BUILD
+    if blocks <= ATTN_LATENCY_PAIRS * sm_count:
+        build = LATENCY_BUILD
+    else:
+        build = LATE_VALUES_BUILD if head_dim <= 64 else THROUGHPUT_BUILD
     return AttentionLaunch(row_slice, workers, sub, gm, build)
 
 

@@ -7,26 +7,32 @@
 // changes no bits, and wgmma rounds as mma.sync does: bench/results/wgmma-bits-h200.json); chunks
 // ascending inside each of S slices (bounds s * C / S), slices joined in order.
 //
-// A block's two consumer warpgroups compute 128 weight rows x 128 tokens. Weights are wgmma's A
-// operand, from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8 (16 bytes
-// each) from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the second. The
-// k slot each word fills fixes which k of the tokens must meet it, so the tokens (B, from shared
-// memory, K-major) come permuted within each chunk (act_to_16 with `perm`): four 16-byte units per
-// token and chunk, units 0-1 the first MMA's k slots 0-15, units 2-3 the second's. A pipeline stage
-// holds WG_KC = 2 chunks; a stage's token rows (128 bytes) carry the hardware's 128-byte swizzle,
-// without which the MMA's shared-memory reads conflict eightfold. Weights sit unswizzled, [chunk]
-// [row][64 bytes]: a quarter-warp's 16-byte reads are 128 consecutive bytes.
+// A block's two consumer warpgroups compute 128 weight rows x 128 tokens (WG_GROUPS 1: one
+// warpgroup, 64 rows, two blocks an SM, where 128-row tiles would leave SMs idle). Weights are
+// wgmma's A operand, from registers: lane (g, t) of a warp reads k 8t..8t+7 of its rows g and g+8
+// (16 bytes each) from shared memory, mm_tc's own fragment: words 0-1 feed the first MMA, 2-3 the
+// second. The k slot each word fills fixes which k of the tokens must meet it, so the tokens (B,
+// from shared memory, K-major) come permuted within each chunk (act_to_16 with `perm`): four
+// 16-byte units per token and chunk, units 0-1 the first MMA's k slots 0-15, units 2-3 the
+// second's. A pipeline stage holds WG_KC = 2 chunks; a stage's token rows (128 bytes) carry the
+// hardware's 128-byte swizzle, without which the MMA's shared-memory reads conflict eightfold.
+// Weights sit unswizzled, [chunk][row][64 bytes]: a quarter-warp's 16-byte reads are 128
+// consecutive bytes.
 //
-// Warp 8 is the producer: per stage a TMA copy per chunk brings 128 weight rows x 64 bytes and one
-// the stage's 128 tokens (a tensor map with the 128-byte swizzle); a `full` mbarrier counts their
-// bytes. Warps 0-7 only wait, read their fragments and issue MMAs: no block-wide barrier, no copy
-// instructions. Each consumer warp arrives on the stage's `empty` barrier once its MMAs on it are
-// done; the producer refills the stage after all 8.
+// The warp after the consumers is the producer: per stage a TMA copy per chunk brings the block's
+// weight rows x 64 bytes and one the stage's 128 tokens (a tensor map with the 128-byte swizzle); a
+// `full` mbarrier counts their bytes. The consumer warps only wait, read their fragments and issue
+// MMAs: no block-wide barrier, no copy instructions. Each consumer warp arrives on the stage's
+// `empty` barrier once its MMAs on it are done; the producer refills the stage after all of them.
 #include "common.cuh"
 
 typedef unsigned u32;
 
-#define WG_ROWS 128  // weight rows per block (2 warpgroups x 64)
+#ifndef WG_GROUPS
+#define WG_GROUPS 2  // consumer warpgroups, 64 weight rows each (plan.wgmma_launch: 1 where tiles are few)
+#endif
+#define WG_ROWS (64 * WG_GROUPS)  // weight rows per block
+#define WG_CONSUMERS (128 * WG_GROUPS)
 #define WG_TOK 128   // tokens per block (the MMA's N)
 #define WG_KC 2      // 32-k chunks per pipeline stage
 #ifndef WG_STAGES
@@ -168,14 +174,14 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8);
+            mbar_init(empty + 8 * s, 4 * WG_GROUPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     pdl_start();
 
-    if (tid >= 256) {  // the producer warp; one lane issues everything
+    if (tid >= WG_CONSUMERS) {  // the producer warp; one lane issues everything
         if (lane == 0) {
             for (int st = 0; st < stages; ++st) {
                 const int s = st % WG_STAGES;
@@ -224,7 +230,7 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
 }
 
 #define MM_WGMMA_TMA(NAME, BF16)                                                                              \
-    extern "C" __global__ void __launch_bounds__(288, 1)                                                      \
+    extern "C" __global__ void __launch_bounds__(WG_CONSUMERS + 32, WG_GROUPS == 1 ? 2 : 1)                   \
         NAME(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, const float* bias, \
              const float* res, float* out, int M, int N, int Kp, int flags, int S) {                          \
         mm_wgmma_tma<BF16>(&wmap, &xmap, bias, res, out, M, N, Kp, flags, S);                                 \
