@@ -116,6 +116,8 @@ def run(variant: str, name: str, m: int, sm: int) -> dict:
         wmap = tensor_map.tiled_2d(wdata, (32, plan.WIDE_N), tensor_map.SWIZZLE_NONE)
     xmap = tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B)
     wg = plan.wgmma_launch("f16", m, n, k, sm)
+    if plan.wgmma_rows(wg) != plan.WIDE_N:  # the patched builds keep the default 128-row tiles
+        raise SystemExit(f"{name} at {m} rows takes 64-row tiles; this probe times 128-row ones")
     fn = build(variant).get_function(wg.kernel)
     fn.max_dynamic_shared_size_bytes = wg.shared
     out = cp.zeros((m, n), cp.float32)

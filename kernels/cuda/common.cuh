@@ -72,6 +72,10 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// act_to_16's `perm` order (mm_wgmma's token operand): the 16-bit pair at k = 32c + 8b + 2a (pair
+// index i = 16c + 4b + a) is 32-bit word 16c + 4a + b of its row.
+__device__ __forceinline__ int perm_word(int i) { return (i & ~15) | ((i & 3) << 2) | ((i >> 2) & 3); }
+
 // ---- RoPE: one pair (a, b) rotated by the angle whose cosine and sine are c, s
 
 __device__ __forceinline__ void rotate(float a, float b, float c, float s, float& ya, float& yb) {

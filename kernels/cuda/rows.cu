@@ -17,8 +17,7 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
 
 // rms_norm's values rounded to the MMA's 16-bit pairs (bf16 or f16, pack_act's rounding), rows of
 // Dp >= D zero-padded: the input of the streaming matmul's PRO_X16 build (matmul.cu) or, with
-// `perm` (Dp a multiple of 32), of mm_wgmma in act_to_16's `perm` order: the pair at k = 32c + 8b + 2a
-// is word 16c + 4a + b of the row.
+// `perm` (Dp a multiple of 32), of mm_wgmma in act_to_16's `perm` order (perm_word).
 extern "C" __global__ void __launch_bounds__(ROW_THREADS)
 rms_norm_16(const float* __restrict__ x, const float* __restrict__ w, u16* __restrict__ y, int D, int Dp, float eps,
             int bf16, int perm) {
@@ -31,7 +30,7 @@ rms_norm_16(const float* __restrict__ x, const float* __restrict__ w, u16* __res
         const int k = 2 * i;
         const float lo = k < D ? __fmul_rn(__fmul_rn(xr[k], inv), w[k]) : 0.f;
         const float hi = k + 1 < D ? __fmul_rn(__fmul_rn(xr[k + 1], inv), w[k + 1]) : 0.f;
-        yr[perm ? (i & ~15) | ((i & 3) << 2) | ((i >> 2) & 3) : i] = bf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+        yr[perm ? perm_word(i) : i] = bf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
     }
 }
 

@@ -140,8 +140,7 @@ template <int BF16>
 __device__ __forceinline__ void silu_store16(const float (&total)[64], int n_first, int m_first,
                                              unsigned* __restrict__ out, int M, int N) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int f = (n_first >> 1) + g, r = f & 31;
-    const int word = ((f >> 5) * 4 + ((r >> 1) & 3)) * 4 + (r >> 3);  // of k = 32c + 8b + 2a: unit 4c + a, word b
+    const int f = (n_first >> 1) + g, word = perm_word(f >> 1);  // stored by even g only: f is a pair's first k
 #pragma unroll
     for (int q = 0; q < 4; ++q)
 #pragma unroll
