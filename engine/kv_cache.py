@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, field
 
 from kernels.base import PAGE_SIZE, Ops
 
@@ -16,6 +17,17 @@ def seq_context(n_ctx: int, n_slots: int, kv_unified: bool, pool_tokens: int) ->
     of it in whole pages (as llama-server splits n_ctx across slots); never more than the pool."""
     per_seq = n_ctx if kv_unified else max(PAGE_SIZE, (n_ctx // n_slots) // PAGE_SIZE * PAGE_SIZE)
     return min(per_seq, pool_tokens)
+
+
+@dataclass
+class ParkedKV:
+    """A parked sequence's KV on the host: each layer's copy of its pages, and the host copies of any
+    per-sequence state besides pages (one entry per state holder, in the holders' order)."""
+
+    layers: list[tuple]
+    n_pages: int
+    nbytes: int
+    states: list = field(default_factory=list)
 
 
 class PagePool:
@@ -46,12 +58,13 @@ class PagePool:
         for p in pages:
             heapq.heappush(self._free, p)
 
-    def park(self, pages: list[int]) -> list[tuple]:
+    def park(self, pages: list[int]) -> ParkedKV:
         """Copy pages to host memory; the caller frees them."""
-        return [self.ops.kv_read_pages(layer, pages) for layer in self.layers]
+        return ParkedKV([self.ops.kv_read_pages(layer, pages) for layer in self.layers], len(pages),
+                        self.park_bytes(len(pages)))
 
-    def restore(self, pages: list[int], parked: list[tuple]) -> None:
-        for layer, data in zip(self.layers, parked, strict=True):
+    def restore(self, pages: list[int], parked: ParkedKV) -> None:
+        for layer, data in zip(self.layers, parked.layers, strict=True):
             self.ops.kv_write_pages(layer, pages, data)
 
     def copy(self, src: list[int], dst: list[int]) -> None:

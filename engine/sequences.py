@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.kv_cache import ParkedKV
 from engine.requests import Event, Request
 from engine.sampler import SamplingParams
 from engine.speculative import DraftState
@@ -26,7 +27,7 @@ class Seq:
     pages: list[int] = field(default_factory=list)
     n_computed: int = 0
     generated: int = 0
-    parked: list | None = None
+    parked: ParkedKV | None = None  # host copy while parked; None while parked means recompute
     is_parked: bool = False
     parks: int = 0
     restores: int = 0

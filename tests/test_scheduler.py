@@ -30,13 +30,14 @@ def prompts(model):
 
 
 def run(model, prompts, *, n_pages=8, parallel=4, every=0, ub=512, params=GREEDY, n=1, ram=1 << 30, spec=0,
-        max_tokens=40, logprobs=0, stop_ok=False):
+        max_tokens=40, logprobs=0, stop_ok=False, states=None):
     """Outputs {(prompt, completion): [(token, logprob)]} and the scheduler's stats (with the
     completions' finish reasons under "reasons"); every completion must run to its length unless
     `stop_ok`."""
     runner = Runner(model, make_ops("cpu", True), n_pages, "f16")
     sched = Scheduler(runner, model.tokenizer, n_slots=parallel, n_ctx=n_pages * 256, n_batch=2048, n_ubatch=ub,
-                      kv_unified=True, preempt_ram_bytes=ram, preempt_every=every, spec_n_max=spec)
+                      kv_unified=True, preempt_ram_bytes=ram, preempt_every=every, spec_n_max=spec,
+                      states=states)
     sched.start()
     outs: dict = {}
     finished = threading.Event()

@@ -1,0 +1,111 @@
+"""From a step's logits rows to events: sampling and logprobs, speculative verification, n > 1
+forks, and a sequence's end (its slot's prompt cache, its timings)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from engine.requests import DoneEvent, Event, Row, TokenEvent
+from engine.runner import RowsOut
+from engine.sampler import log_softmax, sample, top_logprobs
+from engine.scheduler.context import Context
+from engine.scheduler.memory import StateManager
+from engine.scheduler.slots import SlotTable
+from engine.sequences import Seq
+from engine.tokenizer import TextTokenizer
+
+
+class Emitter:
+    def __init__(self, tokenizer: TextTokenizer, mem: StateManager, slots: SlotTable, ctx: Context):
+        self.tokenizer, self.mem, self.slots, self.ctx = tokenizer, mem, slots, ctx
+        self.outbox: list[tuple[Callable, Event]] = []
+
+    def on_logits(self, seq: Seq, row: Row) -> None:
+        """The row after a sequence's last token."""
+        if seq.generated == 0 and seq.index == 0 and seq.req.n > 1:
+            # the children sample their first token from the prompt's logits, like the parent
+            for child in self._fork(seq):
+                if not child.done:
+                    self._emit(child, row)
+        self._emit(seq, row)
+
+    def verify(self, seq: Seq, logits: RowsOut) -> None:
+        """Row i predicts the token after draft[i - 1]; keep drafts while they equal the samples."""
+        draft, seq.draft = seq.draft, []
+        start = seq.n_computed
+        accepted = 0
+        for i in range(len(draft) + 1):
+            seq.n_computed = start + i + 1  # KV is valid through the row that produced this sample
+            tok = self._emit(seq, logits.row(i))
+            if seq.done or not self.mem.is_running(seq) or i == len(draft) or tok != draft[i]:
+                break
+            accepted += 1
+        seq.spec.record(len(draft), accepted)
+        self.ctx.counters["drafted_total"] += len(draft)
+        self.ctx.counters["draft_accepted_total"] += accepted
+
+    def finish(self, seq: Seq, reason: str, error: str | None = None) -> None:
+        self.mem.drop(seq)
+        seq.done = True
+        for j in range(1, self.slots.unreserve(seq.req_id) + 1):  # ended before its n > 1 fork
+            self.outbox.append((seq.on_event, DoneEvent(j, reason, seq.n_prompt, 0, 0, 0, 0, {}, error)))
+        self.slots.vacate(seq, keep_cache=seq.req.cache_prompt and reason not in ("error", "abort"))
+        self.outbox.append((seq.on_event, DoneEvent(seq.index, reason, seq.n_prompt, seq.generated,
+                                                     seq.cached_tokens, seq.parks, seq.restores, _timings(seq),
+                                                     error)))
+
+    def _fork(self, seq: Seq) -> list[Seq]:
+        """n > 1: each further completion gets a copy of the prompt's pages and its own slot."""
+        children = []
+        for j, slot in enumerate(self.slots.reserved(seq.req_id), start=1):
+            params = replace(seq.params, seed=seq.params.seed + j)
+            child = Seq(seq.req_id, j, seq.req, seq.on_event, params, list(seq.tokens), seq.n_prompt,
+                        self.ctx.tick(), t_start=seq.t_start)
+            self.slots.seat_fork(child, slot)
+            children.append(child)
+            self.mem.fork(seq, child)
+        return children
+
+    def _emit(self, seq: Seq, row: Row) -> int:
+        """Samples the row's token and sends it; ends or parks the sequence where that is due."""
+        if seq.req.max_tokens == 0:  # the prompt is evaluated (and cached), nothing is generated
+            self.finish(seq, "length")
+            return -1
+        if seq.generated == 0:
+            seq.t_first = time.perf_counter()
+        logits, best = row
+        tok = best if logits is None else sample(logits, seq.params, seq.tokens, seq.generated)
+        lp = top = None
+        if seq.req.logprobs >= 0:
+            lps = log_softmax(logits)
+            lp = float(lps[tok])
+            top = top_logprobs(lps, seq.req.logprobs) if seq.req.logprobs > 0 else None
+        if self.tokenizer.is_eog(tok):
+            self.finish(seq, "stop")
+            return tok
+        seq.tokens.append(tok)
+        seq.generated += 1
+        self.ctx.counters["tokens_predicted_total"] += 1
+        self.outbox.append((seq.on_event, TokenEvent(seq.index, tok, lp, top)))
+        every = self.ctx.preempt_every
+        if seq.generated >= seq.req.max_tokens >= 0 or len(seq.tokens) >= self.ctx.n_ctx_seq:
+            self.finish(seq, "length")
+        elif every and seq.generated % every == 0 and self.mem.is_running(seq):
+            self.mem.park(seq)
+        return tok
+
+
+def _timings(seq: Seq) -> dict:
+    now = time.perf_counter()
+    t_first = seq.t_first or now
+    prompt_ms = (t_first - seq.t_start) * 1000
+    pred_ms = (now - t_first) * 1000
+    prompt_n = seq.n_prompt - seq.cached_tokens
+    return {
+        "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+        "prompt_per_second": prompt_n / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
+        "predicted_n": seq.generated, "predicted_ms": pred_ms,
+        "predicted_per_second": seq.generated / (pred_ms / 1000) if pred_ms > 0 else 0.0,
+    }

@@ -1,0 +1,207 @@
+"""Continuous batching over slots, page-granular admission, parking and restore.
+
+One compute thread runs steps. Each step takes every running sequence's pending tokens (one for a
+decoding sequence, a chunk of the prompt for a prefilling one) up to the token budget, runs them as
+one batch and samples where a sequence reached its last token. Under row invariance none of these
+choices changes any sequence's bits, which is what makes the output exact.
+
+The parts: `slots` (slot table, prompt caches, admission), `memory` (pages, parks, restores,
+per-sequence state), `planner` (what the next step runs), `emitter` (sampling, verification,
+forks, finishing). This loop owns the queue, the thread and the lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from engine.kv_cache import seq_context
+from engine.requests import DoneEvent, Event, QueueFullError, Request, call_each
+from engine.runner import Pending, Runner
+from engine.scheduler.context import Context
+from engine.scheduler.emitter import Emitter
+from engine.scheduler.memory import SeqState, StateManager
+from engine.scheduler.planner import Plan, Planner
+from engine.scheduler.slots import SlotTable, Waiting
+from engine.tokenizer import TextTokenizer
+from kernels.base import PAGE_SIZE
+
+log = logging.getLogger("engine.scheduler")
+
+
+class Scheduler:
+    def __init__(self, runner: Runner, tokenizer: TextTokenizer, *, n_slots: int, n_ctx: int, n_batch: int,
+                 n_ubatch: int, kv_unified: bool, preempt_ram_bytes: int, preempt_every: int = 0,
+                 max_queue: int = 64, spec_n_max: int = 0,
+                 dispatch: Callable[[list[tuple[Callable, Event]]], None] = call_each,
+                 states: list[SeqState] | None = None):
+        """`dispatch` receives each step's events at once, on the compute thread: a server hands the
+        whole batch to its event loop with one wake-up instead of one per token. `states`: holders
+        of per-sequence state besides KV pages (see `memory.SeqState`)."""
+        self.runner, self.tokenizer, self.pool = runner, tokenizer, runner.pool
+        self.ctx = Context(
+            n_ctx_seq=seq_context(n_ctx, n_slots, kv_unified, self.pool.n_pages * PAGE_SIZE),
+            budget=max(1, min(n_batch, n_ubatch)), preempt_ram_bytes=preempt_ram_bytes,
+            preempt_every=preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0),
+            spec_n_max=spec_n_max, max_queue=max_queue)
+        self.counters = self.ctx.counters
+        self.slots_ = SlotTable(n_slots, self.pool, self.ctx)
+        self.mem = StateManager(self.pool, self.slots_, self.ctx, states)
+        self.planner = Planner(runner, self.mem, self.ctx)
+        self.emitter = Emitter(tokenizer, self.mem, self.slots_, self.ctx)
+        self.dispatch = dispatch
+        self._waiting: Waiting = deque()
+        self._cancel: set[tuple[int, int | None]] = set()
+        self._ids = itertools.count(1)
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        # a decode step launched before the previous step's tokens reached the host (Planner.plan_ahead)
+        self._ahead: tuple[Plan, Pending] | None = None
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self.ctx.n_ctx_seq
+
+    @n_ctx_seq.setter
+    def n_ctx_seq(self, value: int) -> None:
+        self.ctx.n_ctx_seq = value
+
+    # ------------------------------------------------------------------ public API
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine-compute", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def submit(self, req: Request, on_event: Callable[[Event], None]) -> int:
+        if not req.prompt:
+            raise ValueError("the prompt is empty")
+        if len(req.prompt) >= self.n_ctx_seq:
+            raise ValueError(f"the prompt has {len(req.prompt)} tokens; the context holds {self.n_ctx_seq} "
+                             "per sequence (raise --ctx-size)")
+        if req.n < 1 or req.n > len(self.slots_):
+            raise ValueError(f"n={req.n} needs between 1 and {len(self.slots_)} slots")
+        with self._cv:
+            if len(self._waiting) >= self.ctx.max_queue:
+                raise QueueFullError(f"the request queue is full ({self.ctx.max_queue} waiting)")
+            rid = next(self._ids)
+            self._waiting.append((rid, req, on_event))
+            self._cv.notify_all()
+        return rid
+
+    def cancel(self, request_id: int, index: int | None = None) -> None:
+        """Aborts a request, or only its completion `index` (n > 1: one choice hit a stop string)."""
+        with self._cv:
+            self._cancel.add((request_id, index))
+            self._cv.notify_all()
+
+    def stats(self) -> dict:
+        with self._cv:
+            busy = sum(1 for s in self.slots_ if s.seq is not None)
+            return {**self.counters, "pages_total": self.pool.n_pages, "pages_free": self.pool.n_free,
+                    "pages_cached": self.slots_.cached_pages(), "queue_len": len(self._waiting),
+                    "busy_slots": busy, "n_slots": len(self.slots_), "parked_bytes": self.mem.parked_bytes}
+
+    def slots(self) -> list[dict]:
+        with self._cv:
+            return self.slots_.rows(self.n_ctx_seq)
+
+    # ------------------------------------------------------------------ compute thread
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._has_work():
+                    self._cv.wait(timeout=1.0)
+                if self._stop:
+                    return
+                t_busy = time.perf_counter()
+                self._apply_cancels()
+                self.mem.restore_parked()
+                self.slots_.admit(self._waiting, self.mem)
+            try:
+                self._step()
+            except Exception as e:  # a failed step fails its requests, never the server
+                log.exception("step failed")
+                self._ahead = None
+                with self._cv:
+                    for seq in list(self.mem.running) + list(self.mem.parked):
+                        self.emitter.finish(seq, "error", error=str(e))
+            if not self.mem.running:  # otherwise the next step's launch hands them over
+                self._flush()
+            self.counters["busy_seconds_total"] += time.perf_counter() - t_busy
+
+    def _flush(self) -> None:
+        """Hands the events so far to the server (its event loop then works on them)."""
+        with self._cv:
+            batch, self.emitter.outbox = self.emitter.outbox, []
+        if batch:
+            self.dispatch(batch)
+
+    def _has_work(self) -> bool:
+        return bool(self.mem.running or self.mem.parked or self._waiting or self._cancel or self._ahead)
+
+    def _apply_cancels(self) -> None:
+        if not self._cancel:
+            return
+        whole = {rid for rid, index in self._cancel if index is None}
+        for seq in self.mem.running + list(self.mem.parked):
+            if seq.req_id in whole or (seq.req_id, seq.index) in self._cancel:
+                self.emitter.finish(seq, "abort")
+        kept = deque()
+        for rid, req, on_event in self._waiting:
+            if rid in whole:
+                for j in range(req.n):
+                    self.emitter.outbox.append((on_event, DoneEvent(j, "abort", len(req.prompt), 0, 0, 0, 0, {})))
+            else:
+                kept.append((rid, req, on_event))
+        self._waiting = kept
+        self._cancel.clear()
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        ahead = self._ahead is not None
+        if ahead:
+            (plan, pending), self._ahead = self._ahead, None
+        else:
+            with self._cv:
+                plan = self.planner.plan()
+            if not plan:
+                self._flush()
+                return
+            pending = self.runner.launch([e for _, e in plan])
+        with self._cv:
+            nxt = self.planner.plan_ahead(plan, ahead)
+        if nxt:
+            self._ahead = nxt, self.runner.launch_ahead(pending, [e for _, e in nxt])
+            self.counters["ahead_steps_total"] += 1
+        # The previous step's tokens go out while the device runs this one: the server's work on
+        # them (sharing the GIL) then overlaps the step instead of delaying its launch.
+        self._flush()
+        results = pending.collect()
+        took = time.perf_counter() - t0
+        self.counters["step_seconds_total"] += took
+        self.counters["steps_total"] += 1
+        if all(len(e.tokens) == 1 for _, e in plan):
+            self.counters["decode_step_seconds_total"] += took
+            self.counters["decode_steps_total"] += 1
+        with self._cv:
+            for (seq, entry), logits in zip(plan, results, strict=True):
+                if ahead and (seq.done or not self.mem.is_running(seq)):
+                    continue  # ended, cancelled or parked after this step was launched: its row is dropped
+                if seq.draft:
+                    self.emitter.verify(seq, logits)
+                    continue
+                seq.n_computed += len(entry.tokens)
+                if logits is not None and not seq.done:
+                    self.emitter.on_logits(seq, logits.row(-1))
