@@ -9,7 +9,31 @@ import numpy as np
 
 from engine.errors import UnsupportedError
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+
+
+@dataclass
+class MoeConfig:
+    """The mixture-of-experts FFN: `n_experts` experts of FFN width `expert_ffn`, `top_k` routed per token;
+    a layer is sparse when its index + 1 is a multiple of `sparse_step` and it is not in `dense_layers`.
+    `shared_ffn` > 0 adds an always-on shared expert behind a sigmoid gate (Qwen3.5-MoE)."""
+
+    n_experts: int
+    top_k: int
+    expert_ffn: int
+    norm_topk: bool = True
+    sparse_step: int = 1
+    dense_layers: tuple[int, ...] = ()
+    shared_ffn: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.n_experts:
+            raise UnsupportedError(f"{self.top_k} experts per token with {self.n_experts} experts")
+        if self.sparse_step < 1:
+            raise UnsupportedError(f"decoder_sparse_step {self.sparse_step} is not a positive step")
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
 
 @dataclass
@@ -32,6 +56,7 @@ class ModelConfig:
     qk_norm: bool = False
     sliding_window: int | None = None
     attn_softcap: float | None = None
+    moe: MoeConfig | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

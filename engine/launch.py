@@ -67,6 +67,9 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
                  max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
     before anything is uploaded."""
+    if backend == "cuda" and loaded.config.moe is not None:
+        raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: mixture-of-experts layers are "
+                                "not supported on the CUDA backend yet; use --device cpu")
     parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type)
     need = sum(parts.values())
     free = free_memory(backend)

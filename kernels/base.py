@@ -91,6 +91,22 @@ class Ops(Protocol):
     def argmax(self, logits: Any) -> Any:
         """int32 index of each row's largest value, ties to the lowest index."""
 
+    # --- mixture of experts
+    def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
+                       shared: tuple[Weight, Weight, Weight, Weight] | None = None) -> Any:
+        """The experts of one MoE FFN, per expert its gate and up [F, H] and down [H, F] (views of a
+        stacked tensor where the file stacks them: never copied per call); `shared` is an always-on
+        expert's (gate, up, down, sigmoid gate [1, H])."""
+    def moe_route(self, logits: Any, top_k: int, renormalize: bool) -> tuple[Any, Any]:
+        """Router logits [T, E] -> (expert ids [T, k] int32, weights [T, k] float32): softmax in
+        float32, the k largest in descending order with ties to the lowest expert index, divided by
+        their sum when `renormalize`. One code path for one row or many."""
+    def moe_ffn(self, x: Any, experts: Any, ids: Any, weights: Any, residual: Any | None = None) -> Any:
+        """x [T, H] through its routed experts: sum over slots j = 0..k-1 in that order of
+        weights[t, j] * down_e(silu(gate_e x) * up_e x), e = ids[t, j], each (token, expert) pair with
+        the dense matmul's row arithmetic on e's weights (bits independent of how many rows chose e);
+        then + sigmoid(x . g) * shared(x) when there is a shared expert, then residual + that."""
+
     # --- paged KV cache and attention
     def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str,
                  v_type: str | None = None) -> KVLayer:

@@ -89,7 +89,8 @@ def make_hf_model(where: Path, arch: str = "llama", *, tie: bool = False, kv_rat
 
 # --- GGUF, written the way llama.cpp's convert_hf_to_gguf.py writes it
 
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # config.json model_type
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",  # config.json model_type
+             "qwen3_moe": "qwen3moe"}
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 _GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -201,12 +202,14 @@ def write_gguf_file(path: Path, arch: str, kv: dict, tensors=(), drop_keys=()) -
 
 
 def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "default", arch: str | None = None,
-               drop_keys=(), drop_tensors=(), tensor_types: dict | None = None) -> Path:
+               drop_keys=(), drop_tensors=(), tensor_types: dict | None = None, extra_kv: dict | None = None,
+               tensor_map=None) -> Path:
     """The model saved in `hf_dir` as GGUF with 2-D tensors in `dtype` (f32, f16, bf16, q8_0; 1-D stay F32).
 
     `pre` is the tokenizer.ggml.pre to state (the lead's tiny tokenizer splits as GPT-2: "default").
     For bad-input tests: `arch` overrides general.architecture, `drop_keys`/`drop_tensors` leave
-    things out, `tensor_types` forces a ggml type per GGUF tensor name.
+    things out, `tensor_types` forces a ggml type per GGUF tensor name. Other architectures add their
+    metadata in `extra_kv` and name (and stack) their tensors with `tensor_map`: HF tensors -> (GGUF name, array).
     """
     import json
 
@@ -254,14 +257,16 @@ def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "defa
     tensors = []
     if rope.get("rope_type") == "llama3":
         tensors.append(("rope_freqs.weight", llama3_rope_factors(rope, head_dim), None))
-    for hf, data in load_file(str(hf_dir / "model.safetensors")).items():
-        name = to_gguf_name(hf)
+    kv |= {f"{arch}.{k}": v for k, v in (extra_kv or {}).items()}
+    hf_tensors = load_file(str(hf_dir / "model.safetensors"))
+    named = tensor_map(hf_tensors) if tensor_map else [(to_gguf_name(hf), d) for hf, d in hf_tensors.items()]
+    for name, data in named:
         if name in drop_tensors:
             continue
         data = data.astype(np.float32)
         if family == "llama" and (".attn_q." in name or ".attn_k." in name):
             data = llama_permute(data, n_head if ".attn_q." in name else n_kv)
-        kind = (tensor_types or {}).get(name, default if data.ndim == 2 else Q.F32)
+        kind = (tensor_types or {}).get(name, default if data.ndim >= 2 else Q.F32)
         if kind == Q.F32:
             tensors.append((name, data, None))
         elif kind == Q.F16:

@@ -16,11 +16,13 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedError
 from engine.loader.gguf_rope import rope_scaling
 from engine.loader.gguf_vocab import build_tokenizer
+from engine.loader.moe import gguf_moe_config, gguf_moe_name, gguf_moe_tensor
 from engine.models.llama import expected_shapes
 from engine.tokenizer import TextTokenizer
 from kernels.weights import QK8_0, Weight
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")  # Mistral files say "llama"
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")  # Mistral files say "llama"
+_CONFIG_ARCH = {"qwen3moe": "qwen3_moe"}  # GGUF architecture -> ModelConfig.arch where they differ
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
@@ -54,6 +56,9 @@ def hf_name(name: str) -> str | None:
 
 def gguf_name(hf: str) -> str:
     """The GGUF name of an HF tensor name, for messages about tensors the file lacks."""
+    moe = gguf_moe_name(hf)
+    if moe is not None:
+        return moe
     m = _HF_LAYER.fullmatch(hf)
     if m and m.group(2) in _BLOCK_BACK:
         return f"blk.{m.group(1)}.{_BLOCK_BACK[m.group(2)]}"
@@ -149,15 +154,17 @@ def read_config(f: GGUFFile) -> ModelConfig:
     vocab = m("vocab_size", len(tokens.data) if tokens is not None else None)
     if vocab is None:
         raise ModelLoadError(f"{f.name}: missing metadata key '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
+    n_layers = int(m("block_count"))
+    moe = gguf_moe_config(m, f.tensors, n_layers)
     return ModelConfig(
-        arch=arch,
+        arch=_CONFIG_ARCH.get(arch, arch),
         vocab_size=int(vocab),
         hidden=hidden,
-        n_layers=int(m("block_count")),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        ffn=_uniform(m("feed_forward_length"), f"{arch}.feed_forward_length"),
+        ffn=_uniform(m("feed_forward_length", 0 if moe else _REQUIRED), f"{arch}.feed_forward_length"),
         rms_eps=float(m("attention.layer_norm_rms_epsilon")),
         rope_theta=theta,
         rope_scaling=scaling,
@@ -165,7 +172,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
         max_position=int(m("context_length")),
         tie_embeddings="output.weight" not in f.tensors,
         qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in f.tensors,
-        qk_norm=arch == "qwen3" or "blk.0.attn_q_norm.weight" in f.tensors,
+        qk_norm=arch in ("qwen3", "qwen3moe") or "blk.0.attn_q_norm.weight" in f.tensors,
+        moe=moe,
     )
 
 
@@ -187,6 +195,8 @@ def _weight(t) -> Weight:
         scales = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16).reshape(rows, k // QK8_0)
         values = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(rows, k)
         w = Weight(values, "q8_0", scales)
+        if len(shape) == 3:  # stacked experts stay as stored, [E, N, K] values and [E, N, K // 32] scales
+            return Weight(values.reshape(shape), "q8_0", scales.reshape(*shape[:-1], -1))
         return w if len(shape) == 2 else Weight(w.to_f32().reshape(shape), "f32")
     raise UnsupportedError(
         f"tensor {t.name}: unsupported tensor type {kind.name} (supported: F32, F16, BF16, Q8_0)")
@@ -209,9 +219,14 @@ def read_weights(f: GGUFFile, config: ModelConfig) -> dict[str, Weight]:
         if name == _ROPE_FREQS:
             continue
         hf = hf_name(name)
-        if hf is None:
+        if hf is not None:
+            weights[hf] = _weight(t)
+            continue
+        blk = _BLK.fullmatch(name)
+        moe = gguf_moe_tensor(blk.group(1), blk.group(2), _weight(t)) if blk else None
+        if moe is None:
             raise UnsupportedError(f"{f.name}: tensor {name} is not part of the {config.arch} architecture")
-        weights[hf] = _weight(t)
+        weights |= moe
     for hf, shape in expected_shapes(config).items():
         w = weights.get(hf)
         if w is None:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedError
+from engine.loader.moe import hf_expert_views, hf_moe_config
 from engine.loader.safetensors_file import load_tensors
 from kernels.weights import Weight
 
-_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 
 
 def _need(cfg: dict, key: str, where: str = "config.json"):
@@ -56,8 +57,9 @@ def read_config(model_dir: Path) -> ModelConfig:
         max_position=int(cfg.get("max_position_embeddings", 4096)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=mt == "qwen2" or bool(cfg.get("attention_bias", False)),
-        qk_norm=mt == "qwen3",
+        qk_norm=mt in ("qwen3", "qwen3_moe"),
         sliding_window=int(sliding) if sliding else None,
+        moe=hf_moe_config(cfg) if mt == "qwen3_moe" else None,
     )
 
 
@@ -83,4 +85,4 @@ def read_weights(model_dir: Path) -> dict[str, Weight]:
     weights: dict[str, Weight] = {}
     for shard in _shards(model_dir):
         weights.update(load_tensors(shard))
-    return weights
+    return hf_expert_views(weights)

@@ -1,4 +1,5 @@
-"""The llama family (Llama 2/3, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm) built from ops.
+"""The llama family (Llama 2/3, Mistral, Qwen2 with qkv bias, Qwen3 with q/k norm, Qwen3-MoE with
+mixture-of-experts FFNs in its sparse layers) built from ops.
 
 Tensor names are Hugging Face's; loaders of other formats translate to them.
 """
@@ -12,6 +13,7 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.models.moe import MoeBlock, moe_shapes
 from kernels.base import Ops, PagedRows, RopeTable
 from kernels.weights import Weight, concat_rows
 
@@ -33,10 +35,12 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, c.hidden),
             p + "self_attn.o_proj.weight": (c.hidden, q),
             p + "post_attention_layernorm.weight": (c.hidden,),
-            p + "mlp.gate_proj.weight": (c.ffn, c.hidden),
-            p + "mlp.up_proj.weight": (c.ffn, c.hidden),
-            p + "mlp.down_proj.weight": (c.hidden, c.ffn),
         }
+        if c.moe is not None and c.moe.is_sparse(i):
+            shapes |= moe_shapes(c.moe, c.hidden, p + "mlp.")
+        else:
+            shapes |= {p + "mlp.gate_proj.weight": (c.ffn, c.hidden), p + "mlp.up_proj.weight": (c.ffn, c.hidden),
+                       p + "mlp.down_proj.weight": (c.hidden, c.ffn)}
         if c.qkv_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                        p + "self_attn.v_proj.bias": (kv,)}
@@ -67,6 +71,7 @@ class _Layer:
     ffn_norm: Any
     w_gate_up: Any  # Ops.upload_gate_up: its products are silu(gate) * up
     w_down: Any
+    moe: MoeBlock | None = None  # a sparse layer's FFN (w_gate_up and w_down are None then)
 
 
 class LlamaModel:
@@ -100,14 +105,18 @@ class LlamaModel:
                 w_qkv, b_qkv = up(concat_rows(qkv)), None if bias is None else up(bias)
             else:
                 w_qkv, b_qkv = ops.upload_qkv(*qkv, bias, config.head_dim)
+            if config.moe is not None and config.moe.is_sparse(i):
+                ffn = (None, None, MoeBlock(config.moe, weights, m, ops))
+            else:
+                ffn = (ops.upload_gate_up(*parts(m + "gate_proj.weight", m + "up_proj.weight")),
+                       up(weights[m + "down_proj.weight"]), None)
             self.layers.append(_Layer(
                 up(weights[p + "input_layernorm.weight"]),
                 w_qkv, b_qkv,
                 up(weights[a + "o_proj.weight"]),
                 opt(a + "q_norm.weight"), opt(a + "k_norm.weight"),
                 up(weights[p + "post_attention_layernorm.weight"]),
-                ops.upload_gate_up(*parts(m + "gate_proj.weight", m + "up_proj.weight")),
-                up(weights[m + "down_proj.weight"]),
+                *ffn,
             ))
         cos, sin = config.rope_tables(max_positions)
         self.rope = RopeTable(ops.tensor(cos), ops.tensor(sin), config.rope_neox)
@@ -126,7 +135,10 @@ class LlamaModel:
                 qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
                 q = self._qk_norm_rope_write(qkv, layer, rows, cache)
             x = ops.attention_out(q, cache, rows, self.scale, layer.wo, x)
-            x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
+            if layer.moe is None:
+                x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
+            else:
+                x = layer.moe(ops.rms_norm(x, layer.ffn_norm, c.rms_eps), residual=x)
         if logit_rows is not None:
             x = x[logit_rows]
         return ops.norm_matmul(x, self.norm, c.rms_eps, self.lm_head)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
+from kernels.cpu.moe import CpuMoeOps
 from kernels.weights import QK8_0, Weight, bf16_to_f32, concat_rows, f32_to_bf16
 
 BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
@@ -73,7 +74,7 @@ def _decode(data: np.ndarray, scale: np.ndarray | None, kv_type: str) -> np.ndar
     return (q * scale.astype(np.float32)[..., None]).reshape(data.shape)
 
 
-class CpuOps:
+class CpuOps(CpuMoeOps):
     name = "cpu"
 
     def __init__(self, exact: bool = False, f32_copy_limit: int = F32_COPY_LIMIT):
