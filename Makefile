@@ -1,27 +1,38 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# Two stamps: `make run` needs the runtime only; `make test` adds the test extras (torch, transformers, ruff).
+RUNTIME := $(VENV)/.runtime-installed
+TESTDEPS := $(VENV)/.test-installed
+# pip's own progress, not -q: a first install takes minutes and must not look like a hang.
+PIP := $(PY) -m pip install --progress-bar on --disable-pip-version-check
 
 .PHONY: run test lint clean
 
 $(PY):
+	@echo "==> creating the virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 
 # Reinstall when the project's metadata changes; pick the CuPy build matching the NVIDIA driver.
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e ".[test]$$(scripts/cuda_extra.sh)"
-	touch $(STAMP)
+$(RUNTIME): pyproject.toml | $(PY)
+	@echo "==> installing Lockstep and its runtime dependencies (first run: a minute or two)"
+	extra=$$(scripts/cuda_extra.sh); $(PIP) -e ".$${extra:+[$${extra#,}]}"
+	touch $(RUNTIME)
 
-run: $(STAMP)
+$(TESTDEPS): $(RUNTIME)
+	@echo "==> installing the test extras (pytest, torch CPU, transformers, ruff)"
+	$(PIP) -e ".[test]$$(scripts/cuda_extra.sh)"
+	touch $(TESTDEPS)
+
+run: $(RUNTIME)
+	@echo "==> starting the studio"
 	$(VENV)/bin/lockstep
 
-test: $(STAMP)
+test: $(TESTDEPS)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
-lint: $(STAMP)
+lint: $(TESTDEPS)
 	$(VENV)/bin/ruff check .
 
 clean:
