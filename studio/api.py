@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from settings import EXACT_MODES, LoadRequest
 from studio.errors import StudioError
 from studio.manager import LoadManager
+from studio.openai_front import model_list, prepare_body
 
 log = logging.getLogger("lockstep.api")
 
@@ -164,11 +165,16 @@ async def logs(request: web.Request) -> web.Response:
     return web.json_response(_manager(request).logs(max(0, min(tail, 16 * 1024 * 1024))))
 
 
+async def v1_models(request: web.Request) -> web.Response:
+    return web.json_response(model_list(_manager(request)))
+
+
 async def proxy(request: web.Request) -> web.StreamResponse:
-    child = await _manager(request).engine()
+    manager = _manager(request)
+    child = await manager.engine()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP | {"authorization", "x-api-key"}}
     headers.update(child.auth_headers)
-    body = await request.read()
+    body = prepare_body(manager, request.path, await request.read())
     session = request.app[CLIENT]
     # No total timeout: a long generation streams for as long as it streams.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -206,6 +212,7 @@ def build_app(manager: LoadManager, *, api_key: str | None = None, stop_engine_o
     app.router.add_get("/api/settings", get_settings)
     app.router.add_put("/api/settings", put_settings)
     app.router.add_get("/api/logs", logs)
+    app.router.add_get("/v1/models", v1_models)
     app.router.add_route("*", "/v1/{tail:.*}", proxy)
 
     async def client_session(app: web.Application):

@@ -16,6 +16,7 @@ from studio.manager import LoadManager
 from tests.test_studio_standin import standin_fixture, write_gguf  # noqa: F401  (the standin fixture)
 
 DEADLINE_S = 30
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
@@ -162,15 +163,15 @@ async def test_killed_child_is_reported_and_the_next_request_respawns_it_once(cl
     os.kill(body["pid"], signal.SIGKILL)
     st = await poll_status(client, lambda s: s["state"] == "failed")
     assert "SIGKILL" in st["error"]["message"]
-    resp = await client.get("/v1/models")
+    resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 200
-    assert (await resp.json())["data"][0]["id"] == "tiny"
+    assert (await resp.json())["choices"][0]["message"]["content"]
     st = await status(client)
     assert st["state"] == "ready" and st["pid"] != body["pid"] and st["exact_concurrency"] == "on"
 
     os.kill(st["pid"], signal.SIGKILL)
     await poll_status(client, lambda s: s["state"] == "failed")
-    resp = await client.get("/v1/models")
+    resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 503
     assert "load the model again" in (await resp.json())["error"]["message"]
     code, again = await load(client, exact_concurrency="on")  # an explicit load always relaunches
@@ -209,7 +210,7 @@ async def test_unload_stops_the_child(client):
     assert (await status(client))["state"] == "stopped"
     resp = await client.post("/api/unload")
     assert (await resp.json())["status"] == "not_loaded"
-    resp = await client.get("/v1/models")
+    resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 503 and (await resp.json())["error"]["type"] == "no_model_loaded"
 
 
@@ -266,7 +267,7 @@ async def test_api_key_is_required_when_set(make_client):
     assert resp.status == 401
     resp = await client.get("/api/status", headers={"Authorization": "Bearer sesame"})
     assert resp.status == 200
-    resp = await client.get("/v1/models", headers={"X-Api-Key": "sesame"})
+    resp = await client.post("/v1/chat/completions", json=CHAT, headers={"X-Api-Key": "sesame"})
     assert resp.status == 503  # authorised, and no model loaded
 
 

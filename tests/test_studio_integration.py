@@ -115,7 +115,8 @@ async def test_sigkilled_child_is_reported_and_respawned_by_the_next_request(stu
         await asyncio.sleep(0.05)
         st = await status(studio)
     assert st["state"] == "failed" and "SIGKILL" in st["error"]["message"]
-    resp = await studio.get("/v1/models")
+    resp = await studio.post("/v1/chat/completions", json={"model": studio.model, "max_tokens": 2,
+                                                         "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status == 200
     st = await status(studio)
     assert st["state"] == "ready" and st["pid"] != body["pid"] and alive(st["pid"])

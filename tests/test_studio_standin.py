@@ -100,6 +100,8 @@ STANDIN = textwrap.dedent('''
             if not self.authorized():
                 return
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+            with open(os.path.join(state, "requests.jsonl"), "a") as f:
+                f.write(json.dumps({"path": self.path, "body": body}) + "\\n")
             if self.path != "/v1/chat/completions":
                 return self.send_json(404, {"error": {"code": 404, "type": "not_found", "message": self.path}})
             words = ["Hello", " from", " the", " stand-in"]
@@ -143,6 +145,10 @@ def standin_fixture(tmp_path):
             base = {"PATH": "/usr/bin:/bin", "STANDIN_DIR": str(state)}
             base.update({k: str(v) for k, v in extra.items()})
             return base
+
+        def requests(self):
+            path = state / "requests.jsonl"
+            return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
         def calls(self):
             path = state / "calls.jsonl"

@@ -130,7 +130,7 @@ async def test_five_keypresses_from_start_to_a_streamed_reply(studio_env, monkey
 async def load_form_with_exact_on(app, pilot, env):
     """The load screen for the picked model, its exact field set to on."""
     await pick_model(pilot, env)
-    await pilot.press("2")
+    await pilot.press("f2")
     form = app.screen
     form.query_one("#field-exact").value = "on"
     return form
@@ -172,7 +172,7 @@ async def test_exactness_check_every_cell_identical(studio_env):
     app = LockstepApp(api=False)
     async with app.run_test(size=SIZE) as pilot:
         await load_from_models(pilot, studio_env)
-        await pilot.press("5")
+        await pilot.press("f5")
         screen = app.screen
         await pilot.press("r")
         summary = screen.query_one("#exactness-summary")

@@ -158,7 +158,7 @@ def test_models_screen_empty_catalog(snap_compare):
 
 
 def test_load_screen(snap_compare):
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("2"))
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("f2"))
 
 
 def test_load_screen_refused(snap_compare):
@@ -166,7 +166,7 @@ def test_load_screen_refused(snap_compare):
 
     async def run_before(pilot):
         await settle(pilot)
-        await pilot.press("2")
+        await pilot.press("f2")
         await settle(pilot)
         screen = pilot.app.screen
         screen.query_one("#field-exact").value = "on"
@@ -182,7 +182,7 @@ def test_load_screen_refused(snap_compare):
 
 
 def test_status_screen_exact_on(snap_compare):
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("3"))
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("f3"))
 
 
 def test_status_screen_unavailable(snap_compare):
@@ -191,11 +191,11 @@ def test_status_screen_unavailable(snap_compare):
               "warnings": [{"code": "exact_kv_quantized", "flag": "--cache-type-k",
                             "message": "--cache-type-k q8_0 is a quantized KV cache; exact mode needs f32, f16, bf16"}]}
 
-    assert snap_compare(make_app(status), terminal_size=SIZE, run_before=on_screen("3"))
+    assert snap_compare(make_app(status), terminal_size=SIZE, run_before=on_screen("f3"))
 
 
 def test_status_screen_no_model(snap_compare):
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("3"))
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("f3"))
 
 
 def test_chat_screen(snap_compare):
@@ -203,7 +203,7 @@ def test_chat_screen(snap_compare):
 
     async def run_before(pilot):
         await settle(pilot)
-        await pilot.press("4")
+        await pilot.press("f4")
         await settle(pilot)
         transcript = pilot.app.screen.query_one("#transcript")
         await transcript.mount(ChatMessage("user", "def fibonacci(n):"))
@@ -228,7 +228,7 @@ def test_exactness_screen_report(snap_compare):
 
     async def run_before(pilot):
         await settle(pilot)
-        await pilot.press("5")
+        await pilot.press("f5")
         await settle(pilot)
         pilot.app.screen.show_report(report)
         await pilot.pause()
@@ -237,8 +237,8 @@ def test_exactness_screen_report(snap_compare):
 
 
 def test_logs_screen(snap_compare):
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("6"))
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("f6"))
 
 
 def test_settings_screen(snap_compare):
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("7"))
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("f7"))

@@ -217,7 +217,7 @@ async def test_empty_catalog_shows_the_hint(offline_app):
 
 async def test_chat_without_a_model_says_so_inline(offline_app):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("4", *"hi", "enter")
+        await pilot.press("f4", *"hi", "enter")
         screen = offline_app.screen
         await wait(pilot, lambda: bool(screen.query(".-error")), "the inline error")
         error = screen.query(".-error").last(ChatMessage)
@@ -227,7 +227,7 @@ async def test_chat_without_a_model_says_so_inline(offline_app):
 
 async def test_exactness_check_without_a_model_says_so(offline_app):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("5", "r")
+        await pilot.press("f5", "r")
         summary = offline_app.screen.query_one("#exactness-summary")
         await wait(pilot, lambda: summary.has_class("-bad"), "the verdict")
         assert "load a model first" in str(summary.render())
@@ -235,7 +235,7 @@ async def test_exactness_check_without_a_model_says_so(offline_app):
 
 async def test_load_form_refuses_an_owned_flag_live(offline_app):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("2")
+        await pilot.press("f2")
         screen = offline_app.screen
         screen.query_one("#field-extra_args").value = "--port 9000"
         await pilot.pause()
@@ -245,7 +245,7 @@ async def test_load_form_refuses_an_owned_flag_live(offline_app):
 
 async def test_settings_are_saved_through_the_store(offline_app, tmp_path):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("7")
+        await pilot.press("f7")
         screen = offline_app.screen
         screen.query_one("#set-exact").value = "on"
         screen.query_one("#set-folders").text = str(tmp_path / "more-models")
@@ -259,7 +259,7 @@ async def test_settings_are_saved_through_the_store(offline_app, tmp_path):
 
 async def test_settings_refuse_a_bad_port(offline_app, tmp_path):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("7")
+        await pilot.press("f7")
         screen = offline_app.screen
         screen.query_one("#set-api_port").value = "99999"
         await pilot.press("ctrl+s")
@@ -271,21 +271,40 @@ async def test_settings_refuse_a_bad_port(offline_app, tmp_path):
 
 async def test_returning_to_chat_focuses_the_prompt(offline_app):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
+        await pilot.press("f4")
         assert offline_app.focused.id == "prompt"
-        await pilot.press("tab", "3")
+        await pilot.press("tab", "f3")
         assert offline_app.current_mode == "status"
-        await pilot.press("4")
+        await pilot.press("f4")
         assert offline_app.focused.id == "prompt"
-        await pilot.press("escape", "1")
+        await pilot.press("escape", "f1")
         assert offline_app.current_mode == "models"
 
 
-async def test_escape_leaves_a_form_field_so_number_keys_switch_screens(offline_app):
+async def test_function_keys_switch_screens_from_inside_a_field_without_typing(offline_app):
     async with offline_app.run_test(size=SIZE) as pilot:
-        await pilot.press("2")
-        offline_app.screen.query_one("#field-extra_args").focus()
-        await pilot.press("3")
-        assert offline_app.current_mode == "load"  # typed into the field
-        await pilot.press("escape", "3")
+        await pilot.press("f2")
+        field = offline_app.screen.query_one("#field-extra_args")
+        field.focus()
+        await pilot.press("1", "3", "u")
+        assert offline_app.current_mode == "load" and field.value.endswith("13u")  # typed, as in any field
+        typed = field.value
+        await pilot.press("f3")
         assert offline_app.current_mode == "status"
+        await pilot.press("alt+4")
+        assert offline_app.current_mode == "chat"
+        await pilot.press(*"hi", "f2")
+        assert offline_app.current_mode == "load" and field.value == typed  # nothing injected
+
+
+async def test_q_quits_at_once_without_a_model(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await wait(pilot, lambda: offline_app.return_code is not None, "the app to exit")
+
+
+async def test_q_in_a_field_is_typed_not_a_quit(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("f4", "q")
+        await pilot.pause()
+        assert offline_app.return_code is None and offline_app.screen.query_one("#prompt").value == "q"

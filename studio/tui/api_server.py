@@ -7,6 +7,8 @@ from aiohttp import web
 from studio.api import build_app
 from studio.manager import LoadManager
 
+SHUTDOWN_S = 0.5
+
 
 class ApiServer:
     def __init__(self, manager: LoadManager, host: str, port: int, api_key: str | None = None) -> None:
@@ -24,7 +26,9 @@ class ApiServer:
         """Serve, or raise OSError (port taken, address not available) having cleaned up."""
         # The TUI stops the engine itself on exit, also when the API never started.
         app = build_app(self.manager, api_key=self.api_key, stop_engine_on_cleanup=False)
-        runner = web.AppRunner(app, access_log=None)
+        # handler_cancellation: a client that leaves stops its proxied generation, streaming or not;
+        # a short shutdown_timeout: quitting cancels running requests instead of waiting for them.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()

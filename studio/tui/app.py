@@ -8,6 +8,7 @@ in workers that post messages; only message handlers and watchers touch widgets.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ from studio.tui.api_server import ApiServer
 from studio.tui.messages import ApiStarted, CatalogScanned, LoadFinished, LoadOutcome, StatusPolled, Unloaded
 from studio.tui.navigation import PLACES
 from studio.tui.screens import SCREENS
+from studio.tui.screens.quit import QuitScreen
 from studio.tui.stylesheets import STYLE_DIR
 
 POLL_INTERVAL_S = 1.0
+NARROW_BELOW = 110  # columns: below this the nav bar takes two lines so the loaded model stays in view
 NAV = Binding.Group("Screens", compact=True)
 
 
@@ -54,9 +57,13 @@ class LockstepApp(App[int]):
     MODES = {place.mode: SCREENS[place.mode] for place in PLACES}
     DEFAULT_MODE = "models"
     BINDINGS = [
-        *(Binding(p.key, f"goto('{p.mode}')", p.title, group=NAV, tooltip=p.help) for p in PLACES),
-        Binding("ctrl+q", "quit", "Quit", priority=True),
+        # Shown by the nav bar, not the footer; priority so a focused text field cannot keep them.
+        *(Binding(p.keys, f"goto('{p.mode}')", p.title, key_display=p.key_label, group=NAV, tooltip=p.help,
+                  show=False, priority=True) for p in PLACES),
+        Binding("q", "ask_quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
     ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
 
     status: var[dict[str, Any]] = var(dict)
     loading: var[LoadProgress | None] = var(None)
@@ -91,9 +98,15 @@ class LockstepApp(App[int]):
             self.notify(problem.message(), title="Settings file", severity="warning", timeout=15)
 
     async def on_unmount(self) -> None:
-        if self.api is not None:
-            await self.api.stop()
-        await self.manager.shutdown()
+        # The engine first: proxied requests then end at once instead of holding the API's shutdown.
+        await asyncio.gather(self.manager.shutdown(), self.api.stop() if self.api is not None else asyncio.sleep(0))
+
+    def action_ask_quit(self) -> None:
+        model = self.manager.loaded.model_id if self.manager.loaded is not None else None
+        if model is None or self.manager.state not in ("ready", "loading"):
+            self.exit()
+            return
+        self.push_screen(QuitScreen(model), lambda yes: self.exit() if yes else None)
 
     # the REST API --------------------------------------------------------------------------------
 

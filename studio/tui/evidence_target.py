@@ -23,7 +23,7 @@ async def evidence_target(manager) -> EvidenceTarget:
     loaded = manager.loaded
     child = loaded.child if loaded is not None else None
     if manager.state != "ready" or child is None or not child.alive:
-        raise NoTarget("load a model first (1 Models, Enter): the check runs on the loaded model")
+        raise NoTarget("load a model first (F1 Models, Enter): the check runs on the loaded model")
     timeout = aiohttp.ClientTimeout(total=10)
     try:
         async with aiohttp.ClientSession(headers=child.auth_headers, timeout=timeout) as session:

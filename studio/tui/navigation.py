@@ -1,4 +1,8 @@
-"""The screens in the order of their number keys; the nav bar, the bindings and the palette read this."""
+"""The screens in the order of their function keys; the nav bar, the bindings and the palette read this.
+
+Screen switching uses keys that never type a character (F1-F7, or Alt with the digit where a terminal
+keeps the function keys for itself), so switching works from inside a text field and never writes into it.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,30 @@ from typing import NamedTuple
 
 class Place(NamedTuple):
     mode: str
-    key: str
+    number: int
     title: str
     help: str
 
+    @property
+    def keys(self) -> str:
+        return f"f{self.number},alt+{self.number}"
+
+    @property
+    def key_label(self) -> str:
+        return f"F{self.number}"
+
 
 PLACES: tuple[Place, ...] = (
-    Place("models", "1", "Models", "the models on disk; Enter loads one"),
-    Place("load", "2", "Load", "load settings with live validation"),
-    Place("status", "3", "Status", "engine state, exact badge, slots, pages"),
-    Place("chat", "4", "Chat", "chat with the loaded model"),
-    Place("exactness", "5", "Exactness", "run the exactness evidence matrix"),
-    Place("logs", "6", "Logs", "the engine's log for each attempt"),
-    Place("settings", "7", "Settings", "stored settings"),
+    Place("models", 1, "Models", "the models on disk; Enter loads one"),
+    Place("load", 2, "Load", "load settings with live validation"),
+    Place("status", 3, "Status", "engine state, exact badge, slots, pages"),
+    Place("chat", 4, "Chat", "chat with the loaded model"),
+    Place("exactness", 5, "Exactness", "run the exactness evidence matrix"),
+    Place("logs", 6, "Logs", "the engine's log for each attempt"),
+    Place("settings", 7, "Settings", "stored settings"),
 )
+
+
+def key_of(mode: str) -> str:
+    """How the help texts name a screen's key, e.g. "F1"."""
+    return next(p.key_label for p in PLACES if p.mode == mode)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 class StudioScreen(Screen):
     MODE: ClassVar[str] = ""
-    # Typing fields swallow the number keys; Escape hands them back to screen switching.
+    # Escape leaves a typing field, so the screen's single-letter keys act again.
     BINDINGS = [Binding("escape", "leave_field", "Leave field")]
 
     @property

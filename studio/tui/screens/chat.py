@@ -19,7 +19,7 @@ from studio.tui.messages import ChatDelta, ChatFinished
 from studio.tui.screens.base import StudioScreen
 from studio.tui.widgets.chat_message import ChatMessage
 
-NO_MODEL = "No model is loaded: press 1 for Models, then Enter to load one (or Escape, then 1)."
+NO_MODEL = "No model is loaded: press F1 for Models, then Enter to load one."
 
 
 def sampling(temperature: str, max_tokens: str, seed: str) -> tuple[dict[str, Any], str | None]:

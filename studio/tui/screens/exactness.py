@@ -72,7 +72,7 @@ class ExactnessScreen(StudioScreen):
         if status.get("state") == "ready" and status.get("model"):
             target.update(Content.from_markup("on [b]$m[/b] (loaded)", m=status["model"]))
         else:
-            target.update("no model loaded: load one first (1 Models, Enter)")
+            target.update("no model loaded: load one first (F1 Models, Enter)")
 
     # running -------------------------------------------------------------------------------------
 

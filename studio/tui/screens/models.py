@@ -23,7 +23,7 @@ def empty_hint(folders: list[str]) -> Content:
         "[b]No models found.[/b]\n\nLooked in:\n$searched\n\n"
         "The bundled default model goes in [b]assets/models/[/b] (it may not be installed yet). "
         "To use your own, add a folder of GGUF files or Hugging Face model folders on the "
-        "[b]Settings[/b] screen (7), or set [b]LOCKSTEP_MODEL_DIRS[/b], then press [b]r[/b] to rescan.",
+        "[b]Settings[/b] screen (F7), or set [b]LOCKSTEP_MODEL_DIRS[/b], then press [b]r[/b] to rescan.",
         searched=searched,
     )
 

@@ -125,7 +125,7 @@ class StatusScreen(StudioScreen):
                                              message=err.get("message", "")))
         elif not status.get("model") and not loading:
             error.update(Content.from_markup(
-                "No model is loaded. Press [b]1[/b] for Models, pick one, and press [b]Enter[/b]."))
+                "No model is loaded. Press [b]F1[/b] for Models, pick one, and press [b]Enter[/b]."))
         else:
             error.display = False
 

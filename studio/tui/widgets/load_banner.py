@@ -38,7 +38,7 @@ class LoadBanner(Vertical):
                 self.display = False
                 return
             text.update(f"Loading {loading.model} (exact concurrency {loading.exact})…{self._attempt_note()} "
-                        "each attempt's log is on the Logs screen (6)")
+                        "each attempt's log is on the Logs screen (F6)")
             self.add_class("-loading")
         elif outcome is not None and outcome.origin == self.origin:
             if outcome.ok:

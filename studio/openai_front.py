@@ -1,0 +1,70 @@
+"""What the studio's /v1 front adds to the proxy: the model list without an engine, model names checked
+against the loaded model, and a length limit for requests that give none.
+
+Clients send a model name with every request (the `openai` client requires one); serving whatever is
+loaded under any name would hide a mistake, so a name that is neither the loaded model's id, alias nor
+path is a 404 that names the loaded model, as Ollama answers for a model it does not have.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from studio.errors import StudioError
+from studio.manager import LoadManager
+
+# Bodies that generate: where a model name and a length limit matter.
+GENERATING = ("/v1/chat/completions", "/v1/completions")
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+# A request without a limit would otherwise run to the end of its context, minutes on a CPU.
+DEFAULT_MAX_TOKENS = 1024
+
+
+def model_list(manager: LoadManager) -> dict[str, Any]:
+    """OpenAI's model list from the catalog, loaded or not, with the loaded one marked (and first)."""
+    loaded = manager.loaded if manager.state in ("ready", "loading") else None
+    rows = []
+    for info in manager.catalog.scan():
+        is_loaded = loaded is not None and loaded.plan.model_path == info.path
+        rows.append({"id": info.id, "object": "model", "created": 0, "owned_by": "lockstep",
+                     "loaded": is_loaded, "state": manager.state if is_loaded else "not_loaded",
+                     "path": info.path, "format": info.format, "context_length": info.native_context})
+    rows.sort(key=lambda r: not r["loaded"])
+    return {"object": "list", "data": rows, "loaded": loaded.model_id if loaded else None}
+
+
+def default_max_tokens(props: dict[str, Any]) -> int:
+    """The studio's limit for the loaded model: DEFAULT_MAX_TOKENS, or a slot's whole context when smaller."""
+    slot_ctx = props.get("n_ctx_seq") or 0
+    return min(DEFAULT_MAX_TOKENS, slot_ctx) if slot_ctx > 0 else DEFAULT_MAX_TOKENS
+
+
+def _names(manager: LoadManager) -> set[str]:
+    loaded = manager.loaded
+    if loaded is None:
+        return set()
+    return {loaded.model_id, loaded.plan.alias, loaded.plan.model_path}
+
+
+def prepare_body(manager: LoadManager, path: str, raw: bytes) -> bytes:
+    """The body to forward: checked model name, and the default limit when the request sets none."""
+    if path not in GENERATING or not raw:
+        return raw
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return raw  # the engine answers a malformed body in its own words
+    if not isinstance(body, dict):
+        return raw
+    name = body.get("model")
+    loaded = manager.loaded
+    if isinstance(name, str) and name and loaded is not None and name not in _names(manager):
+        raise StudioError(404, "model_not_found",
+                          f"model {name!r} is not loaded; the loaded model is {loaded.model_id!r} "
+                          "(load another with POST /api/load, or send its name)", loaded=loaded.model_id)
+    if any(body.get(k) is not None for k in LIMIT_FIELDS):
+        return raw
+    child = loaded.child if loaded is not None else None
+    body["max_tokens"] = default_max_tokens(child.props if child is not None else {})
+    return json.dumps(body).encode()
