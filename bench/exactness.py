@@ -1,6 +1,7 @@
 """Runs the exactness evidence matrix (studio/evidence.py) and writes a JSON report and a table.
 
     python bench/exactness.py                      # a tiny random model on the CPU
+    python bench/exactness.py --tiny qwen3_moe     # a tiny random mixture-of-experts model
     python bench/exactness.py -m MODEL --device cuda --exact off
 """
 
@@ -18,10 +19,15 @@ sys.path.insert(0, str(ROOT))
 from studio.evidence import EvidenceError, run_matrix  # noqa: E402
 
 
-def _tiny_model(where: Path) -> tuple[str, int]:
-    from tests.tiny_models import make_hf_model
+def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
+    if arch == "qwen3_moe":
+        from tests.tiny_moe import make_moe_hf_model
 
-    path = make_hf_model(where, "llama")
+        path = make_moe_hf_model(where)
+    else:
+        from tests.tiny_models import make_hf_model
+
+        path = make_hf_model(where, arch)
     from engine.loader import load_model
 
     return str(path), load_model(path).config.vocab_size
@@ -30,6 +36,8 @@ def _tiny_model(where: Path) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", help="model path (default: build a tiny random llama)")
+    ap.add_argument("--tiny", default="llama", choices=["llama", "qwen3_moe"],
+                    help="the tiny random model built when -m is not given")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--exact", default="on", choices=["on", "off"])
     ap.add_argument("--n-predict", type=int, default=24)
@@ -43,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
             model, vocab = args.model, load_model(args.model).config.vocab_size
         else:
-            model, vocab = _tiny_model(Path(tmp))
+            model, vocab = _tiny_model(Path(tmp), args.tiny)
         try:
             report = asyncio.run(run_matrix(model, vocab=vocab, device=args.device, exact=args.exact == "on",
                                             n_predict=args.n_predict, prompt_len=args.prompt_len,

@@ -1,6 +1,7 @@
 """The benchmark model shapes of DESIGN.md, written as F16 GGUF files of random weights from a seed.
 
 Random weights do not change speed; the vocabulary is synthetic (the benchmarks send token ids).
+Shapes with `experts` are Qwen3-MoE files (qwen3moe: q/k norms, every layer sparse, stacked experts).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ SHAPES = {
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256),
     "8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256),
     "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=256, vocab=512),
+    "30b-a3b": dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=768, vocab=151936,
+                    experts=128, top_k=8),
+    "tiny-moe": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=64, vocab=512, experts=8, top_k=2),
 }
 
 
@@ -47,29 +51,47 @@ def write_shape(path: Path, shape: str, seed: int = 0) -> Path:
         return np.resize(block, (n, k))
 
     ones = np.ones(h, np.float32)
+    moe = "experts" in s
+    arch = "qwen3moe" if moe else "llama"
+    if moe:  # one set of stacked experts for every layer: 48 distinct sets would hold the whole file in memory
+        n_e = s["experts"]
+        exps = [mat(n_e * f, h).reshape(n_e, f, h), mat(n_e * f, h).reshape(n_e, f, h),
+                mat(n_e * h, f).reshape(n_e, h, f)]
     tensors = [("token_embd.weight", mat(v, h), Q.F16), ("output_norm.weight", ones, None),
                ("output.weight", mat(v, h), Q.F16)]
     for i in range(s["layers"]):
         b = f"blk.{i}."
         tensors += [(b + "attn_norm.weight", ones, None), (b + "ffn_norm.weight", ones, None),
                     (b + "attn_q.weight", mat(q, h), Q.F16), (b + "attn_k.weight", mat(kv, h), Q.F16),
-                    (b + "attn_v.weight", mat(kv, h), Q.F16), (b + "attn_output.weight", mat(h, q), Q.F16),
-                    (b + "ffn_gate.weight", mat(f, h), Q.F16), (b + "ffn_up.weight", mat(f, h), Q.F16),
-                    (b + "ffn_down.weight", mat(h, f), Q.F16)]
-    meta = {"llama.context_length": 131072, "llama.embedding_length": h, "llama.block_count": s["layers"],
-            "llama.feed_forward_length": f, "llama.rope.dimension_count": s["head_dim"],
-            "llama.attention.head_count": s["heads"], "llama.attention.head_count_kv": s["kv_heads"],
-            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.freq_base": 500000.0,
-            "llama.vocab_size": v, "general.name": f"lockstep-bench-{shape}", **_vocab(v)}
-    return write_gguf_file(path, "llama", meta, tensors)
+                    (b + "attn_v.weight", mat(kv, h), Q.F16), (b + "attn_output.weight", mat(h, q), Q.F16)]
+        if moe:
+            norm = np.ones(s["head_dim"], np.float32)
+            tensors += [(b + "attn_q_norm.weight", norm, None), (b + "attn_k_norm.weight", norm, None),
+                        (b + "ffn_gate_inp.weight", mat(s["experts"], h), Q.F16),
+                        (b + "ffn_gate_exps.weight", exps[0], Q.F16), (b + "ffn_up_exps.weight", exps[1], Q.F16),
+                        (b + "ffn_down_exps.weight", exps[2], Q.F16)]
+        else:
+            tensors += [(b + "ffn_gate.weight", mat(f, h), Q.F16), (b + "ffn_up.weight", mat(f, h), Q.F16),
+                        (b + "ffn_down.weight", mat(h, f), Q.F16)]
+    meta = {f"{arch}.context_length": 131072, f"{arch}.embedding_length": h, f"{arch}.block_count": s["layers"],
+            f"{arch}.feed_forward_length": f, f"{arch}.rope.dimension_count": s["head_dim"],
+            f"{arch}.attention.head_count": s["heads"], f"{arch}.attention.head_count_kv": s["kv_heads"],
+            f"{arch}.attention.layer_norm_rms_epsilon": 1e-5, f"{arch}.rope.freq_base": 500000.0,
+            f"{arch}.vocab_size": v, "general.name": f"lockstep-bench-{shape}", **_vocab(v)}
+    if moe:
+        meta |= {f"{arch}.expert_count": s["experts"], f"{arch}.expert_used_count": s["top_k"],
+                 f"{arch}.expert_feed_forward_length": f, f"{arch}.attention.key_length": s["head_dim"],
+                 f"{arch}.attention.value_length": s["head_dim"]}
+    return write_gguf_file(path, arch, meta, tensors)
 
 
 def weight_bytes(shape: str) -> int:
-    """Bytes a decode step reads from the weights (every matrix once; embedding rows are negligible)."""
+    """Bytes a decode step reads from the weights (every matrix once; embedding rows are negligible;
+    of a MoE layer the router and one token's top-k experts: a solo decode's active parameters)."""
     s = SHAPES[shape]
     h, f, v = s["hidden"], s["ffn"], s["vocab"]
     q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * f
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * f * s.get("top_k", 1) + h * s.get("experts", 0)
     return 2 * (s["layers"] * per_layer + v * h)
 
 

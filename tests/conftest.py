@@ -22,17 +22,14 @@ def tiny_llama(models_dir):
 def tiny_llama_noeos(tiny_llama, models_dir):
     """The tiny llama without an end-of-generation token: random weights would otherwise end some
     completions early at random, and server tests want every completion to run to its length."""
-    import json
     import shutil
+
+    from tests.tiny_models import strip_eos
 
     out = models_dir / "llama-noeos"
     if not out.exists():
         shutil.copytree(tiny_llama, out)
-        cfg_path = out / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg["eos_token"] = None
-        cfg_path.write_text(json.dumps(cfg))
-        (out / "generation_config.json").unlink(missing_ok=True)
+        strip_eos(out)
     return out
 
 

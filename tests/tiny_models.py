@@ -41,6 +41,18 @@ def save_tokenizer(tok, where: Path) -> None:
     fast.save_pretrained(str(where))
 
 
+def strip_eos(model_dir: Path) -> Path:
+    """No end-of-generation token: random weights would otherwise end some completions early at random."""
+    import json
+
+    cfg_path = Path(model_dir) / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["eos_token"] = None
+    cfg_path.write_text(json.dumps(cfg))
+    (Path(model_dir) / "generation_config.json").unlink(missing_ok=True)
+    return Path(model_dir)
+
+
 ARCHS = ("llama", "llama3", "qwen2", "qwen3", "mistral")
 
 
