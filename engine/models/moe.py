@@ -42,9 +42,10 @@ def moe_shapes(moe: MoeConfig, hidden: int, prefix: str) -> dict[str, tuple[int,
     return shapes
 
 
-def expert_slice(w: Weight, e: int) -> Weight:
-    """Expert e of a stacked [E, ...] weight: every array the weight carries indexed by e (views)."""
-    arrays = {f.name: getattr(w, f.name)[e] for f in fields(w) if isinstance(getattr(w, f.name), np.ndarray)}
+def expert_slice(w: Weight, index) -> Weight:
+    """w's arrays indexed along their first axis (views): expert e of a stacked [E, ...] weight, or a
+    slice of rows. Every array a Weight carries (values, scales, blocks) leads with that axis."""
+    arrays = {f.name: getattr(w, f.name)[index] for f in fields(w) if isinstance(getattr(w, f.name), np.ndarray)}
     return replace(w, **arrays)
 
 
@@ -61,8 +62,8 @@ def fused_gate_up_views(prefix: str, gate_up: Weight) -> dict[str, Weight]:
     out = {}
     for e in range(gate_up.shape[0]):
         one = expert_slice(gate_up, e)
-        out[expert_name(prefix, e, "gate_proj")] = Weight(one.data[:f], one.dtype)
-        out[expert_name(prefix, e, "up_proj")] = Weight(one.data[f:], one.dtype)
+        out[expert_name(prefix, e, "gate_proj")] = expert_slice(one, slice(None, f))
+        out[expert_name(prefix, e, "up_proj")] = expert_slice(one, slice(f, None))
     return out
 
 
