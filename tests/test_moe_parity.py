@@ -129,6 +129,33 @@ def test_qwen3_5_moe_block_matches_transformers(layout, exact):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
+def test_qwen3_5_moe_block_from_gguf_names_matches_transformers():
+    """The block's tensors as llama.cpp's qwen35moe stores them (stacked ffn_*_exps, *_shexp, a 1-D
+    ffn_gate_inp_shexp), through the GGUF mapping the hybrid model's loader uses."""
+    from engine.loader.moe import gguf_moe_config, gguf_moe_tensor
+
+    cfg, block, _ = _qwen3_5_block(True)
+    sd = {k: v.detach().numpy() for k, v in block.state_dict().items()}
+    gu = sd["experts.gate_up_proj"]
+    gguf = {"ffn_gate_inp.weight": sd["gate.weight"], "ffn_gate_exps.weight": gu[:, :32], "ffn_up_exps.weight": gu[:, 32:],
+            "ffn_down_exps.weight": sd["experts.down_proj"], "ffn_gate_shexp.weight": sd["shared_expert.gate_proj.weight"],
+            "ffn_up_shexp.weight": sd["shared_expert.up_proj.weight"],
+            "ffn_down_shexp.weight": sd["shared_expert.down_proj.weight"],
+            "ffn_gate_inp_shexp.weight": sd["shared_expert_gate.weight"].reshape(-1)}
+    weights = {}
+    for name, a in gguf.items():
+        weights |= gguf_moe_tensor("0", name, Weight(np.ascontiguousarray(a), "f32"))
+    meta = {"expert_count": 8, "expert_used_count": 3, "expert_feed_forward_length": 32,
+            "expert_shared_feed_forward_length": 48}
+    moe = gguf_moe_config(lambda k, d=None: meta.get(k, d), {"blk.0.ffn_gate_inp.weight": None}, 1)
+    assert (moe.shared_ffn, moe.norm_topk, moe.is_sparse(0)) == (48, True, True)
+    x = np.random.default_rng(5).standard_normal((9, 64)).astype(np.float32)
+    with torch.no_grad():
+        want = block(torch.from_numpy(x)[None])[0].numpy()
+    got = MoeBlock(moe, weights, "model.layers.0.mlp.", CpuOps(exact=True))(x)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_missing_expert_is_named(moe_dir, tmp_path):
     import shutil
 
