@@ -1,4 +1,4 @@
-"""Weights in their stored form: the model keeps 16-bit and Q8_0 tensors as they are on disk."""
+"""Weights in their stored form: the model keeps 16-bit and quantized tensors as they are on disk."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.quants import BLOCK_TYPES, dequantize, row_values
+
 QK8_0 = 32  # values per Q8_0 block
-STORED_TYPES = ("f32", "f16", "bf16", "q8_0")
+# Q8_0 is split into int8 values and f16 scales (the layout the CUDA kernels read); the other block
+# types stay raw ggml blocks, one row of blocks per output row.
+RAW_BLOCK_TYPES = tuple(t for t in BLOCK_TYPES if t != "q8_0")
+STORED_TYPES = ("f32", "f16", "bf16", "q8_0", *RAW_BLOCK_TYPES)
 
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -24,7 +29,8 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Weight:
-    """A tensor as stored. For q8_0, `data` holds int8 values [N, K] and `scales` f16 [N, K // 32]."""
+    """A tensor as stored. For q8_0, `data` holds int8 values [N, K] and `scales` f16 [N, K // 32]; for
+    the other block types (RAW_BLOCK_TYPES) `data` is the rows' raw blocks, uint8 [N, K / block * bytes]."""
 
     data: np.ndarray
     dtype: str
@@ -35,8 +41,19 @@ class Weight:
             raise ValueError(f"unsupported tensor type {self.dtype!r}")
 
     @property
+    def blocks(self) -> bool:
+        return self.dtype in RAW_BLOCK_TYPES
+
+    @property
     def shape(self) -> tuple[int, ...]:
+        if self.blocks:
+            return (int(self.data.shape[0]), row_values(self.data, BLOCK_TYPES[self.dtype]))
         return tuple(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        """Values (not bytes)."""
+        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
@@ -50,6 +67,8 @@ class Weight:
             return d.astype(np.float32)
         if self.dtype == "bf16":
             return bf16_to_f32(d)
+        if self.blocks:
+            return dequantize(d, self.dtype)
         s = self.scales[rows].astype(np.float32)
         n, k = d.shape
         q = d.reshape(n, k // QK8_0, QK8_0).astype(np.float32)
@@ -66,6 +85,10 @@ class Weight:
             return cls(f32_to_bf16(x), "bf16")
         if dtype == "q8_0":
             return quantize_q8_0(x)
+        if dtype in RAW_BLOCK_TYPES:
+            from kernels.quants.writer import quantize
+
+            return cls(quantize(x, dtype), dtype)
         raise ValueError(f"unsupported tensor type {dtype!r}")
 
 
@@ -81,9 +104,33 @@ def quantize_q8_0(x: np.ndarray) -> Weight:
     return Weight(q.reshape(n, k), "q8_0", d.astype(np.float16))
 
 
-def concat_rows(parts: list[Weight]) -> Weight:
+@dataclass
+class RowStack:
+    """Weights of different stored types whose output rows follow one another, as one matmul operand
+    (a q|k|v projection whose v has more bits, as in Q4_K_M files); each part keeps its type."""
+
+    parts: list[Weight]
+    dtype = "mixed"
+    blocks = True  # no single layout to copy or convert as a whole
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(w.shape[0] for w in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.parts)
+
+    def to_f32(self, rows: slice = slice(None)) -> np.ndarray:
+        return np.concatenate([w.to_f32() for w in self.parts])[rows]
+
+
+def concat_rows(parts: list[Weight]) -> Weight | RowStack:
     """One weight whose output rows are the parts' rows in order: one matmul instead of several
-    (small matrices are launch-bound on a GPU). The split depends on the fused shape, never on M."""
+    (small matrices are launch-bound on a GPU). The split depends on the fused shape, never on M.
+    Parts of different types make a RowStack."""
+    if len({w.dtype for w in parts}) > 1:
+        return RowStack(list(parts))
     scales = [w.scales for w in parts]
     return Weight(np.concatenate([w.data for w in parts]), parts[0].dtype,
                   None if scales[0] is None else np.concatenate(scales))

@@ -216,7 +216,8 @@ def write_gguf_file(path: Path, arch: str, kv: dict, tensors=(), drop_keys=()) -
 def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "default", arch: str | None = None,
                drop_keys=(), drop_tensors=(), tensor_types: dict | None = None, extra_kv: dict | None = None,
                tensor_map=None) -> Path:
-    """The model saved in `hf_dir` as GGUF with 2-D tensors in `dtype` (f32, f16, bf16, q8_0; 1-D stay F32).
+    """The model saved in `hf_dir` as GGUF with 2-D tensors in `dtype` (f32, f16, bf16, q8_0, a block type
+    our writer has (q4_0, q4_k, q5_k, q6_k), or "q4_k_m": llama-quantize's mix; 1-D tensors stay F32).
 
     `pre` is the tokenizer.ggml.pre to state (the lead's tiny tokenizer splits as GPT-2: "default").
     For bad-input tests: `arch` overrides general.architecture, `drop_keys`/`drop_tensors` leave
@@ -265,7 +266,12 @@ def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "defa
     kv |= gpt2_vocab_kv(tok, pre, tcfg.get("bos_token"), tcfg.get("eos_token"), add_bos=family == "llama",
                         chat_template=template)
 
-    default = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[dtype]
+    from kernels.quants.mixes import q4_k_m_type
+    from kernels.quants.writer import QUANTIZERS
+    from kernels.quants.writer import quantize as quantize_ours
+
+    default = None if dtype == "q4_k_m" else Q[dtype.upper()]
+    tied = "lm_head.weight" not in load_file(str(hf_dir / "model.safetensors"))
     tensors = []
     if rope.get("rope_type") == "llama3":
         tensors.append(("rope_freqs.weight", llama3_rope_factors(rope, head_dim), None))
@@ -279,10 +285,64 @@ def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "defa
         if family == "llama" and (".attn_q." in name or ".attn_k." in name):
             data = llama_permute(data, n_head if ".attn_q." in name else n_kv)
         kind = (tensor_types or {}).get(name, default if data.ndim >= 2 else Q.F32)
-        if kind == Q.F32:
+        if kind is None:
+            kind = Q[q4_k_m_type(name, cfg["num_hidden_layers"], data.shape[-1], tied).upper()]
+        if kind.name.endswith("_K") and kind.name.lower() in QUANTIZERS:  # gguf-py cannot write K-quants
+            tensors.append((name, quantize_ours(data, kind.name.lower()), kind))
+        elif kind == Q.F32:
             tensors.append((name, data, None))
         elif kind == Q.F16:
             tensors.append((name, data.astype(np.float16), None))
         else:
             tensors.append((name, quantize(data, kind), kind))
     return write_gguf_file(path, arch, kv, tensors, drop_keys)
+
+
+def make_q4_k_m_gguf(where: Path, arch: str = "llama", **kw) -> tuple[Path, Path]:
+    """A tiny model as a Q4_K_M-like GGUF (row lengths whole 256-value super-blocks) and, beside it,
+    the F32 GGUF of exactly its dequantised weights: (quantized, f32 reference)."""
+    shape = dict(hidden=256, heads=4, head_dim=64, layers=2) | kw
+    hf = make_hf_model(where, arch, **shape)
+    quantized = write_gguf(hf, Path(where) / f"{hf.name}-q4_k_m.gguf", "q4_k_m")
+    return quantized, write_dequantized_gguf(quantized, Path(where) / f"{hf.name}-q4_k_m-f32.gguf")
+
+
+def write_dequantized_gguf(src: Path, dst: Path) -> Path:
+    """`src` with every tensor dequantised by gguf-py to F32 (the same metadata)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(src))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    w = _copy_metadata(reader, dst, arch)
+    for t in reader.tensors:
+        values = dequantize(t.data, t.tensor_type) if t.tensor_type != GGMLQuantizationType.F32 else t.data
+        w.add_tensor(t.name, np.ascontiguousarray(values, dtype=np.float32).reshape(tuple(reversed(t.shape.tolist()))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
+
+
+def _copy_metadata(reader, dst: Path, arch: str):
+    from gguf import GGUFValueType, GGUFWriter
+
+    w = GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            if sub == GGUFValueType.STRING:
+                value = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+            else:
+                value = [field.parts[i].tolist()[0] for i in field.data]
+            w.add_key_value(key, value, kind, sub_type=sub)
+        elif kind == GGUFValueType.STRING:
+            w.add_key_value(key, bytes(field.parts[-1]).decode("utf-8"), kind)
+        else:
+            w.add_key_value(key, field.parts[-1].tolist()[0], kind)
+    return w

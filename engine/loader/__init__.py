@@ -26,7 +26,7 @@ class LoadedModel:
 
     @property
     def n_params(self) -> int:
-        return sum(w.data.size for w in self.weights.values())
+        return sum(w.size for w in self.weights.values())
 
 
 def load_model(path: str | Path, chat_template: str | None = None) -> LoadedModel:

@@ -1,7 +1,8 @@
 """GGUF files: metadata -> ModelConfig, tensors -> Weights under Hugging Face names, vocab -> tokenizer.
 
-Tensors stay memory-mapped where their stored layout is ours already (F32, F16, BF16); Q8_0 blocks
-are split into int8 values and f16 scales, and llama's q/k rows are put back in HF order.
+Tensors stay memory-mapped where their stored layout is ours already (F32, F16, BF16 and the raw
+blocks of the other quantized types, kernels.weights.RAW_BLOCK_TYPES); Q8_0 blocks are split into int8
+values and f16 scales, and llama's q/k rows are put back in HF order.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from engine.loader.gguf_vocab import build_tokenizer
 from engine.loader.moe import gguf_moe_config, gguf_moe_name, gguf_moe_tensor
 from engine.models.llama import expected_shapes
 from engine.tokenizer import TextTokenizer
-from kernels.weights import QK8_0, Weight
+from kernels.weights import QK8_0, RAW_BLOCK_TYPES, Weight
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")  # Mistral files say "llama"
 _CONFIG_ARCH = {"qwen3moe": "qwen3_moe"}  # GGUF architecture -> ModelConfig.arch where they differ
@@ -43,6 +44,8 @@ _BLK = re.compile(r"blk\.(\d+)\.(.+)")
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"
 _REQUIRED = object()
+_RAW_BLOCKS = {GGMLQuantizationType[t.upper()]: t for t in RAW_BLOCK_TYPES}
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", *(t.upper() for t in RAW_BLOCK_TYPES))
 
 
 def hf_name(name: str) -> str | None:
@@ -198,8 +201,12 @@ def _weight(t) -> Weight:
         if len(shape) == 3:  # stacked experts stay as stored, [E, N, K] values and [E, N, K // 32] scales
             return Weight(values.reshape(shape), "q8_0", scales.reshape(*shape[:-1], -1))
         return w if len(shape) == 2 else Weight(w.to_f32().reshape(shape), "f32")
+    if kind in _RAW_BLOCKS:  # one row of raw blocks per output row, still memory-mapped
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        w = Weight(t.data.reshape(rows, -1), _RAW_BLOCKS[kind])
+        return w if len(shape) == 2 else Weight(w.to_f32().reshape(shape), "f32")
     raise UnsupportedError(
-        f"tensor {t.name}: unsupported tensor type {kind.name} (supported: F32, F16, BF16, Q8_0)")
+        f"tensor {t.name}: unsupported tensor type {kind.name} (supported: {', '.join(SUPPORTED_TYPES)})")
 
 
 def _unpermute(w: Weight, n_head: int) -> Weight:

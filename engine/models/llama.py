@@ -85,10 +85,7 @@ class LlamaModel:
             return up(weights[name]) if name in weights else None
 
         def parts(*names: str) -> list[Weight]:
-            ws = [weights[n] for n in names]
-            if len({w.dtype for w in ws}) > 1:
-                raise ModelLoadError(f"tensors {', '.join(names)} have different types")
-            return ws
+            return [weights[n] for n in names]  # of one type or not (concat_rows)
 
         self.embed = up(weights["model.embed_tokens.weight"])
         self.norm = up(weights["model.norm.weight"])

@@ -13,7 +13,8 @@ import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
 from kernels.cpu.moe import CpuMoeOps
-from kernels.weights import QK8_0, Weight, bf16_to_f32, concat_rows, f32_to_bf16
+from kernels.cpu.quant_matmul import f32_tiles
+from kernels.weights import QK8_0, RowStack, Weight, bf16_to_f32, concat_rows, f32_to_bf16
 
 BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
 # Small models keep float32 copies of their 16-bit weights: converting every weight at every step would
@@ -84,14 +85,17 @@ class CpuOps(CpuMoeOps):
         self._scratch: dict[int, np.ndarray] = {}
 
     def plan_weights(self, weights: list[Weight]) -> None:
-        """Decides once per model whether its matrices get float32 copies (see F32_COPY_LIMIT)."""
-        self._copy_f32 = sum(w.data.size * 4 for w in weights if w.data.ndim == 2) <= self.f32_copy_limit
+        """Decides once per model whether its matrices get float32 copies (see F32_COPY_LIMIT); raw
+        quantized blocks never do (kernels/cpu/quant_matmul.py)."""
+        self._copy_f32 = sum(w.size * 4 for w in weights if w.data.ndim == 2 and not w.blocks) <= self.f32_copy_limit
 
     # --- data movement
-    def upload(self, w: Weight):
+    def upload(self, w: Weight | RowStack):
+        if isinstance(w, RowStack):
+            return RowStack([self.upload(p) for p in w.parts])
         if w.data.ndim == 1:
             return np.ascontiguousarray(w.to_f32())
-        if w.dtype != "f32" and self._copy_f32:
+        if w.dtype != "f32" and not w.blocks and self._copy_f32:
             return Weight(np.ascontiguousarray(w.to_f32()), "f32")
         return w
 
@@ -138,9 +142,7 @@ class CpuOps(CpuMoeOps):
         if w.shape[1] != k:
             raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
         out = np.empty((t, n), dtype=np.float32)
-        step = n if w.dtype == "f32" else BLOCK_N
-        for n0 in range(0, n, step):
-            block = w.to_f32(slice(n0, n0 + step))
+        for n0, block in f32_tiles(w, n if w.dtype == "f32" else BLOCK_N):
             if self.exact:
                 self._rows_gemv(x, block, out[:, n0 : n0 + block.shape[0]])
             else:

@@ -13,6 +13,7 @@ can be captured into a CUDA graph (kernels/cuda/graphs.py).
 from __future__ import annotations
 
 import ctypes
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,8 +26,17 @@ from kernels.cuda import plan, tensor_map
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
-from kernels.cuda.weights import CudaWeight, interleave_gate_up, pad_host, rope_tile_order
-from kernels.weights import Weight, concat_rows
+from kernels.cuda.weights import (
+    CudaWeight,
+    device_bytes,
+    interleave_gate_up,
+    kernel_weight,
+    pad_host,
+    rope_tile_order,
+)
+from kernels.weights import RowStack, Weight, concat_rows
+
+log = logging.getLogger("kernels.cuda")
 
 # Exact mode off: batches at least this wide go to cuBLAS. Decode buckets stay narrower, so a
 # captured decode graph never holds a cuBLAS call.
@@ -98,9 +108,17 @@ class CudaOps:
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
-        pass  # every weight is stored as the kernels read it (kernels/cuda/weights.py)
+        """Every weight is stored as the kernels read it (kernels/cuda/weights.py); says what the
+        quantized types without kernels cost as f16."""
+        raw = [w for w in weights if w.blocks]
+        if raw:
+            gib = 1 << 30
+            log.warning("cuda: no kernels for %s yet: %d tensors dequantised to f16 at load, %.2f GiB stored -> "
+                        "%.2f GiB on the GPU", ", ".join(sorted({w.dtype.upper() for w in raw})), len(raw),
+                        sum(w.nbytes for w in raw) / gib, sum(device_bytes(w) for w in raw) / gib)
 
-    def upload(self, w: Weight):
+    def upload(self, w: Weight | RowStack):
+        w = kernel_weight(w)
         if w.data.ndim == 1:
             return cp.asarray(np.ascontiguousarray(w.to_f32(), dtype=np.float32))
         data, scales = pad_host(w)
@@ -116,7 +134,7 @@ class CudaOps:
         return replace(w, data=interleave_gate_up(w.data, f), scales=scales, gate_up="tiles")
 
     def upload_qkv(self, q: Weight, k: Weight, v: Weight, bias: Weight | None, head_dim: int):
-        w = concat_rows([q, k, v])
+        w = kernel_weight(concat_rows([q, k, v]))
         if head_dim % 16:
             return self.upload(w), None if bias is None else self.upload(bias)
         order = rope_tile_order(w.shape[0], head_dim)  # regrouped on the host: one device copy

@@ -1,5 +1,9 @@
 """Weights as the CUDA kernels read them: padded to whole row tiles and K chunks (zeros add nothing
-to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scales per 32."""
+to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scales per 32.
+
+The other quantized types have no CUDA kernels yet: they are dequantised to f16 at load
+(kernel_weight), and memory planning counts them at that size.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from kernels.cpu.quant_matmul import f32_tiles
 from kernels.cuda.plan import K_CHUNK, padded_shape
-from kernels.weights import Weight
+from kernels.weights import RowStack, Weight
 
 STORAGE = {"f32": np.float32, "f16": np.uint16, "bf16": np.uint16, "q8_0": np.int8}
 
@@ -54,14 +59,26 @@ def pad_host(w: Weight) -> tuple[np.ndarray, np.ndarray | None]:
     return data, scales
 
 
+def kernel_weight(w: Weight | RowStack) -> Weight:
+    """The weight in a type the kernels read: raw blocks, and stacks of parts of different types,
+    become f16, converted a tile of rows at a time (never a float32 copy of the whole tensor)."""
+    if not w.blocks:
+        return w
+    out = np.empty(w.shape, dtype=np.float16)
+    for n0, tile in f32_tiles(w, 4096):
+        out[n0 : n0 + tile.shape[0]] = tile
+    return Weight(out, "f16")
+
+
 def device_bytes(w: Weight) -> int:
     """Bytes a weight takes on the device (for sizing memory before a load)."""
     if w.data.ndim == 1:
-        return w.data.size * 4
+        return w.size * 4
     n, k = w.shape
     np_, kp = padded_shape(n, k)
-    item = np.dtype(STORAGE[w.dtype]).itemsize
-    return np_ * kp * item + (np_ * (kp // K_CHUNK) * 2 if w.dtype == "q8_0" else 0)
+    dtype = "f16" if w.blocks else w.dtype
+    item = np.dtype(STORAGE[dtype]).itemsize
+    return np_ * kp * item + (np_ * (kp // K_CHUNK) * 2 if dtype == "q8_0" else 0)
 
 
 def interleave_gate_up(a, f: int):

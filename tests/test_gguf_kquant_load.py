@@ -1,0 +1,170 @@
+"""Quantized GGUFs as people download them: every loadable block type (mixed per tensor, embedding and
+output included) loads as raw blocks; the CPU engine's logits equal those of the F32 GGUF of the
+dequantised weights; other types fail the load naming tensor and type."""
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+
+from engine.errors import UnsupportedError
+from engine.loader import load_model
+from engine.loader.gguf import GGUFFile
+from engine.runner import prompt_logits
+from kernels.quants import BLOCK_TYPES
+from kernels.quants.writer import QUANTIZERS, quantize
+from kernels.weights import RAW_BLOCK_TYPES
+from tests.engine_helpers import Engine
+from tests.test_quants_dequant import F16_FIELDS
+from tests.tiny_models import (
+    make_hf_model,
+    make_q4_k_m_gguf,
+    write_dequantized_gguf,
+    write_gguf,
+    write_gguf_file,
+)
+
+LOADABLE = sorted(BLOCK_TYPES)  # the 13 block types of the issue
+
+
+@pytest.fixture(scope="module")
+def q4km(tmp_path_factory):
+    return make_q4_k_m_gguf(tmp_path_factory.mktemp("q4km"))
+
+
+def _blocks_for(name: str, x: np.ndarray, rng) -> np.ndarray:
+    """x [n, k] in block type `name`: our writer or gguf-py's where one exists, else random blocks
+    whose f16 scales are set to the size of x (Q2_K, Q3_K, IQ4_NL, IQ4_XS)."""
+    if name in QUANTIZERS:
+        return quantize(x, name)
+    try:
+        from gguf.quants import quantize as gguf_quantize
+
+        return gguf_quantize(x, Q[name.upper()])
+    except NotImplementedError:
+        kind = BLOCK_TYPES[name]
+        n = x.size // kind.block_size
+        raw = rng.integers(0, 256, (n, kind.type_size), dtype=np.uint8)
+        for at in F16_FIELDS[name]:
+            raw[:, at : at + 2] = (rng.uniform(0.2, 1.0, n) * 0.004).astype(np.float16).view(np.uint8).reshape(n, 2)
+        return raw.reshape(x.shape[0], -1)
+
+
+@pytest.fixture(scope="module")
+def every_type(tmp_path_factory):
+    """A tiny llama whose 16 matrices take the 13 types in turn (q/k/v and gate/up of mixed types)."""
+    where = tmp_path_factory.mktemp("mixed")
+    hf = make_hf_model(where, "llama", hidden=256, heads=4, head_dim=64, layers=2)
+    f32 = GGUFFile(write_gguf(hf, where / "f32.gguf"))
+    kv = {k: f32.meta(k) for k in f32.reader.fields if not k.startswith("GGUF.") and k != "general.architecture"}
+    rng = np.random.default_rng(7)
+    tensors, given, i = [], {}, 0
+    for t in f32.reader.tensors:
+        data = np.asarray(t.data, dtype=np.float32)
+        if data.ndim == 2:
+            name = LOADABLE[i % len(LOADABLE)]
+            i += 1
+            tensors.append((t.name, _blocks_for(name, data, rng), Q[name.upper()]))
+            given[t.name] = name
+        else:
+            tensors.append((t.name, data, None))
+    path = write_gguf_file(where / "every-type.gguf", "llama", kv, tensors)
+    return path, write_dequantized_gguf(path, where / "every-type-f32.gguf"), given
+
+
+def test_every_type_loads_as_raw_blocks_and_dequantises_like_gguf(every_type):
+    path, _, given = every_type
+    assert set(given.values()) == set(LOADABLE)
+    assert given["token_embd.weight"] != "f32" and given["output.weight"] != "f32"
+    loaded = load_model(path)
+    reader = GGUFReader(str(path))
+    hf_of = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
+             "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
+             "blk.1.attn_v.weight": "model.layers.1.self_attn.v_proj.weight"}
+    for t in reader.tensors:
+        if t.name not in hf_of:
+            continue
+        w = loaded.weights[hf_of[t.name]]
+        assert w.dtype == given[t.name]
+        if w.dtype in RAW_BLOCK_TYPES:
+            assert w.data.dtype == np.uint8 and not w.data.flags.owndata  # blocks, memory-mapped
+        ref = gguf_dequantize(t.data, t.tensor_type).reshape(w.shape)
+        assert w.to_f32().tobytes() == ref.tobytes()
+    assert loaded.tensor_types == sorted({*given.values(), "f32"})
+    assert loaded.n_params == sum(int(np.prod(t.shape)) for t in reader.tensors)
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["fast", "exact"])
+def test_every_type_logits_equal_the_f32_gguf_of_its_dequantised_weights(every_type, exact):
+    path, f32_path, _ = every_type
+    q, f = load_model(path), load_model(f32_path)
+    ids = list(np.random.default_rng(3).integers(0, q.config.vocab_size, 48))
+    got = prompt_logits(q, ids, exact=exact, kv_type="f32")
+    ref = prompt_logits(f, ids, exact=exact, kv_type="f32")
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 0.1
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["fast", "exact"])
+def test_q4_k_m_logits_equal_the_f32_gguf(q4km, exact):
+    q, f = (load_model(p) for p in q4km)
+    assert q.tensor_types == ["f32", "q4_k", "q6_k"]
+    ids = list(np.random.default_rng(4).integers(0, q.config.vocab_size, 300))  # crosses a page
+    got = prompt_logits(q, ids, exact=exact)
+    ref = prompt_logits(f, ids, exact=exact)
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    if exact:  # chunking a prompt does not change its bits
+        assert prompt_logits(q, ids, exact=True, chunk=37).tobytes() == got.tobytes()
+
+
+@pytest.mark.parametrize("kind", [Q.IQ2_XXS, Q.IQ3_S, Q.TQ1_0, Q.IQ1_M])
+def test_other_types_fail_the_load_naming_tensor_and_type(tmp_path, kind):
+    llama = make_hf_model(tmp_path, "llama", hidden=256, heads=4, head_dim=64, layers=2)
+    f = GGUFFile(write_gguf(llama, tmp_path / "ok.gguf"))
+    kv = {k: f.meta(k) for k in f.reader.fields if not k.startswith("GGUF.") and k != "general.architecture"}
+    from gguf.constants import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[kind]
+    tensors = []
+    for t in f.reader.tensors:
+        data = np.asarray(t.data)
+        if t.name == "blk.1.ffn_up.weight":
+            tensors.append((t.name, np.zeros((data.shape[0], data.shape[1] // block * size), np.uint8), kind))
+        else:
+            tensors.append((t.name, data, None))
+    path = write_gguf_file(tmp_path / "bad.gguf", "llama", kv, tensors)
+    with pytest.raises(UnsupportedError, match=rf"tensor blk\.1\.ffn_up\.weight: unsupported tensor type {kind.name} "
+                                               r"\(supported: F32, F16, BF16, Q8_0, Q4_0, .*Q4_K, .*MXFP4\)"):
+        load_model(path)
+
+
+def _complete(engine: Engine, prompt: list[int]) -> dict:
+    body = json.dumps({"prompt": prompt, "n_predict": 24, "temperature": 0, "n_probs": 1}).encode()
+    req = urllib.request.Request(engine.base + "/completion", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_engine_child_generates_from_a_q4_k_m_file_as_from_its_f32_twin(q4km):
+    """A real engine (CPU, exact on, f32 KV) on the Q4_K_M file and on the F32 file of its dequantised
+    weights: the same greedy tokens, log-probabilities within 1e-5 of each other."""
+    prompt = [int(t) for t in np.random.default_rng(5).integers(4, 300, 20)]
+    out = []
+    for path in q4km:
+        engine = Engine(path, "--exact-concurrency", "on", "-ctk", "f32", "-ctv", "f32", "-c", "512")
+        try:
+            engine.wait_ready()
+            assert engine.get_json("/props")["exact_concurrency"]["granted"] is True
+            out.append(_complete(engine, prompt))
+        finally:
+            engine.stop()
+    q, f = out
+    toks = [[p["id"] for p in r["completion_probabilities"]] for r in (q, f)]
+    assert len(toks[0]) == 24 and toks[0] == toks[1]
+    lq = np.array([p["logprob"] for p in q["completion_probabilities"]])
+    lf = np.array([p["logprob"] for p in f["completion_probabilities"]])
+    np.testing.assert_allclose(lq, lf, rtol=1e-5, atol=1e-5)
