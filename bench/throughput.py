@@ -2,6 +2,7 @@
 
     python bench/throughput.py --shape 1b --device cuda      # on a GPU machine
     python bench/throughput.py --shape tiny --device cpu --cells 1,2 --gen 16   # plumbing check
+    python bench/throughput.py --shape 8b --quant q4_k_m --device cuda   # the Q4_K_M-like file
     (speculation has its own benchmark: bench/speculation.py)
 
 Each cell sends C streamed /completion requests at once (random 512-token prompts, greedy, no prompt
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from shapes import SHAPES, kv_bytes_per_token, weight_bytes, write_shape  # noqa: E402
+from shapes import QUANTS, SHAPES, kv_bytes_per_token, weight_bytes, write_shape  # noqa: E402
 
 from studio.evidence import EngineServer  # noqa: E402
 
@@ -111,8 +112,8 @@ async def run(args) -> dict:
     tmp = tempfile.TemporaryDirectory()
     if not model:
         t = time.perf_counter()
-        model = str(write_shape(Path(tmp.name) / f"{args.shape}.gguf", args.shape, args.seed))
-        print(f"wrote the {args.shape} shape in {time.perf_counter() - t:.1f} s", flush=True)
+        model = str(write_shape(Path(tmp.name) / f"{args.shape}-{args.quant}.gguf", args.shape, args.seed, args.quant))
+        print(f"wrote the {args.shape} {args.quant} shape in {time.perf_counter() - t:.1f} s", flush=True)
     cells = [int(c) for c in args.cells.split(",")]
     ctx = max(cells) * (args.prompt + args.gen + 256)
     base = ["--parallel", str(max(cells)), "--ctx-size", str(ctx), "--kv-unified", "--device", args.device,
@@ -156,7 +157,7 @@ def _med(rows: list[dict], key: str) -> float:
 
 
 def summarize(args, raw, peak, servers) -> dict:
-    wbytes = weight_bytes(args.shape)
+    wbytes = weight_bytes(args.shape, args.quant)
     kvt = kv_bytes_per_token(args.shape)
     table = []
     for c in next(iter(raw.values())):
@@ -181,14 +182,14 @@ def summarize(args, raw, peak, servers) -> dict:
             row["on_over_off_decode_cached"] = round(row["on"]["decode_tps_cached"] / row["off"]["decode_tps_cached"], 3)
             row["on_over_off_prefill"] = round(row["on"]["prefill_tps"] / row["off"]["prefill_tps"], 3)
         table.append(row)
-    out = {"shape": args.shape, "device": args.device, "prompt": args.prompt, "generated": args.gen,
+    out = {"shape": args.shape, "quant": args.quant, "device": args.device, "prompt": args.prompt, "generated": args.gen,
            "repeats": args.repeats, "weight_bytes": wbytes, "peak_gpu_mib": peak, "cells": table,
            "servers": servers}
     return out
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Throughput: {r['shape']} shape on {r['device']} ({r['prompt']}-token prompts, "
+    lines = [f"# Throughput: {r['shape']} shape ({r.get('quant', 'f16')}) on {r['device']} ({r['prompt']}-token prompts, "
              f"{r['generated']} generated, median of {r['repeats']})", "",
              "Decode tok/s: the sum of the chats' own rates, other chats' prompts processed in between; "
              "'cached': the same prompts cached first, so the chats only decode.", "",
@@ -210,6 +211,7 @@ def markdown(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    ap.add_argument("--quant", default="f16", choices=QUANTS, help="weights of the generated shape")
     ap.add_argument("-m", "--model", help="an existing model instead of a generated shape (give --vocab)")
     ap.add_argument("--vocab", type=int, default=0)
     ap.add_argument("--device", default="cuda")

@@ -17,3 +17,18 @@ def f16(blocks: np.ndarray, at: int) -> np.ndarray:
 def low_high(b: np.ndarray) -> np.ndarray:
     """Bytes [..., m] -> nibbles [..., 2, m]: all low nibbles, then all high ones."""
     return (b[..., None, :] >> NIBBLES[:, None]) & np.uint8(0x0F)
+
+
+def low_high_f32(b: np.ndarray) -> np.ndarray:
+    """low_high as float32, written straight into one array (decoding runs per matmul tile: one
+    fewer temporary per value matters)."""
+    out = np.empty((*b.shape[:-1], 2, b.shape[-1]), dtype=np.float32)
+    np.bitwise_and(b, np.uint8(0x0F), out=out[..., 0, :], casting="unsafe")
+    np.right_shift(b, np.uint8(4), out=out[..., 1, :], casting="unsafe")
+    return out
+
+
+def as_f32(q: np.ndarray) -> np.ndarray:
+    out = np.empty(q.shape, dtype=np.float32)
+    out[...] = q
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.quants._bits import BITS, CRUMBS, NIBBLES, f16
+from kernels.quants._bits import BITS, CRUMBS, NIBBLES, as_f32, f16, low_high_f32
 
 QK_K = 256
 
@@ -74,11 +74,17 @@ def _scaled_min(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d, dm
 
 
+def _scale_shift(q: np.ndarray, d: np.ndarray, dm: np.ndarray) -> np.ndarray:
+    """d * q - dm in place (the products commute bit for bit)."""
+    np.multiply(q, d, out=q)
+    return np.subtract(q, dm, out=q)
+
+
 def dequantize_q4_k(blocks: np.ndarray) -> np.ndarray:
     n = blocks.shape[0]
     d, dm = _scaled_min(blocks)
-    q = _nibble_rows(blocks[:, 16:], 32).reshape(n, 8, 32).astype(np.float32)
-    return (d * q - dm).reshape(n, QK_K)
+    q = low_high_f32(blocks[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32)
+    return _scale_shift(q, d, dm).reshape(n, QK_K)
 
 
 def dequantize_q5_k(blocks: np.ndarray) -> np.ndarray:
@@ -86,8 +92,8 @@ def dequantize_q5_k(blocks: np.ndarray) -> np.ndarray:
     d, dm = _scaled_min(blocks)
     low = _nibble_rows(blocks[:, 48:], 32).reshape(n, 8, 32)
     high = _high_bits(blocks[:, 16:48]).reshape(n, 8, 32)
-    q = (low | (high << np.uint8(4))).astype(np.float32)
-    return (d * q - dm).reshape(n, QK_K)
+    q = as_f32(low | (high << np.uint8(4)))
+    return _scale_shift(q, d, dm).reshape(n, QK_K)
 
 
 def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
@@ -96,5 +102,6 @@ def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
     d = (f16(blocks, 208) * scales).reshape(n, 16, 1)
     low = _nibble_rows(blocks[:, :128], 64).reshape(n, 8, 32)
     high = _crumbs(blocks[:, 128:192], 2).reshape(n, 8, 32)
-    q = ((low | (high << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(n, 16, 16).astype(np.float32)
-    return (d * q).reshape(n, QK_K)
+    q = as_f32(low | (high << np.uint8(4))).reshape(n, 16, 16)
+    np.subtract(q, np.float32(32), out=q)  # small integers: exact, as gguf's int8 subtraction
+    return np.multiply(q, d, out=q).reshape(n, QK_K)

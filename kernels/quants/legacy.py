@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.quants._bits import f16, low_high
+from kernels.quants._bits import f16, low_high, low_high_f32
 
 _BIT_OF = np.arange(32, dtype=np.uint32)
 
@@ -24,8 +24,9 @@ def _fifth_bits(qh: np.ndarray) -> np.ndarray:
 
 
 def dequantize_q4_0(blocks: np.ndarray) -> np.ndarray:
-    q = _nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)
-    return f16(blocks, 0) * q.astype(np.float32)
+    q = low_high_f32(blocks[:, 2:]).reshape(blocks.shape[0], 32)
+    np.subtract(q, np.float32(8), out=q)  # small integers: exact, as gguf's int8 subtraction
+    return np.multiply(q, f16(blocks, 0), out=q)
 
 
 def dequantize_q4_1(blocks: np.ndarray) -> np.ndarray:
