@@ -47,7 +47,7 @@ class Weight:
     @property
     def shape(self) -> tuple[int, ...]:
         if self.blocks:
-            return (int(self.data.shape[0]), row_values(self.data, BLOCK_TYPES[self.dtype]))
+            return (*(int(d) for d in self.data.shape[:-1]), row_values(self.data, BLOCK_TYPES[self.dtype]))
         return tuple(self.data.shape)
 
     @property

@@ -27,6 +27,8 @@ class ModelInfo(BaseModel):
     architecture: str | None = None
     parameters: int | None = None
     tensor_types: list[str] = []
+    tensor_counts: dict[str, int] = {}  # tensors per stored type, most first
+    quant_mix: str | None = None  # e.g. "Q4_K_M: Q4_K 190, Q6_K 33, F32 65" (the label: the file's own file_type)
     size_bytes: int = 0
     native_context: int | None = None
     # Set when the files are there but their metadata could not be read; the model is still listed.
@@ -44,16 +46,47 @@ def read_gguf(path: Path) -> ModelInfo:
     reader = GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
     ctx = _gguf_field(reader, f"{arch}.context_length") if arch else None
+    counts = _counts(t.tensor_type.name for t in reader.tensors)
     return ModelInfo(
         id=path.stem,
         path=str(path),
         format="gguf",
         architecture=arch,
         parameters=sum(int(t.n_elements) for t in reader.tensors),
-        tensor_types=sorted({t.tensor_type.name for t in reader.tensors}),
+        tensor_types=sorted(counts),
+        tensor_counts=counts,
+        quant_mix=quant_mix(counts, _file_type(_gguf_field(reader, "general.file_type"))),
         size_bytes=path.stat().st_size,
         native_context=int(ctx) if ctx is not None else None,
     )
+
+
+def _counts(types: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in types:
+        counts[t] = counts.get(t, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _file_type(value) -> str | None:
+    """general.file_type (llama.cpp's llama_ftype) by name: 15 -> "Q4_K_M"; None when absent or unknown."""
+    from gguf import LlamaFileType
+
+    if not isinstance(value, int):
+        return None
+    try:
+        name = LlamaFileType(value & ~LlamaFileType.GUESSED).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def quant_mix(counts: dict[str, int], label: str | None = None) -> str | None:
+    """"Q4_K_M: Q4_K 190, Q6_K 33, F32 65": the file's type label, then tensors per type."""
+    if not counts:
+        return None
+    mix = ", ".join(f"{t} {n}" for t, n in counts.items())
+    return f"{label}: {mix}" if label else mix
 
 
 def _gguf_field(reader, key: str):
@@ -80,13 +113,14 @@ def read_hf(directory: Path) -> ModelInfo:
     # Multimodal configs keep the language model's fields in text_config.
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     params = 0
-    types: set[str] = set()
+    types: list[str] = []
     for file in sorted(directory.glob("*.safetensors")):
         for name, entry in safetensors_header(file).items():
             if name == "__metadata__":
                 continue
             params += math.prod(entry["shape"])
-            types.add(entry["dtype"])
+            types.append(entry["dtype"])
+    counts = _counts(types)
     arch = text.get("model_type") or config.get("model_type")
     if arch is None and config.get("architectures"):
         arch = config["architectures"][0]
@@ -97,7 +131,9 @@ def read_hf(directory: Path) -> ModelInfo:
         format="hf",
         architecture=arch,
         parameters=params if types else None,
-        tensor_types=sorted(types),
+        tensor_types=sorted(counts),
+        tensor_counts=counts,
+        quant_mix=quant_mix(counts),
         size_bytes=sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()),
         native_context=int(ctx) if isinstance(ctx, int) else None,
     )

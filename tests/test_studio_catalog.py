@@ -113,3 +113,47 @@ def test_bundled_folder_is_the_repos_assets_models():
     assert bundled_models_dir() == Path(studio.__file__).resolve().parent.parent / "assets" / "models"
     roots = Catalog(["/x"]).roots()
     assert roots[-1] == bundled_models_dir() and len(roots) == 2
+
+
+@pytest.fixture(scope="module")
+def q4km_dir(tmp_path_factory):
+    pytest.importorskip("torch")
+    from tests.tiny_models import make_q4_k_m_gguf
+
+    where = tmp_path_factory.mktemp("q4km")
+    quantized, f32 = make_q4_k_m_gguf(where)
+    folder = where / "models"
+    folder.mkdir()
+    quantized.rename(folder / "tiny-q4_k_m.gguf")
+    f32.rename(folder / "tiny-f32.gguf")
+    return folder
+
+
+def test_quant_mix_comes_from_the_gguf_header(q4km_dir):
+    info = read_gguf(q4km_dir / "tiny-q4_k_m.gguf")
+    # 2 layers: Q6_K for output.weight and layer 1's attn_v / ffn_down (llama.cpp's use_more_bits)
+    assert info.tensor_counts == {"Q4_K": 13, "F32": 5, "Q6_K": 3}
+    assert info.quant_mix == "Q4_K_M: Q4_K 13, F32 5, Q6_K 3"
+    plain = read_gguf(q4km_dir / "tiny-f32.gguf")  # no general.file_type: the counts alone
+    assert plain.quant_mix == "F32 21"
+
+
+async def test_api_models_carries_the_quant_mix(q4km_dir, tmp_path):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from settings import SettingsStore
+    from studio.api import build_app
+    from studio.manager import LoadManager
+
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([q4km_dir], include_bundled=False),
+                          logs=tmp_path / "logs")
+    client = TestClient(TestServer(build_app(manager)))
+    await client.start_server()
+    try:
+        resp = await client.get("/api/models")
+        assert resp.status == 200
+        models = {m["id"]: m for m in (await resp.json())["models"]}
+    finally:
+        await client.close()
+    assert models["tiny-q4_k_m"]["quant_mix"] == "Q4_K_M: Q4_K 13, F32 5, Q6_K 3"
+    assert models["tiny-q4_k_m"]["tensor_counts"] == {"Q4_K": 13, "F32": 5, "Q6_K": 3}

@@ -23,13 +23,14 @@ BUNDLED = Path("/opt/lockstep/assets/models")
 
 MODELS = [
     ModelInfo(id="lockstep-pycode-13m", path=str(BUNDLED / "lockstep-pycode-13m"), format="hf", architecture="llama",
-              parameters=13_120_000, tensor_types=["F32"], size_bytes=52_600_000, native_context=2048),
+              parameters=13_120_000, tensor_types=["F32"], size_bytes=52_600_000, native_context=2048,
+              quant_mix="F32 75"),
     ModelInfo(id="qwen2.5-0.5b-instruct-q8_0", path="/data/models/qwen2.5-0.5b-instruct-q8_0.gguf", format="gguf",
               architecture="qwen2", parameters=494_000_000, tensor_types=["F32", "Q8_0"], size_bytes=531_000_000,
-              native_context=32768),
+              native_context=32768, quant_mix="Q8_0: Q8_0 169, F32 121"),
     ModelInfo(id="Llama-3.2-1B-Instruct", path="/data/models/Llama-3.2-1B-Instruct", format="hf",
               architecture="llama", parameters=1_235_814_400, tensor_types=["BF16"], size_bytes=2_471_645_608,
-              native_context=131072),
+              native_context=131072, quant_mix="BF16 146"),
 ]
 
 ARGV = ["--model", "/opt/lockstep/assets/models/lockstep-pycode-13m", "--alias", "lockstep-pycode-13m", "--host",

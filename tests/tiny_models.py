@@ -228,6 +228,7 @@ def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "defa
 
     import numpy as np
     from gguf import GGMLQuantizationType as Q
+    from gguf import LlamaFileType
     from gguf.quants import quantize
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
@@ -271,6 +272,8 @@ def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "defa
     from kernels.quants.writer import quantize as quantize_ours
 
     default = None if dtype == "q4_k_m" else Q[dtype.upper()]
+    if dtype == "q4_k_m":
+        kv["general.file_type"] = int(LlamaFileType.MOSTLY_Q4_K_M)  # as llama-quantize states it
     tied = "lm_head.weight" not in load_file(str(hf_dir / "model.safetensors"))
     tensors = []
     if rope.get("rope_type") == "llama3":
@@ -331,7 +334,7 @@ def _copy_metadata(reader, dst: Path, arch: str):
 
     w = GGUFWriter(str(dst), arch)
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
             continue
         kind = field.types[0]
         if kind == GGUFValueType.ARRAY:

@@ -202,9 +202,8 @@ def _weight(t) -> Weight:
             return Weight(values.reshape(shape), "q8_0", scales.reshape(*shape[:-1], -1))
         return w if len(shape) == 2 else Weight(w.to_f32().reshape(shape), "f32")
     if kind in _RAW_BLOCKS:  # one row of raw blocks per output row, still memory-mapped
-        rows = int(np.prod(shape[:-1], dtype=np.int64))
-        w = Weight(t.data.reshape(rows, -1), _RAW_BLOCKS[kind])
-        return w if len(shape) == 2 else Weight(w.to_f32().reshape(shape), "f32")
+        w = Weight(t.data.reshape(*shape[:-1], -1), _RAW_BLOCKS[kind])  # stacked experts: [E, N, bytes]
+        return w if len(shape) in (2, 3) else Weight(w.to_f32().reshape(shape), "f32")
     raise UnsupportedError(
         f"tensor {t.name}: unsupported tensor type {kind.name} (supported: {', '.join(SUPPORTED_TYPES)})")
 

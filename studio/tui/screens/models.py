@@ -14,7 +14,7 @@ from studio.tui.format import count, size
 from studio.tui.screens.base import StudioScreen
 from studio.tui.widgets.load_banner import LoadBanner
 
-COLUMNS = ("model", "format", "arch", "params", "size", "context")
+COLUMNS = ("model", "format", "arch", "params", "size", "context", "quant mix")
 
 
 def empty_hint(folders: list[str]) -> Content:
@@ -88,7 +88,7 @@ class ModelsScreen(StudioScreen):
         table.clear()
         for m in models:
             table.add_row(m.id, m.format, m.architecture or "?", count(m.parameters), size(m.size_bytes),
-                          str(m.native_context or "—"), key=m.id)
+                          str(m.native_context or "—"), m.quant_mix or "—", key=m.id)
         self.query_one("#catalog-pane").border_title = f"Models ({len(models)})"
         table.display = bool(models)
         hint.display = not models
