@@ -232,3 +232,15 @@ class Catalog:
         info = describe(path)
         self._cache[path] = (key, info)
         return info
+
+
+def beyond_native(ctx_size: int | None, parallel: int, native_context: int | None) -> str | None:
+    """Why an asked-for context is refused: more positions a chat than the model was trained for.
+
+    The engine has no RoPE scaling flags, so nothing can stretch a model past its native context;
+    `parallel` slots may share `parallel` times it.
+    """
+    if not ctx_size or not native_context or ctx_size <= native_context * parallel:
+        return None
+    return (f"context {ctx_size} is beyond the model's native context: {native_context} tokens a chat, "
+            f"{native_context * parallel} for {parallel} slot{'s' if parallel != 1 else ''}")

@@ -32,7 +32,7 @@ from settings import (
 )
 from settings.env import ENV_EXACT
 from settings.precedence import env_value
-from studio.catalog import Catalog
+from studio.catalog import Catalog, beyond_native
 from studio.errors import StudioError
 from studio.flags import ExtraArgsError, LoadWarning, exact_contradictions, options_from_settings
 from studio.launcher import (
@@ -144,6 +144,8 @@ class LoadManager:
             raise StudioError(404, "model_not_found",
                               f"model {request.model!r} is neither a catalog id nor a model path")
         load = request.with_defaults(settings.load)
+        if problem := beyond_native(request.ctx_size, load.parallel, info.native_context):
+            raise StudioError(400, "context_beyond_native", problem)
         if request.ctx_size is None and info.native_context and load.ctx_size > info.native_context:
             # an unasked-for default never runs a model past the positions it was trained on
             load = load.model_copy(update={"ctx_size": info.native_context})
@@ -224,7 +226,7 @@ class LoadManager:
         code = await child.process.wait()
         if self.loaded is loaded and loaded.child is child and self.state == "ready":
             self.state = "failed"
-            what = _exit_text(code)
+            what = exit_text(code)
             self.error = {"code": 503, "type": "engine_exited",
                           "message": f"the engine exited unexpectedly: {what}"}
             self.log.error("engine for %s (pid %s) exited unexpectedly: %s", loaded.model_id,
@@ -330,7 +332,7 @@ def reported_exact(mode: str, result: LaunchResult) -> tuple[str, str | None]:
     return "on", None
 
 
-def _exit_text(code: int) -> str:
+def exit_text(code: int) -> str:
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

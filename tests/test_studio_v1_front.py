@@ -52,3 +52,11 @@ async def test_a_request_without_a_limit_gets_the_studio_default(client, standin
     sent = [r["body"] for r in standin.requests()]
     assert sent[0]["max_tokens"] == DEFAULT_MAX_TOKENS
     assert sent[1]["max_tokens"] == 7
+
+
+async def test_a_context_beyond_the_native_one_is_refused_before_launching(client, standin):
+    resp = await client.post("/api/load", json={"model": "tiny", "ctx_size": 16_777_216, "parallel": 1})
+    err = (await resp.json())["error"]
+    assert (resp.status, err["type"]) == (400, "context_beyond_native")
+    assert "2048 tokens a chat" in err["message"]
+    assert standin.calls() == []

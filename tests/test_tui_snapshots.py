@@ -212,7 +212,8 @@ def test_chat_screen(snap_compare):
         reply = ChatMessage("assistant", title="lockstep-pycode-13m")
         await transcript.mount(reply)
         reply.append("    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n")
-        reply.finish("23 pieces · 0.4 s · seed 1234 · stop")
+        reply.finish("23 tokens · 61.3 tokens/s · first token 0.04 s · 0.4 s · seed 1234 · stop")
+        pilot.app.screen.query_one("#system").value = "You are a terse Python tutor."
         await pilot.pause()
 
     assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=run_before)

@@ -308,3 +308,19 @@ async def test_q_in_a_field_is_typed_not_a_quit(offline_app):
         await pilot.press("f4", "q")
         await pilot.pause()
         assert offline_app.return_code is None and offline_app.screen.query_one("#prompt").value == "q"
+
+
+def test_a_context_beyond_what_the_slots_may_share_is_refused_in_the_form():
+    result = check(ctx_size="16777216", parallel="1", native=1024)
+    assert not result.ok and "native context: 1024 tokens a chat" in result.errors["ctx_size"]
+    assert check(ctx_size="4096", parallel="4", native=1024).ok
+
+
+def test_tui_defaults_are_one_slot_at_the_native_context_unless_defaults_are_stored():
+    from studio.tui.load_form import effective_defaults
+
+    assert (effective_defaults(LoadDefaults(), 1024).parallel, effective_defaults(LoadDefaults(), 1024).ctx_size) \
+        == (1, 1024)
+    stored = LoadDefaults(parallel=2, ctx_size=8192)
+    assert (effective_defaults(stored, 1024).parallel, effective_defaults(stored, 1024).ctx_size) == (2, 1024)
+    assert effective_defaults(LoadDefaults(parallel=2, ctx_size=512), 1024).ctx_size == 512

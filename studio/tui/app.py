@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -83,6 +84,8 @@ class LockstepApp(App[int]):
         self.api: ApiServer | None = None
         self._poll_worker: Worker | None = None
         self._load_worker: Worker | None = None
+        # Saved chats live beside the settings file.
+        self.conversations_dir = Path(self.manager.store.path).parent / "conversations"
 
     # lifecycle -----------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ class Piece:
     text: str
     seed: int | None = None
     finish_reason: str | None = None
+    usage: dict[str, Any] | None = None  # the closing chunk's token counts
 
 
 def _error_text(body: Any, status: int) -> str:
@@ -40,7 +41,7 @@ def _error_text(body: Any, status: int) -> str:
 async def stream_chat(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any],
                       headers: dict[str, str] | None = None) -> AsyncIterator[Piece]:
     """Yield the reply's text pieces as the engine sends them."""
-    payload = {**body, "stream": True}
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
     try:
         async with session.post(base_url + "/v1/chat/completions", json=payload, headers=headers) as resp:
             if resp.status != 200:
@@ -63,6 +64,8 @@ async def stream_chat(session: aiohttp.ClientSession, base_url: str, body: dict[
                     raise ChatError(f"the engine sent an unreadable event: {data[:120]!r}") from exc
                 if "error" in chunk:
                     raise ChatError(_error_text(chunk, 500))
+                if chunk.get("usage"):
+                    yield Piece("", chunk.get("seed"), usage=chunk["usage"])
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
                     yield Piece(delta.get("content") or "", chunk.get("seed"), choice.get("finish_reason"))

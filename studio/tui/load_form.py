@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from settings import EnvOverrideError, LoadDefaults, LoadRequest, Resolved, resolve_exact
+from studio.catalog import beyond_native
 from studio.flags import ExtraArgsError, exact_contradictions, options_from_settings
 
 INT_FIELDS = ("ctx_size", "parallel", "batch_size", "ubatch_size", "n_gpu_layers", "spec_draft_n_max")
@@ -43,6 +44,22 @@ class FormCheck:
         if self.exact is None:
             return "exact concurrency: ?"
         return f"exact concurrency will be requested as {self.exact.value} ({_SOURCE_TEXT[self.exact.source]})"
+
+
+def effective_defaults(stored: LoadDefaults, native_context: int | None) -> LoadDefaults:
+    """The settings a load from the TUI gets without edits, as exact numbers.
+
+    With no load defaults stored, one chat gets the model's whole native context (four slots sharing it
+    left 256 tokens a chat); stored defaults are kept, with the context clamped to the native one as
+    /api/load clamps a context nobody asked for.
+    """
+    if not native_context:
+        return stored
+    if stored == LoadDefaults():
+        return stored.model_copy(update={"parallel": 1, "ctx_size": native_context})
+    if stored.ctx_size == 0 or stored.ctx_size > native_context:
+        return stored.model_copy(update={"ctx_size": native_context})
+    return stored
 
 
 def form_values(load: LoadDefaults) -> dict[str, str]:
@@ -105,8 +122,11 @@ def check_load_form(values: Mapping[str, str | None], *, defaults: LoadDefaults,
                                   f"outranks {request.exact_concurrency!r} chosen here")
         if options is not None and check.exact.value != "off":
             check.warnings += [w.message for w in exact_contradictions(options)]
-    ctx = request.with_defaults(defaults).ctx_size
-    if native_context and ctx > native_context:
+    full = request.with_defaults(defaults)
+    ctx = full.ctx_size
+    if problem := beyond_native(request.ctx_size, full.parallel, native_context):
+        errors["ctx_size"] = problem
+    elif native_context and ctx > native_context:
         check.warnings.append(f"context {ctx} is beyond the model's native context {native_context}")
     check.request = request if not errors else None
     return check

@@ -50,22 +50,45 @@ class CatalogScanned(Message):
 
 
 class ChatDelta(Message):
-    def __init__(self, turn: int, text: str) -> None:
+    def __init__(self, turn: int, text: str, tokens: int = 0, ttft: float | None = None,
+                 seconds: float = 0.0) -> None:
         super().__init__()
         self.turn = turn
         self.text = text
+        self.tokens = tokens  # so far
+        self.ttft = ttft
+        self.seconds = seconds
+
+
+class ChatTrimmed(Message):
+    """The oldest `dropped` messages were left out so the conversation fits the context."""
+
+    def __init__(self, turn: int, dropped: int, context: int) -> None:
+        super().__init__()
+        self.turn = turn
+        self.dropped = dropped
+        self.context = context
 
 
 class ChatFinished(Message):
     def __init__(self, turn: int, error: str | None = None, seed: int | None = None, finish_reason: str | None = None,
-                 pieces: int = 0, seconds: float = 0.0) -> None:
+                 tokens: int = 0, seconds: float = 0.0, ttft: float | None = None, engine_stopped: bool = False
+                 ) -> None:
         super().__init__()
         self.turn = turn
         self.error = error
         self.seed = seed
         self.finish_reason = finish_reason
-        self.pieces = pieces
+        self.tokens = tokens
         self.seconds = seconds
+        self.ttft = ttft
+        self.engine_stopped = engine_stopped  # the engine died mid-reply; a reload follows
+
+
+class EngineReloaded(Message):
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
 
 
 class EvidenceProgress(Message):

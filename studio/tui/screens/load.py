@@ -11,7 +11,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from settings import CACHE_TYPES
 from studio.catalog import ModelInfo
-from studio.tui.load_form import DEFAULT, check_load_form, form_values
+from studio.tui.load_form import DEFAULT, check_load_form, effective_defaults, form_values
 from studio.tui.messages import SettingsSaved
 from studio.tui.screens.base import StudioScreen
 from studio.tui.widgets.load_banner import LoadBanner
@@ -75,7 +75,7 @@ class LoadScreen(StudioScreen):
             yield LoadBanner("load", id="load-banner")
 
     def on_mount(self) -> None:
-        self._filling = False
+        self._filled: dict[str, str] = {}  # untouched, the form follows the selected model and the settings
         self.action_reset()
         self.watch(self.app, "models", self._show_models, init=True)
         self.watch(self.app, "selected_model", self._select_model, init=True)
@@ -91,17 +91,38 @@ class LoadScreen(StudioScreen):
         select = self.query_one("#field-model", Select)
         if model is not None and any(m.id == model for m in self.studio.models or []):
             select.value = model
-        self.revalidate()
+        self._refill()
+
+    def on_screen_resume(self) -> None:
+        self._refill()  # Settings or the REST API may have changed the stored defaults meanwhile
+
+    def _refill(self) -> None:
+        if self._edited:
+            self.revalidate()
+        else:
+            self.action_reset()
+
+    def _model_info(self) -> ModelInfo | None:
+        chosen = self.query_one("#field-model", Select).value
+        return next((m for m in self.studio.models or [] if m.id == chosen), None)
 
     def action_reset(self) -> None:
-        self._filling = True
-        values = form_values(self.studio.manager.store.settings.load)
-        for name, value in values.items():
-            widget = self.query_one(f"#field-{name}")
-            widget.value = value
-        self.query_one("#field-exact", Select).value = DEFAULT
-        self._filling = False
+        self._fill()
         self.revalidate()
+
+    @property
+    def _edited(self) -> bool:
+        # Compared with what the form was filled with: the Changed events of a fill arrive later.
+        now = self.values()
+        return any(now.get(name) != value for name, value in self._filled.items())
+
+    def _fill(self) -> None:
+        info = self._model_info()
+        load = effective_defaults(self.studio.manager.store.settings.load, info.native_context if info else None)
+        values = {**form_values(load), "exact": DEFAULT}
+        for name, value in values.items():
+            self.query_one(f"#field-{name}").value = value
+        self._filled = values
 
     def values(self) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
@@ -115,8 +136,10 @@ class LoadScreen(StudioScreen):
 
     @on(Input.Changed)
     @on(Select.Changed)
-    def _changed(self) -> None:
-        if not self._filling:
+    def _changed(self, event: Input.Changed | Select.Changed) -> None:
+        if event.control.id == "field-model":
+            self._refill()  # another model: its native context, unless the user changed fields already
+        else:
             self.revalidate()
 
     def check(self):

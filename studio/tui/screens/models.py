@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Static
 from settings import LoadRequest
 from studio.catalog import ModelInfo, bundled_models_dir
 from studio.tui.format import count, size
+from studio.tui.load_form import effective_defaults
 from studio.tui.screens.base import StudioScreen
 from studio.tui.widgets.load_banner import LoadBanner
 
@@ -123,10 +124,13 @@ class ModelsScreen(StudioScreen):
         pane.update(details(info, bundled, loaded))
 
     def action_load_selected(self) -> None:
-        if self.studio.selected_model is None:
+        info = self._selected_info()
+        if info is None:
             self.notify("no model to load: see the hint on the left", severity="warning")
             return
-        self.studio.start_load(LoadRequest(model=self.studio.selected_model), origin="models")
+        load = effective_defaults(self.studio.manager.store.settings.load, info.native_context)
+        request = LoadRequest(model=info.id, ctx_size=load.ctx_size, parallel=load.parallel)
+        self.studio.start_load(request, origin="models")
 
     def action_edit(self) -> None:
         self.app.switch_mode("load")

@@ -1,4 +1,4 @@
-"""One turn of the conversation in the transcript; the assistant's grows as pieces stream in."""
+"""One turn of the conversation in the transcript; the assistant's grows as tokens stream in."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ class ChatMessage(Static):
         super().__init__(printable(text), markup=False, classes=f"chat-message -{role}")
         self.role = role
         self.text = text
-        self.border_title = title or {"user": "you", "assistant": "assistant", "error": "error"}.get(role, role)
+        self.border_title = title or {"user": "you", "assistant": "assistant", "error": "error",
+                                              "note": "note"}.get(role, role)
 
-    def append(self, piece: str) -> None:
-        self.text += piece
+    def append(self, text: str) -> None:
+        self.text += text
         self.update(printable(self.text))
 
     def finish(self, note: str) -> None:
