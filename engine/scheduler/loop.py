@@ -7,12 +7,12 @@ choices changes any sequence's bits, which is what makes the output exact.
 
 The parts: `slots` (slot table, prompt caches, admission), `memory` (pages, parks, restores,
 per-sequence state), `planner` (what the next step runs), `emitter` (sampling, verification,
-forks, finishing). This loop owns the queue, the thread and the lock.
+forks, finishing), `inbox` (what crosses between the HTTP side and this thread). This loop
+owns the thread and the snapshot.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
@@ -21,13 +21,15 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.kv_cache import seq_context
-from engine.requests import DoneEvent, Event, QueueFullError, Request, call_each
+from engine.requests import DoneEvent, Event, Request, call_each
 from engine.runner import Pending, Runner
 from engine.scheduler.context import Context
 from engine.scheduler.emitter import Emitter
+from engine.scheduler.inbox import Inbox
 from engine.scheduler.memory import SeqState, StateManager
 from engine.scheduler.planner import Plan, Planner
 from engine.scheduler.slots import SlotTable, Waiting
+from engine.scheduler.snapshot import Snapshot
 from engine.tokenizer import TextTokenizer
 from kernels.base import PAGE_SIZE
 
@@ -55,14 +57,13 @@ class Scheduler:
         self.planner = Planner(runner, self.mem, self.ctx)
         self.emitter = Emitter(tokenizer, self.mem, self.slots_, self.ctx)
         self.dispatch = dispatch
-        self._waiting: Waiting = deque()
-        self._cancel: set[tuple[int, int | None]] = set()
-        self._ids = itertools.count(1)
-        self._cv = threading.Condition()
-        self._stop = False
+        self.inbox = Inbox(max_queue)
+        self._waiting: Waiting = deque()  # from here on, everything belongs to the compute thread
         self._thread: threading.Thread | None = None
         # a decode step launched before the previous step's tokens reached the host (Planner.plan_ahead)
         self._ahead: tuple[Plan, Pending] | None = None
+        self.snapshot = Snapshot(self.slots_, self.mem, self.ctx)
+        self.snapshot.publish(rows=True)
 
     @property
     def n_ctx_seq(self) -> int:
@@ -71,16 +72,15 @@ class Scheduler:
     @n_ctx_seq.setter
     def n_ctx_seq(self, value: int) -> None:
         self.ctx.n_ctx_seq = value
+        self.snapshot.publish(rows=True)
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ public API (any thread)
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="engine-compute", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
+        self.inbox.stop()
         if self._thread:
             self._thread.join(timeout=10)
 
@@ -92,71 +92,83 @@ class Scheduler:
                              "per sequence (raise --ctx-size)")
         if req.n < 1 or req.n > len(self.slots_):
             raise ValueError(f"n={req.n} needs between 1 and {len(self.slots_)} slots")
-        with self._cv:
-            if len(self._waiting) >= self.ctx.max_queue:
-                raise QueueFullError(f"the request queue is full ({self.ctx.max_queue} waiting)")
-            rid = next(self._ids)
-            self._waiting.append((rid, req, on_event))
-            self._cv.notify_all()
-        return rid
+        return self.inbox.submit(req, on_event)
 
     def cancel(self, request_id: int, index: int | None = None) -> None:
         """Aborts a request, or only its completion `index` (n > 1: one choice hit a stop string)."""
-        with self._cv:
-            self._cancel.add((request_id, index))
-            self._cv.notify_all()
+        self.inbox.cancel(request_id, index)
 
     def stats(self) -> dict:
-        with self._cv:
-            busy = sum(1 for s in self.slots_ if s.seq is not None)
-            return {**self.counters, "pages_total": self.pool.n_pages, "pages_free": self.pool.n_free,
-                    "pages_cached": self.slots_.cached_pages(), "queue_len": len(self._waiting),
-                    "busy_slots": busy, "n_slots": len(self.slots_), "parked_bytes": self.mem.parked_bytes}
+        """Counters and pool figures as of the last step, without waiting for a running one."""
+        return {**self.snapshot.stats, "queue_len": self.inbox.queued}
 
     def slots(self) -> list[dict]:
-        with self._cv:
-            return self.slots_.rows(self.n_ctx_seq)
+        """`/slots` rows as last published; `want_slots` asks the compute thread for fresh ones."""
+        return self.snapshot.rows
+
+    @property
+    def slots_version(self) -> int:
+        return self.snapshot.version
+
+    def want_slots(self) -> int:
+        """Asks for rows published after this call; returns the version to wait past (`slots_version`)."""
+        version = self.snapshot.version
+        self.snapshot.wanted = True
+        self.inbox.poke()
+        return version
 
     # ------------------------------------------------------------------ compute thread
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._stop and not self._has_work():
-                    self._cv.wait(timeout=1.0)
-                if self._stop:
-                    return
-                t_busy = time.perf_counter()
-                self._apply_cancels()
-                self.mem.restore_parked()
-                self.slots_.admit(self._waiting, self.mem)
+        while self._wait_for_work():
+            t_busy = time.perf_counter()
+            with self.inbox.cv:
+                arrived, cancels = self.inbox.take()
+            self._waiting.extend(arrived)
+            self._apply_cancels(cancels)
+            self.mem.restore_parked()
+            before = len(self._waiting)
+            self.slots_.admit(self._waiting, self.mem)
+            self.inbox.left_queue(before - len(self._waiting))
             try:
                 self._step()
             except Exception as e:  # a failed step fails its requests, never the server
                 log.exception("step failed")
                 self._ahead = None
-                with self._cv:
-                    for seq in list(self.mem.running) + list(self.mem.parked):
-                        self.emitter.finish(seq, "error", error=str(e))
+                for seq in list(self.mem.running) + list(self.mem.parked):
+                    self.emitter.finish(seq, "error", error=str(e))
             if not self.mem.running:  # otherwise the next step's launch hands them over
                 self._flush()
             self.counters["busy_seconds_total"] += time.perf_counter() - t_busy
 
+    def _wait_for_work(self) -> bool:
+        """Publishes whatever is asked for while idle; False once stopped."""
+        while True:
+            with self.inbox.cv:
+                while not (self.inbox.stopped or self._has_work() or self.snapshot.wanted):
+                    self.inbox.cv.wait(timeout=1.0)
+                if self.inbox.stopped:
+                    return False
+                if self._has_work():
+                    return True
+            self.snapshot.publish(rows=True)
+
+    def _has_work(self) -> bool:
+        return bool(self.inbox.pending or self.mem.running or self.mem.parked or self._waiting or self._ahead)
+
     def _flush(self) -> None:
-        """Hands the events so far to the server (its event loop then works on them)."""
-        with self._cv:
-            batch, self.emitter.outbox = self.emitter.outbox, []
+        """Publishes the snapshot, then hands the events so far to the server: a client that reads
+        the snapshot after an event sees the state that event came from."""
+        self.snapshot.publish()
+        batch, self.emitter.outbox = self.emitter.outbox, []
         if batch:
             self.dispatch(batch)
 
-    def _has_work(self) -> bool:
-        return bool(self.mem.running or self.mem.parked or self._waiting or self._cancel or self._ahead)
-
-    def _apply_cancels(self) -> None:
-        if not self._cancel:
+    def _apply_cancels(self, cancels: set[tuple[int, int | None]]) -> None:
+        if not cancels:
             return
-        whole = {rid for rid, index in self._cancel if index is None}
+        whole = {rid for rid, index in cancels if index is None}
         for seq in self.mem.running + list(self.mem.parked):
-            if seq.req_id in whole or (seq.req_id, seq.index) in self._cancel:
+            if seq.req_id in whole or (seq.req_id, seq.index) in cancels:
                 self.emitter.finish(seq, "abort")
         kept = deque()
         for rid, req, on_event in self._waiting:
@@ -165,8 +177,8 @@ class Scheduler:
                     self.emitter.outbox.append((on_event, DoneEvent(j, "abort", len(req.prompt), 0, 0, 0, 0, {})))
             else:
                 kept.append((rid, req, on_event))
+        self.inbox.left_queue(len(self._waiting) - len(kept))
         self._waiting = kept
-        self._cancel.clear()
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -174,14 +186,12 @@ class Scheduler:
         if ahead:
             (plan, pending), self._ahead = self._ahead, None
         else:
-            with self._cv:
-                plan = self.planner.plan()
+            plan = self.planner.plan()
             if not plan:
                 self._flush()
                 return
             pending = self.runner.launch([e for _, e in plan])
-        with self._cv:
-            nxt = self.planner.plan_ahead(plan, ahead)
+        nxt = self.planner.plan_ahead(plan, ahead)
         if nxt:
             self._ahead = nxt, self.runner.launch_ahead(pending, [e for _, e in nxt])
             self.counters["ahead_steps_total"] += 1
@@ -195,13 +205,12 @@ class Scheduler:
         if all(len(e.tokens) == 1 for _, e in plan):
             self.counters["decode_step_seconds_total"] += took
             self.counters["decode_steps_total"] += 1
-        with self._cv:
-            for (seq, entry), logits in zip(plan, results, strict=True):
-                if ahead and (seq.done or not self.mem.is_running(seq)):
-                    continue  # ended, cancelled or parked after this step was launched: its row is dropped
-                if seq.draft:
-                    self.emitter.verify(seq, logits)
-                    continue
-                seq.n_computed += len(entry.tokens)
-                if logits is not None and not seq.done:
-                    self.emitter.on_logits(seq, logits.row(-1))
+        for (seq, entry), logits in zip(plan, results, strict=True):
+            if ahead and (seq.done or not self.mem.is_running(seq)):
+                continue  # ended, cancelled or parked after this step was launched: its row is dropped
+            if seq.draft:
+                self.emitter.verify(seq, logits)
+                continue
+            seq.n_computed += len(entry.tokens)
+            if logits is not None and not seq.done:
+                self.emitter.on_logits(seq, logits.row(-1))

@@ -23,6 +23,7 @@ class SlotTable:
     def __init__(self, n_slots: int, pool: PagePool, ctx: Context):
         self.pool, self.ctx = pool, ctx
         self.all = [Slot(i) for i in range(n_slots)]
+        self.changes = 0  # counts sequences seated and vacated: a snapshot of the rows is stale when it moved
 
     def __getitem__(self, i: int) -> Slot:
         return self.all[i]
@@ -98,9 +99,9 @@ class SlotTable:
             reuse = min(common_prefix(slot.cache_tokens, req.prompt), len(req.prompt) - 1)
         return slot, reuse
 
-    @staticmethod
-    def _seat(seq: Seq, slot: Slot) -> None:
+    def _seat(self, seq: Seq, slot: Slot) -> None:
         seq.slot, slot.seq = slot.id, seq
+        self.changes += 1
 
     # --- n > 1
     def reserved(self, req_id: int) -> list[Slot]:
@@ -124,6 +125,7 @@ class SlotTable:
         """The sequence's slot goes idle; its pages become the slot's prompt cache or are freed."""
         slot = self.all[seq.slot]
         slot.seq = None
+        self.changes += 1
         slot.last_used = self.ctx.tick()
         if keep_cache and seq.pages:
             # KV exists for tokens[:n_computed]; keep it for the next request's common prefix

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import asdict
 
 from aiohttp import web
@@ -27,6 +29,8 @@ from engine.server.params import (
 from engine.server.pieces import piece_json, token_bytes
 from engine.server.run import EventStream, failure, generation
 from engine.server.state import EngineState, state_of
+
+SLOTS_WAIT_S = 0.02
 
 
 async def health(request: web.Request) -> web.Response:
@@ -63,7 +67,14 @@ async def props(request: web.Request) -> web.Response:
 
 
 async def slots(request: web.Request) -> web.Response:
-    return web.json_response(state_of(request).scheduler.slots())
+    """Fresh rows when the compute thread publishes them soon (between two steps), else the last
+    ones: the event loop never waits for a step."""
+    scheduler = state_of(request).scheduler
+    version = scheduler.want_slots()
+    deadline = time.monotonic() + SLOTS_WAIT_S
+    while scheduler.slots_version == version and time.monotonic() < deadline:
+        await asyncio.sleep(0.002)
+    return web.json_response(scheduler.slots())
 
 
 async def metrics(request: web.Request) -> web.Response:
