@@ -94,6 +94,19 @@ def test_gguf_types_kept_as_stored_and_match_their_values(moe_dir, tmp_path, dty
     assert np.abs(prompt_logits(g, ids) - want).max() <= 1e-5 * np.abs(want).max()
 
 
+def test_gguf_q4_k_m_experts_give_their_dequantised_twin_s_bits(tmp_path):
+    """K-quant experts stay raw blocks ([E, N, bytes] split per expert) and compute as gguf-py's values."""
+    from tests.tiny_models import write_dequantized_gguf
+
+    hf = make_moe_hf_model(tmp_path, hidden=256, head_dim=64, expert_ffn=256)  # whole 256-value super-blocks
+    quantized = load_model(q := write_moe_gguf(hf, tmp_path / "m-q4_k_m.gguf", "q4_k_m"))
+    twin = load_model(write_dequantized_gguf(q, tmp_path / "m-q4_k_m-f32.gguf"))
+    assert quantized.weights["model.layers.0.mlp.experts.3.gate_proj.weight"].dtype == "q4_k"
+    ids = list(range(3, 40))
+    for exact in (False, True):
+        assert prompt_logits(quantized, ids, exact=exact).tobytes() == prompt_logits(twin, ids, exact=exact).tobytes()
+
+
 def _qwen3_5_block(stacked: bool):
     import transformers as tf
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock

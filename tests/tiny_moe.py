@@ -73,7 +73,7 @@ def moe_gguf_tensors(hf_tensors: dict) -> list:
 
 
 def write_moe_gguf(hf_dir: Path, path: Path, dtype: str = "f32", **kw) -> Path:
-    """The qwen3_moe model in `hf_dir` as a qwen3moe GGUF with its expert metadata (f32, f16, bf16, q8_0)."""
+    """The qwen3_moe model in `hf_dir` as a qwen3moe GGUF with its expert metadata (any write_gguf dtype)."""
     import json
 
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
