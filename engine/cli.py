@@ -108,7 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("--exact-concurrency", choices=("on", "off"), default=None,
         help="byte-identical tokens and logprobs per request whatever runs beside it; when absent, the "
              "environment variable LOCKSTEP_EXACT=1 turns it on (default: off)")
+    _add_client_limits(p)
     return p
+
+
+def _add_client_limits(p: argparse.ArgumentParser) -> None:
+    """What a client (or a web page) may do to the server: sizes, times, connections, origins."""
+    g = p.add_argument_group("client limits")
+    g.add_argument("--body-limit", type=_int_at_least(1), default=16, metavar="MIB",
+                   help="largest request body, also after decompression (default: %(default)s)")
+    g.add_argument("-to", "--timeout", type=_int_at_least(1), default=30, metavar="N",
+                   help="seconds a client may take to send a request's headers, and its body (llama-server's "
+                        "read timeout; default: %(default)s)")
+    g.add_argument("--max-connections", type=_int_at_least(1), default=256, metavar="N",
+                   help="open connections at most; more are answered 503 and closed (default: %(default)s)")
+    g.add_argument("--cors-origins", metavar="LIST", default="",
+                   help="comma-separated origins allowed besides loopback and --host (scheme://host[:port], or * for "
+                        "any): they are reflected in CORS headers; other origins get 403 (default: none)")
 
 
 def build_generate_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,8 @@ from tokenizers import Tokenizer
 from engine.chat_template import ChatTemplate
 from engine.errors import ModelLoadError
 
+LONG_TEXT = 4096  # characters or ids from which the tokenizer's GIL-releasing batch calls are used
+
 
 def _token_text(value) -> str | None:
     if isinstance(value, dict):
@@ -33,16 +35,26 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
+    def _encode(self, text: str, add_special: bool):
+        # The batch call releases the GIL and the single one does not: a long text tokenized on a worker
+        # thread must leave the event loop running. The fast variant skips offsets, which nothing reads, and
+        # whose freeing would hold the GIL again for longer than the tokens themselves.
+        if len(text) < LONG_TEXT:
+            return self.tok.encode(text, add_special_tokens=add_special)
+        return self.tok.encode_batch_fast([text], add_special_tokens=add_special)[0]
+
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         if self.add_bos is None:
-            return self.tok.encode(text, add_special_tokens=add_special).ids
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+            return self._encode(text, add_special).ids
+        ids = self._encode(text, False).ids
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=skip_special)
+        if len(ids) < LONG_TEXT:
+            return self.tok.decode(list(ids), skip_special_tokens=skip_special)
+        return self.tok.decode_batch([list(ids)], skip_special_tokens=skip_special)[0]  # releases the GIL
 
     def piece(self, token_id: int) -> str:
         return self.tok.decode([token_id], skip_special_tokens=False)

@@ -9,6 +9,7 @@ Every error is `{"error": {"code", "type", "message"}}` with its HTTP status.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -172,7 +173,9 @@ async def v1_models(request: web.Request) -> web.Response:
 async def proxy(request: web.Request) -> web.StreamResponse:
     manager = _manager(request)
     child = await manager.engine()
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP | {"authorization", "x-api-key"}}
+    # The studio answers for origins (the engine would judge the studio's own clients by its own policy).
+    dropped = _HOP | {"authorization", "x-api-key", "origin"}
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
     headers.update(child.auth_headers)
     body = prepare_body(manager, request.path, await request.read())
     session = request.app[CLIENT]
@@ -193,8 +196,21 @@ async def proxy(request: web.Request) -> web.StreamResponse:
             return response
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         if response is not None and response.prepared:
-            return response  # the client sees a cut stream: nothing else can be said once it started
+            await _end_cut_stream(response, exc)
+            return response
         return error_response(502, "engine_unreachable", f"the engine did not answer: {exc}")
+
+
+async def _end_cut_stream(response: web.StreamResponse, exc: Exception) -> None:
+    """The engine went away mid-answer. A cut stream must not read as a complete one: an event stream ends
+    with an error event (OpenAI clients raise on it); any other body is left cut short."""
+    if not response.content_type.startswith("text/event-stream"):
+        return
+    event = {"error": {"code": 502, "type": "engine_unreachable",
+                       "message": f"the engine stopped mid-answer: {exc}"}}
+    with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone as well
+        await response.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n")
+        await response.write_eof()
 
 
 def build_app(manager: LoadManager, *, api_key: str | None = None, stop_engine_on_cleanup: bool = True

@@ -8,13 +8,12 @@ import logging
 
 from aiohttp import web
 
-from engine.server import native, openai_api
+from engine.server import guard, native, openai_api
 from engine.server.errors import ApiError, error_response
 from engine.server.state import STATE, EngineState, state_of
 
 log = logging.getLogger("engine.server")
 
-MAX_BODY = 64 << 20
 OPEN_PATHS = ("/health", "/v1/health")  # answered without the API key, as llama-server does
 
 
@@ -48,15 +47,20 @@ async def auth_middleware(request: web.Request, handler):
 
 @web.middleware
 async def loading_middleware(request: web.Request, handler):
-    if not state_of(request).ready and request.match_info.route.resource is not None:
+    state = state_of(request)
+    if state.stopping:
+        return error_response(503, "server is shutting down")
+    if not state.ready and request.match_info.route.resource is not None:
         return error_response(503, "Loading model")
     return await handler(request)
 
 
 def build_app(state: EngineState) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware, auth_middleware, loading_middleware],
-                          client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[errors_middleware, guard.guard_middleware, auth_middleware,
+                                       loading_middleware],
+                          client_max_size=state.opts.body_limit << 20)
     app[STATE] = state
+    guard.install(app, state.opts)
     r = app.router
     for path in OPEN_PATHS:
         r.add_get(path, native.health)

@@ -6,7 +6,8 @@ from typing import Any
 
 from engine.chat_template import ChatTemplateError
 from engine.server.errors import bad_request
-from engine.server.params import kind_of
+from engine.server.params import check_fits, kind_of
+from engine.server.state import EngineState
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_MESSAGES = 4096
@@ -65,18 +66,28 @@ def check_messages(value: Any) -> list[dict]:
     return out
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     try:
         return tokenizer.apply_chat(messages, add_generation_prompt)
-    except ChatTemplateError as e:
+    except ChatTemplateError as e:  # the message names the template and what it did
         raise bad_request(str(e)) from None
 
 
-def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    text = render(tokenizer, messages)
+async def render(state: EngineState, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    return await state.workers.run(_render, state.tokenizer, messages, add_generation_prompt)
+
+
+def _chat_ids(state: EngineState, messages: list[dict]) -> list[int]:  # worker thread
+    tokenizer = state.tokenizer
+    text = _render(tokenizer, messages, True)
+    check_fits(state, text, "chat prompt")
     # A template that writes the BOS token itself must not get a second one from the tokenizer.
     with_bos = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
     ids = tokenizer.encode(text, add_special=with_bos)
     if not ids:
         raise bad_request("the chat template rendered an empty prompt")
     return ids
+
+
+async def chat_prompt(state: EngineState, messages: list[dict]) -> list[int]:
+    return await state.workers.run(_chat_ids, state, messages)

@@ -7,8 +7,10 @@ from aiohttp import web
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     500: "server_error",
     501: "not_supported_error",
@@ -25,15 +27,19 @@ def error_response(status: int, message: str, type_: str | None = None) -> web.R
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str | None = None):
+    def __init__(self, status: int, message: str, type_: str | None = None, close: bool = False):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_
+        self.close = close  # the request's body was not read to its end: the connection cannot carry another
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.type)
 
     def response(self) -> web.Response:
-        return error_response(self.status, self.message, self.type)
+        response = error_response(self.status, self.message, self.type)
+        if self.close:
+            response.force_close()
+        return response
 
 
 def bad_request(message: str) -> ApiError:

@@ -93,9 +93,15 @@ class Generation:
             self._cancelled = True
             self.scheduler.cancel(self.request_id)
 
+    def abort(self, error: ApiError) -> None:
+        """Ends deltas() with `error` (the server is stopping); the scheduler request is cancelled on close."""
+        self._queue.put_nowait(error)
+
     async def deltas(self) -> AsyncIterator[Delta]:
         while not self.finished:
             event = await self._queue.get()
+            if isinstance(event, ApiError):
+                raise event
             choice = self.choices[event.index]
             if isinstance(event, TokenEvent):
                 delta = self._on_token(choice, event)

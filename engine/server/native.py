@@ -14,6 +14,7 @@ from engine.requests import Request
 from engine.server.chat import check_messages, render
 from engine.server.errors import ApiError, bad_request
 from engine.server.generation import Choice, Generation, TokenOut
+from engine.server.offload import json_list
 from engine.server.params import (
     MAX_N,
     MAX_TOP_LOGPROBS,
@@ -31,6 +32,11 @@ from engine.server.run import EventStream, failure, generation
 from engine.server.state import EngineState, state_of
 
 SLOTS_WAIT_S = 0.02
+
+
+# A million tokens' list costs the GIL about 0.1 s to build and free, during which nothing else runs: the
+# bound on one request's stall of the event loop.
+MAX_TOKENIZE_CHARS = 1 << 20
 
 
 async def health(request: web.Request) -> web.Response:
@@ -135,7 +141,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
     f = Fields(await read_json(request))
     reject_unsupported(f)
     tok = state.tokenizer
-    prompt = prompt_tokens(f.raw("prompt"), tok)
+    prompt = await prompt_tokens(f.raw("prompt"), state)
     stops = stop_strings(f)
     n_probs = f.int("n_probs", 0, 0, MAX_TOP_LOGPROBS)
     req = Request(
@@ -150,7 +156,8 @@ async def completion(request: web.Request) -> web.StreamResponse:
     stream = f.bool("stream", False)
     if stream and req.n > 1:
         raise bad_request("'n' > 1 is not supported with 'stream' on /completion; use /v1/completions")
-    prompt_text = f.raw("prompt") if isinstance(f.raw("prompt"), str) else tok.decode(prompt, skip_special=False)
+    prompt_text = f.raw("prompt") if isinstance(f.raw("prompt"), str) else \
+        await state.workers.run(tok.decode, prompt, False, size=len(prompt))
     body = {"stop": stops, "prompt_text": prompt_text}
     async with generation(state, req, stops) as gen:
         if not stream:
@@ -164,18 +171,19 @@ async def completion(request: web.Request) -> web.StreamResponse:
             return web.json_response([_summary(state, gen, c, body, stream=False) for c in gen.choices])
         sse = EventStream(request)
         await sse.open()
-        async for d in gen.deltas():
-            if d.text or d.tokens:
-                chunk = {"index": 0, "content": d.text, "tokens": [t.id for t in d.tokens], "stop": False,
-                         "id_slot": req.id_slot, "tokens_predicted": len(gen.choices[0].tokens),
-                         "tokens_evaluated": len(prompt)}
-                if req.logprobs > 0:
-                    chunk["completion_probabilities"] = _probs(tok, d.tokens)
-                await sse.send(chunk)
-        if err := failure(gen):
-            await sse.error(err)
-        else:
-            await sse.send(_summary(state, gen, gen.choices[0], body, stream=True))
+        async with sse.failing_as_event():
+            async for d in gen.deltas():
+                if d.text or d.tokens:
+                    chunk = {"index": 0, "content": d.text, "tokens": [t.id for t in d.tokens], "stop": False,
+                             "id_slot": req.id_slot, "tokens_predicted": len(gen.choices[0].tokens),
+                             "tokens_evaluated": len(prompt)}
+                    if req.logprobs > 0:
+                        chunk["completion_probabilities"] = _probs(tok, d.tokens)
+                    await sse.send(chunk)
+            if err := failure(gen):
+                await sse.error(err)
+            else:
+                await sse.send(_summary(state, gen, gen.choices[0], body, stream=True))
         return await sse.close()
 
 
@@ -185,11 +193,18 @@ async def tokenize(request: web.Request) -> web.Response:
     content = f.str("content")
     if content is None:
         raise bad_request("'content' is required")
+    if len(content) > MAX_TOKENIZE_CHARS:
+        raise bad_request(f"'content' has {len(content)} characters; /tokenize takes at most {MAX_TOKENIZE_CHARS} "
+                          "at once (split the text)")
     tok = state.tokenizer
-    ids = tok.encode(content, add_special=f.bool("add_special", False))
-    if not f.bool("with_pieces", False):
-        return web.json_response({"tokens": ids})
-    return web.json_response({"tokens": [{"id": i, "piece": piece_json(tok, i)} for i in ids]})
+    with_pieces = f.bool("with_pieces", False)
+
+    def work() -> str:
+        ids = tok.encode(content, add_special=f.bool("add_special", False))
+        return json_list([{"id": i, "piece": piece_json(tok, i)} for i in ids] if with_pieces else ids)
+
+    tokens = await state.workers.run(work, size=len(content))
+    return web.Response(text='{"tokens": ' + tokens + "}", content_type="application/json")
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -199,12 +214,11 @@ async def detokenize(request: web.Request) -> web.Response:
     if not isinstance(value, list):
         raise bad_request("'tokens' must be an array of token ids")
     ids = token_ids(value, state.tokenizer.vocab_size, "tokens")
-    return web.json_response({"content": state.tokenizer.decode(ids, skip_special=False)})
+    return web.json_response({"content": await state.workers.run(state.tokenizer.decode, ids, False, size=len(ids))})
 
 
 async def apply_template(request: web.Request) -> web.Response:
     state = state_of(request)
     f = Fields(await read_json(request))
     messages = check_messages(f.raw("messages"))
-    return web.json_response({"prompt": render(state.tokenizer, messages,
-                                               f.bool("add_generation_prompt", True))})
+    return web.json_response({"prompt": await render(state, messages, f.bool("add_generation_prompt", True))})

@@ -70,7 +70,7 @@ def _common(state: EngineState, f: Fields, prompt: list[int], logprobs: int) -> 
     return req, stop_strings(f)
 
 
-def _completion_request(state: EngineState, f: Fields) -> tuple[Request, list[str]]:
+async def _completion_request(state: EngineState, f: Fields) -> tuple[Request, list[str]]:
     for name in ("echo",):
         if f.bool(name, False):
             raise bad_request(f"'{name}' is not supported yet")
@@ -78,18 +78,18 @@ def _completion_request(state: EngineState, f: Fields) -> tuple[Request, list[st
         raise bad_request("'best_of' other than 1 is not supported yet")
     if f.str("suffix"):
         raise bad_request("'suffix' is not supported yet")
-    prompt = prompt_tokens(f.raw("prompt"), state.tokenizer)
+    prompt = await prompt_tokens(f.raw("prompt"), state)
     k = f.int("logprobs", -1, 0, MAX_TOP_LOGPROBS) if f.has("logprobs") else -1
     return _common(state, f, prompt, k)
 
 
-def _chat_request(state: EngineState, f: Fields) -> tuple[Request, list[str]]:
+async def _chat_request(state: EngineState, f: Fields) -> tuple[Request, list[str]]:
     messages = check_messages(f.raw("messages"))
     want = f.bool("logprobs", False)
     top = f.int("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if f.has("top_logprobs") and not want:
         raise bad_request("'top_logprobs' needs 'logprobs': true")
-    return _common(state, f, chat_prompt(state.tokenizer, messages), top if want else -1)
+    return _common(state, f, await chat_prompt(state, messages), top if want else -1)
 
 
 # ---------------------------------------------------------------------------------------- shapes
@@ -193,7 +193,7 @@ async def _respond(request: web.Request, chat: bool) -> web.StreamResponse:
     state = state_of(request)
     body = await read_json(request)
     f = Fields(body)
-    req, stops = _chat_request(state, f) if chat else _completion_request(state, f)
+    req, stops = await (_chat_request(state, f) if chat else _completion_request(state, f))
     stream = f.bool("stream", False)
     include_usage = f.obj("stream_options").bool("include_usage", False)
     async with generation(state, req, stops) as gen:
@@ -206,19 +206,24 @@ async def _respond(request: web.Request, chat: bool) -> web.StreamResponse:
             return web.json_response(shape.response())
         sse = EventStream(request)
         await sse.open()
-        if chat:
-            for i in range(req.n):
-                await sse.send(shape.role_chunk(i))
-        async for d in gen.deltas():
-            chunk = shape.chunk(d)
-            if d.finish_reason is not None and gen.finished and not include_usage:
-                chunk.update(shape.totals())  # the last chunk carries what a final body would
-            await sse.send(chunk)
-        if err := failure(gen):
-            await sse.error(err)
-            return await sse.close()
-        if include_usage:
-            await sse.send({**shape.head(shape.chunk_object), "choices": [], "usage": shape.usage(),
-                            **shape.totals()})
-        await sse.done()
+        async with sse.failing_as_event():
+            await _stream(sse, shape, gen, chat, include_usage)
         return await sse.close()
+
+
+async def _stream(sse: EventStream, shape: Shape, gen: Generation, chat: bool, include_usage: bool) -> None:
+    if chat:
+        for i in range(gen.request.n):
+            await sse.send(shape.role_chunk(i))
+    async for d in gen.deltas():
+        chunk = shape.chunk(d)
+        if d.finish_reason is not None and gen.finished and not include_usage:
+            chunk.update(shape.totals())  # the last chunk carries what a final body would
+        await sse.send(chunk)
+    if err := failure(gen):
+        await sse.error(err)
+        return
+    if include_usage:
+        await sse.send({**shape.head(shape.chunk_object), "choices": [], "usage": shape.usage(),
+                        **shape.totals()})
+    await sse.done()

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import re
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from engine.sampler import SamplingParams, random_seed
-from engine.server.errors import bad_request
+from engine.server.errors import ApiError, bad_request
+from engine.server.state import EngineState, state_of
 
 MAX_PREDICT = 1 << 24  # beyond any context; larger is a client bug worth naming
 MAX_STOPS = 16
@@ -26,8 +31,29 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The body within --timeout and --body-limit (counted after decompression, so no gzip bomb fits)."""
+    opts = state_of(request).opts
+    try:
+        async with asyncio.timeout(opts.timeout):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {opts.timeout} s (--timeout)",
+                       close=True) from None
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"request body is larger than the limit of {opts.body_limit} MiB (--body-limit), "
+                            "counted after decompression", close=True) from None
+    except (HttpProcessingError, RequestPayloadError) as e:  # e.g. a body that is not what its Content-Encoding says
+        raise ApiError(400, f"request body cannot be read: {one_line(getattr(e, 'message', e))}",
+                       close=True) from None
+
+
+def one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
 async def read_json(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    raw = await read_body(request)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -38,11 +64,45 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         body = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
         raise bad_request(f"request body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply") from None
     except ValueError as e:
         raise bad_request(f"request body: {e}") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, not {kind_of(body)}")
+    if _SURROGATE_ESCAPE.search(text) and (where := lone_surrogate(body)) is not None:
+        raise bad_request(f"{where} holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair); "
+                          "text must be valid Unicode")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where the first string that cannot be UTF-8 sits ("'messages[0].content'"), walked without recursion."""
+    stack = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not _encodable(v):
+                return f"'{path}'" if path else "a string"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if not _encodable(k):
+                    return f"a key of '{path}'" if path else "a key"
+                stack.append((f"{path}.{k}" if path else k, x))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def kind_of(value: Any) -> str:
@@ -211,14 +271,26 @@ def token_ids(value: list, vocab_size: int, name: str) -> list[int]:
     return list(value)
 
 
-def prompt_tokens(value: Any, tokenizer, name: str = "prompt") -> list[int]:
-    """A prompt as text (tokenized with BOS), as token ids, or as an array holding exactly one of these."""
+def check_fits(state: EngineState, text: str, what: str = "prompt") -> None:
+    """Refuses text that cannot fit the context before tokenizing it: a token covers at most
+    max_token_bytes bytes (halved for normalizers), and a character is at least one byte."""
+    least = len(text) // (2 * state.max_token_bytes)
+    if least >= state.scheduler.n_ctx_seq:
+        raise ApiError(400, f"the {what} has at least {least} tokens ({len(text)} characters); the context holds "
+                            f"{state.scheduler.n_ctx_seq} per sequence (raise --ctx-size)", "exceed_context_size_error")
+
+
+async def prompt_tokens(value: Any, state: EngineState, name: str = "prompt") -> list[int]:
+    """A prompt as text (tokenized with BOS, on a worker thread), as token ids, or as an array holding exactly
+    one of these."""
+    tokenizer = state.tokenizer
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
         value = value[0]
     if isinstance(value, str):
         if not value:
             raise bad_request(f"'{name}' is empty")
-        ids = tokenizer.encode(value, add_special=True)
+        check_fits(state, value)
+        ids = await state.workers.run(tokenizer.encode, value, True, size=len(value))
     elif isinstance(value, list):
         if value and all(isinstance(v, str | list) for v in value):
             raise bad_request(f"'{name}' holds {len(value)} prompts; send one prompt per request")

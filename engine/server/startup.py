@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import threading
 
@@ -23,13 +24,18 @@ from engine.kv_cache import pages_for, seq_context
 from engine.launch import build_runner, gpu_layers, pool_pages, read_model
 from engine.scheduler import Scheduler
 from engine.server.app import build_app
+from engine.server.errors import ApiError
 from engine.server.generation import loop_dispatch
+from engine.server.protocol import GuardedRunner
 from engine.server.state import EngineState
 from kernels.base import PAGE_SIZE
+from kernels.weights import QK8_0
 
 log = logging.getLogger("engine.server")
 
 MAX_QUEUE = 64
+SHUTDOWN_SECONDS = 1.0  # what open requests get, once told to end, before their connections are cut
+FORCED_EXIT_SECONDS = 5.0  # a shutdown still running then ends the process regardless
 
 
 def serve(opts: argparse.Namespace) -> int:
@@ -67,7 +73,8 @@ async def _serve(opts: argparse.Namespace) -> int:
         opts.ubatch_size = opts.batch_size
     state = EngineState(opts, exact, backend)
     log.info(exact.log_line())
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    runner = GuardedRunner(build_app(state), opts.max_connections, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=SHUTDOWN_SECONDS, keepalive_timeout=opts.timeout)
     await runner.setup()
     stop = _stop_on_signals()
     try:
@@ -80,9 +87,18 @@ async def _serve(opts: argparse.Namespace) -> int:
         log.info("shutting down")
         return 0
     finally:
+        _end_requests(state)
+        await runner.cleanup()
         if state.scheduler is not None:
             state.scheduler.stop()
-        await runner.cleanup()
+
+
+def _end_requests(state: EngineState) -> None:
+    """Every running request ends now: a stream with an error event, any other with a 503; leaving the
+    generation cancels its scheduler request, which frees its pages."""
+    state.stopping = True
+    for gen in list(state.generations):
+        gen.abort(ApiError(503, "server is shutting down"))
 
 
 async def _bind(runner: web.AppRunner, host: str, port: int) -> int:
@@ -98,9 +114,22 @@ async def _bind(runner: web.AppRunner, host: str, port: int) -> int:
 def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if not stop.is_set():
+            stop.set()
+            threading.Thread(target=_forced_exit, name="engine-exit", daemon=True).start()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     return stop
+
+
+def _forced_exit() -> None:
+    threading.Event().wait(FORCED_EXIT_SECONDS)
+    log.warning("shutdown still running after %g s: exiting now", FORCED_EXIT_SECONDS)
+    logging.shutdown()
+    os._exit(0)
 
 
 async def _load_unless_stopped(state: EngineState, stop: asyncio.Event) -> bool:
@@ -139,6 +168,10 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     if state.backend == "cuda" and layers != "all":
         raise bad_flag(f"-ngl {opts.n_gpu_layers}: partial GPU offload ({layers} layers) is not supported "
                        "yet; use -ngl all, or -ngl 0 for the CPU backend")
+    for flag, kind in (("-ctk", opts.cache_type_k), ("-ctv", opts.cache_type_v)):
+        if kind == "q8_0" and config.head_dim % QK8_0:
+            raise bad_flag(f"{flag} q8_0 needs a head dimension divisible by {QK8_0}; this model's is "
+                           f"{config.head_dim} (use {flag} f16)")
     n_pages = pool_pages(opts.ctx_size, config)
     seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
@@ -153,6 +186,15 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
         log.warning("the model uses sliding-window attention (window %d), which the engine does not apply: "
                     "each sequence is limited to %d positions", config.sliding_window, config.sliding_window)
         scheduler.n_ctx_seq = config.sliding_window
+    if opts.chat_template_file:
+        loaded.tokenizer.template.origin = f"the chat template from --chat-template-file {opts.chat_template_file}"
+    state.max_token_bytes = max_token_bytes(loaded.tokenizer)
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on
+
+
+def max_token_bytes(tokenizer) -> int:
+    """The longest vocabulary entry in UTF-8 bytes (byte-level BPE spells a byte as one character, which is at
+    most two bytes: an over-estimate, which only makes the text-length bound on prompts more lenient)."""
+    return max((len(piece.encode("utf-8", "surrogatepass")) for piece in tokenizer.tok.get_vocab()), default=1)

@@ -14,6 +14,7 @@ from engine.loader import LoadedModel
 from engine.sampler import SamplingParams
 from engine.scheduler import Scheduler
 from engine.server.errors import ApiError
+from engine.server.offload import Workers
 
 try:
     from importlib.metadata import version as _version
@@ -53,6 +54,10 @@ class EngineState:
     defaults: SamplingParams = field(default_factory=SamplingParams)
     served: Served = field(default_factory=Served)
     started: float = field(default_factory=time.time)
+    workers: Workers = field(default_factory=Workers)
+    max_token_bytes: int = 1  # the vocabulary's longest token: text of n bytes is at least n / this tokens
+    generations: set = field(default_factory=set)  # running, so that a shutdown can end each
+    stopping: bool = False
 
     @property
     def ready(self) -> bool:
