@@ -274,7 +274,7 @@ async def test_an_engine_killed_mid_stream_is_an_error_through_the_studio(tmp_pa
         loaded = await resp.json()
         assert resp.status == 200, loaded
         api = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="unused", max_retries=0)
-        stream = await api.chat.completions.create(model="m", messages=USER, max_tokens=100_000, stream=True)
+        stream = await api.chat.completions.create(model=tiny_llama_noeos.name, messages=USER, max_tokens=100_000, stream=True)
         chunks = 0
         with pytest.raises(openai.APIError, match="engine stopped mid-answer"):
             async for _ in stream:

@@ -32,8 +32,6 @@ from engine.server.run import EventStream, failure, generation
 from engine.server.state import EngineState, state_of
 
 SLOTS_WAIT_S = 0.02
-
-
 # A million tokens' list costs the GIL about 0.1 s to build and free, during which nothing else runs: the
 # bound on one request's stall of the event loop.
 MAX_TOKENIZE_CHARS = 1 << 20
