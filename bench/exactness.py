@@ -2,6 +2,7 @@
 
     python bench/exactness.py                      # a tiny random model on the CPU
     python bench/exactness.py --tiny qwen3_moe     # a tiny random mixture-of-experts model
+    python bench/exactness.py --tiny q4_k_m        # a tiny random llama as a Q4_K_M-like GGUF
     python bench/exactness.py -m MODEL --device cuda --exact off
 """
 
@@ -24,6 +25,10 @@ def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
         from tests.tiny_moe import make_moe_hf_model
 
         path = make_moe_hf_model(where)
+    elif arch == "q4_k_m":
+        from tests.tiny_models import make_q4_k_m_gguf
+
+        path, _ = make_q4_k_m_gguf(where)
     else:
         from tests.tiny_models import make_hf_model
 
@@ -36,7 +41,7 @@ def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", help="model path (default: build a tiny random llama)")
-    ap.add_argument("--tiny", default="llama", choices=["llama", "qwen3_moe"],
+    ap.add_argument("--tiny", default="llama", choices=["llama", "qwen3_moe", "q4_k_m"],
                     help="the tiny random model built when -m is not given")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--exact", default="on", choices=["on", "off"])

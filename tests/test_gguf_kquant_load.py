@@ -168,3 +168,43 @@ def test_engine_child_generates_from_a_q4_k_m_file_as_from_its_f32_twin(q4km):
     lq = np.array([p["logprob"] for p in q["completion_probabilities"]])
     lf = np.array([p["logprob"] for p in f["completion_probabilities"]])
     np.testing.assert_allclose(lq, lf, rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_takes_block_types_as_f16_and_plans_memory_at_that_size(q4km):
+    """No CUDA kernels for the raw block types yet: CudaOps.upload converts them to f16 (and logs the
+    cost); the conversion and the memory plan need no GPU, so they are checked here."""
+    from engine.launch import memory_need
+    from kernels.cuda.weights import device_bytes, kernel_weight
+    from kernels.weights import RowStack, Weight, concat_rows
+
+    rng = np.random.default_rng(9)
+    w = Weight.from_f32(rng.standard_normal((64, 256)).astype(np.float32), "q4_k")
+    half = kernel_weight(w)
+    assert half.dtype == "f16" and half.data.tobytes() == w.to_f32().astype(np.float16).tobytes()
+    assert device_bytes(w) == device_bytes(half)
+    assert kernel_weight(half) is half
+    v = Weight.from_f32(rng.standard_normal((32, 256)).astype(np.float32), "q6_k")
+    stack = concat_rows([w, v])
+    assert isinstance(stack, RowStack)
+    assert kernel_weight(stack).data.tobytes() == np.concatenate([w.to_f32(), v.to_f32()]).astype(np.float16).tobytes()
+    loaded = load_model(q4km[0])
+    stored = sum(w.nbytes for w in loaded.weights.values())
+    need = memory_need(loaded, "cuda", n_pages=1, kv_type="f16")
+    assert need["weights"] >= 2 * sum(w.size for w in loaded.weights.values() if w.blocks) > 3 * stored
+
+
+def test_moe_experts_in_block_types_stay_raw_and_compute_as_their_values(tmp_path):
+    """Stacked experts in a raw block type (Q4_0 here: the tiny MoE's rows are 32-multiples) are views
+    of the stacked blocks, and the model computes as its dequantised weights."""
+    from engine.loader import LoadedModel
+    from kernels.weights import Weight
+    from tests.tiny_moe import make_moe_hf_model, write_moe_gguf
+
+    g = load_model(write_moe_gguf(make_moe_hf_model(tmp_path), tmp_path / "moe-q4_0.gguf", "q4_0"))
+    expert = next(w for k, w in g.weights.items() if ".mlp.experts.5.down_proj." in k)
+    assert expert.dtype == "q4_0" and expert.data.dtype == np.uint8 and expert.data.base is not None
+    as_f32 = LoadedModel(g.path, g.format, g.config, {k: Weight(w.to_f32(), "f32") for k, w in g.weights.items()},
+                         g.tokenizer)
+    ids = list(range(3, 43))
+    want = prompt_logits(as_f32, ids, exact=True)
+    assert np.abs(prompt_logits(g, ids, exact=True) - want).max() <= 1e-5 * np.abs(want).max()
