@@ -16,7 +16,8 @@ F16_FIELDS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0"
 def _finite_f16(rng, n: int) -> np.ndarray:
     """Scales across the whole finite f16 range: normal, subnormal, zero, the extremes, both signs."""
     bits = rng.integers(0, 0x7C00, n, dtype=np.uint16)  # below the inf/nan exponent
-    bits[rng.random(n) < 0.15] = rng.integers(0, 0x400, 1, dtype=np.uint16)  # subnormals
+    sub = rng.random(n) < 0.15
+    bits[sub] = rng.integers(0, 0x400, int(sub.sum()), dtype=np.uint16)  # subnormals
     bits[rng.random(n) < 0.05] = 0x7BFF  # 65504
     bits[rng.random(n) < 0.05] = 0x0001  # the smallest subnormal
     bits[rng.random(n) < 0.05] = 0
@@ -45,12 +46,12 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_dequantize_equals_gguf_bit_for_bit(name):
     kind = BLOCK_TYPES[name]
     raw = _blocks(name, 4096, seed=len(name) * 7 + kind.type_size)
-    ours = dequantize(raw.reshape(64, -1), name)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # MXFP4's largest exponents overflow to inf, in both
+        ours = dequantize(raw.reshape(64, -1), name)
         ref = gguf_dequantize(raw.reshape(64, -1), GGMLQuantizationType[name.upper()])
     assert ours.shape == (64, 64 * kind.block_size)
     assert _same(ours, ref)
-    assert np.all(ours[: 64 // 8] == 0)  # all-zero blocks dequantise to zeros, not -0 or offsets
+    assert np.all(ours[: 64 // 8] == 0)  # all-zero blocks dequantise to (signed) zeros, no offsets
     if F16_FIELDS[name]:
         assert np.isfinite(ours).all()
 
@@ -61,8 +62,9 @@ def test_rows_are_independent(name):
     and embedding dequantise tiles and looked-up rows)."""
     kind = BLOCK_TYPES[name]
     raw = _blocks(name, 8 * 2 * 256 // kind.block_size, seed=3).reshape(8, -1)
-    whole = dequantize(raw, name)
-    assert _same(dequantize(raw[[5, 2]], name), whole[[5, 2]])
+    with np.errstate(all="ignore"):
+        whole = dequantize(raw, name)
+        assert _same(dequantize(raw[[5, 2]], name), whole[[5, 2]])
 
 
 def test_partial_block_row_is_refused():
