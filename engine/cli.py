@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
@@ -16,6 +17,7 @@ from kernels.base import KV_TYPES, PAGE_SIZE
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
 UNSUPPORTED_KV = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 MAX_SLOTS = 256
+ENV_API_KEY = "LLAMA_API_KEY"  # as llama-server: the key without putting it in argv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("-s", "--seed", type=_int_at_least(-1), default=-1, metavar="N",
         help="seed for requests that give none; -1 = a random seed per request, returned in its response "
              "(default: %(default)s)")
-    add("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    add("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+        f"(visible to other users in the process list: prefer --api-key-file or {ENV_API_KEY})")
+    add("--api-key-file", metavar="PATH", help="read the API key from the first line of this file (keep it mode 0600)")
     add("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     add("--jinja", action="store_true",
         help="render chat templates with Jinja (always on: accepted for llama-server compatibility)")
@@ -166,6 +170,22 @@ def check_values(opts: argparse.Namespace) -> None:
         opts.chat_template = None
 
 
+def read_api_key(opts: argparse.Namespace, env=os.environ) -> None:
+    """--api-key, else the first line of --api-key-file, else LLAMA_API_KEY."""
+    if opts.api_key and opts.api_key_file:
+        raise bad_flag("--api-key and --api-key-file are exclusive")
+    if opts.api_key_file:
+        try:
+            with open(opts.api_key_file, encoding="utf-8") as f:
+                opts.api_key = f.readline().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise bad_flag(f"--api-key-file {opts.api_key_file}: cannot be read ({e})") from e
+        if not opts.api_key:
+            raise bad_flag(f"--api-key-file {opts.api_key_file}: the first line is empty")
+    elif not opts.api_key:
+        opts.api_key = env.get(ENV_API_KEY) or None
+
+
 def check_supported(opts: argparse.Namespace, backend: str) -> None:
     """Flags accepted for compatibility whose feature does not exist yet: an explicit error, never ignored."""
     if opts.spec_type == "ngram" and opts.spec_draft_n_max < 1:
@@ -198,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_generate(build_generate_parser().parse_args(argv[1:]))
         opts = build_parser().parse_args(argv)
         check_values(opts)
+        read_api_key(opts)
         from engine.server.startup import serve
 
         return serve(opts)

@@ -24,7 +24,14 @@ from settings.models import (
 )
 from settings.paths import config_dir, log_dir
 from settings.precedence import Resolved, exact_default, resolve_exact, resolve_preempt
-from settings.store import SettingsStore, StoreProblem, atomic_write_text
+from settings.store import (
+    SettingsConflict,
+    SettingsError,
+    SettingsStore,
+    SettingsWriteError,
+    StoreProblem,
+    atomic_write_text,
+)
 
 __all__ = [
     "CACHE_TYPES",
@@ -42,7 +49,10 @@ __all__ = [
     "PreemptMode",
     "Resolved",
     "Settings",
+    "SettingsConflict",
+    "SettingsError",
     "SettingsStore",
+    "SettingsWriteError",
     "StoreProblem",
     "apply_env_overrides",
     "atomic_write_text",

@@ -49,6 +49,8 @@ class ApiSettings(BaseModel):
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(8765, ge=1, le=65535)
     api_key: str | None = None
+    # Browser origins granted CORS (e.g. "http://localhost:3000"); none by default.
+    cors_origins: list[str] = Field(default_factory=list)
 
 
 class Settings(BaseModel):

@@ -9,7 +9,6 @@ Every error is `{"error": {"code", "type", "message"}}` with its HTTP status.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -20,21 +19,22 @@ import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from settings import EXACT_MODES, LoadRequest
+from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
 from studio.errors import StudioError
+from studio.guard import Guard
 from studio.manager import LoadManager
 from studio.openai_front import model_list, prepare_body
+from studio.proxy import forward, upstream_path
+from studio.settings_api import check_load_args, check_settings_patch
 
 log = logging.getLogger("lockstep.api")
 
 MANAGER = web.AppKey("manager", LoadManager)
 CLIENT = web.AppKey("client", aiohttp.ClientSession)
+KEYED = web.AppKey("keyed", bool)  # started with an api key: callers are the user, not any web page
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 MAX_BODY = 64 * 1024 * 1024  # long prompts go through the proxy
-# Headers that belong to one hop, not to the request or response being relayed.
-_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-        "transfer-encoding", "upgrade", "host", "content-length"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -58,6 +58,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except StudioError as exc:
         return web.json_response(exc.body(), status=exc.status)
+    except SettingsConflict as exc:
+        return error_response(409, "settings_conflict", exc.message)
+    except SettingsError as exc:
+        return error_response(409, "settings_not_writable", exc.message)
     except ValidationError as exc:
         return error_response(400, "invalid_request_error", _validation_message(exc))
     except web.HTTPException as exc:
@@ -90,7 +94,7 @@ def auth_middleware(api_key: str | None):
 async def _json_body(request: web.Request) -> Any:
     try:
         return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise StudioError(400, "invalid_request_error", f"the body is not valid JSON: {exc}") from exc
 
 
@@ -108,8 +112,10 @@ async def load(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if not isinstance(body, dict):
         raise StudioError(400, "invalid_request_error", "the body must be a JSON object")
+    request_ = LoadRequest.model_validate(body)
+    check_load_args(request_, keyed=request.app[KEYED])
     # Shielded: a client that stops waiting does not abandon a load half way (status shows how it ends).
-    return web.json_response(await asyncio.shield(_manager(request).load(LoadRequest.model_validate(body))))
+    return web.json_response(await asyncio.shield(_manager(request).load(request_)))
 
 
 async def unload(request: web.Request) -> web.Response:
@@ -133,20 +139,21 @@ async def put_exact(request: web.Request) -> web.Response:
         raise StudioError(400, "invalid_request_error",
                           f"exact_concurrency must be one of {', '.join(EXACT_MODES)} or null, got {value!r}")
     manager = _manager(request)
-    manager.store.update({"exact_concurrency": value})
+    await asyncio.to_thread(manager.store.update, {"exact_concurrency": value})
     return web.json_response(manager.exact_view())
 
 
-def _settings_view(manager: LoadManager) -> dict[str, Any]:
-    return {
-        "settings": manager.store.settings.model_dump(),
-        "path": str(manager.store.path),
-        "problems": [p.message() for p in manager.store.problems],
-    }
+def _settings_view(manager: LoadManager) -> web.Response:
+    store = manager.store
+    body = {"settings": store.settings.model_dump(), "path": str(store.path), "version": store.version,
+            "problems": [p.message() for p in store.problems]}
+    return web.json_response(body, headers={"ETag": f'"{store.version}"'})
 
 
 async def get_settings(request: web.Request) -> web.Response:
-    return web.json_response(_settings_view(_manager(request)))
+    manager = _manager(request)
+    await asyncio.to_thread(manager.store.refresh)  # another studio may share the file
+    return _settings_view(manager)
 
 
 async def put_settings(request: web.Request) -> web.Response:
@@ -154,8 +161,11 @@ async def put_settings(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise StudioError(400, "invalid_request_error", "the body must be a JSON object of settings")
     manager = _manager(request)
-    manager.store.update(body)  # a ValidationError becomes a 400 and writes nothing
-    return web.json_response(_settings_view(manager))
+    check_settings_patch(body, manager.store.settings, keyed=request.app[KEYED])
+    expected = request.headers.get("If-Match", "").strip().strip('"') or None
+    # Under the store's file lock, merged into what is on disk; a ValidationError becomes a 400 and writes nothing.
+    await asyncio.to_thread(manager.store.update, body, expected)
+    return _settings_view(manager)
 
 
 async def logs(request: web.Request) -> web.Response:
@@ -171,54 +181,27 @@ async def v1_models(request: web.Request) -> web.Response:
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:
+    path = upstream_path(request.match_info["tail"])
+    if path is None:
+        raise StudioError(404, "not_found_error", f"{request.path!r} is not an API path the studio forwards")
     manager = _manager(request)
     child = await manager.engine()
-    # The studio answers for origins (the engine would judge the studio's own clients by its own policy).
-    dropped = _HOP | {"authorization", "x-api-key", "origin"}
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
-    headers.update(child.auth_headers)
-    body = prepare_body(manager, request.path, await request.read())
-    session = request.app[CLIENT]
-    # No total timeout: a long generation streams for as long as it streams.
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-    response: web.StreamResponse | None = None
-    try:
-        async with session.request(request.method, child.base_url + request.path_qs, headers=headers,
-                                   data=body, timeout=timeout) as upstream:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in upstream.headers.items():
-                if key.lower() not in _HOP:
-                    response.headers.add(key, value)
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-        if response is not None and response.prepared:
-            await _end_cut_stream(response, exc)
-            return response
-        return error_response(502, "engine_unreachable", f"the engine did not answer: {exc}")
+    body = prepare_body(manager, path, await request.read())
+    return await forward(request, path, child, request.app[CLIENT], body, error_response)
 
 
-async def _end_cut_stream(response: web.StreamResponse, exc: Exception) -> None:
-    """The engine went away mid-answer. A cut stream must not read as a complete one: an event stream ends
-    with an error event (OpenAI clients raise on it); any other body is left cut short."""
-    if not response.content_type.startswith("text/event-stream"):
-        return
-    event = {"error": {"code": 502, "type": "engine_unreachable",
-                       "message": f"the engine stopped mid-answer: {exc}"}}
-    with contextlib.suppress(ConnectionError, RuntimeError):  # the client may be gone as well
-        await response.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n")
-        await response.write_eof()
-
-
-def build_app(manager: LoadManager, *, api_key: str | None = None, stop_engine_on_cleanup: bool = True
-              ) -> web.Application:
-    """The API over `manager`; `api_key` defaults to the effective settings' api key (none: open)."""
-    key = api_key if api_key is not None else manager.effective_settings().api.api_key
-    app = web.Application(middlewares=[errors_middleware, auth_middleware(key)], client_max_size=MAX_BODY)
+def build_app(manager: LoadManager, *, api_key: str | None = None, host: str | None = None,
+              cors_origins: list[str] | None = None, stop_engine_on_cleanup: bool = True) -> web.Application:
+    """The API over `manager`; `api_key`, `host` (for the Host check) and `cors_origins` default to the
+    effective settings' (no key: open to this machine only through the Host and Origin checks)."""
+    api = manager.effective_settings().api
+    key = api_key if api_key is not None else api.api_key
+    guard = Guard(host if host is not None else api.host, cors_origins if cors_origins is not None else api.cors_origins)
+    app = web.Application(middlewares=[errors_middleware, guard.middleware(error_response), auth_middleware(key)],
+                          client_max_size=MAX_BODY)
+    app.on_response_prepare.append(guard.on_prepare)
     app[MANAGER] = manager
+    app[KEYED] = bool(key)
     app.router.add_get("/api/models", models)
     app.router.add_post("/api/load", load)
     app.router.add_post("/api/unload", unload)

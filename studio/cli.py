@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
+import signal
 import sys
 
 from aiohttp import web
@@ -35,15 +38,32 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help=f"address to listen on (default: the api.host setting, {DEFAULT_HOST}); "
                                       "anything other than a loopback address exposes the studio to the network")
     serve.add_argument("--port", type=int, help=f"port to listen on (default: the api.port setting, {DEFAULT_PORT})")
-    serve.add_argument("--api-key", help="require this key as 'Authorization: Bearer KEY' on every request "
-                                         "(default: the api.api_key setting or LOCKSTEP_API_KEY; none: open)")
+    keys = serve.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", help="require this key as 'Authorization: Bearer KEY' on every request "
+                                        "(default: the api.api_key setting or LOCKSTEP_API_KEY; none: open); "
+                                        "other users can read it in the process list, prefer --api-key-file")
+    keys.add_argument("--api-key-file", metavar="PATH", help="read the key from the first line of this file")
+    serve.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                       help="grant CORS to this browser origin, e.g. http://localhost:3000 (repeatable; default: "
+                            "the api.cors_origins setting, none)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        return serve(args.host, args.port, args.api_key)
+        key = args.api_key
+        if args.api_key_file:
+            try:
+                with open(args.api_key_file, encoding="utf-8") as f:
+                    key = f.readline().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                print(f"lockstep: --api-key-file {args.api_key_file}: cannot be read ({exc})", file=sys.stderr)
+                return 2
+            if not key:
+                print(f"lockstep: --api-key-file {args.api_key_file}: the first line is empty", file=sys.stderr)
+                return 2
+        return serve(args.host, args.port, key, args.cors_origin)
     return run_tui_or_explain()
 
 
@@ -60,7 +80,7 @@ def run_tui_or_explain() -> int:
     return int(result) if isinstance(result, int) else 0
 
 
-def serve(host: str | None, port: int | None, api_key: str | None) -> int:
+def serve(host: str | None, port: int | None, api_key: str | None, cors_origins: list[str] | None = None) -> int:
     store = SettingsStore()
     for problem in store.problems:
         print(f"lockstep: {problem.message()}", file=sys.stderr)
@@ -72,14 +92,32 @@ def serve(host: str | None, port: int | None, api_key: str | None) -> int:
     host = host or settings.api.host
     port = port or settings.api.port
     api_key = api_key if api_key is not None else settings.api.api_key
+    origins = cors_origins if cors_origins is not None else settings.api.cors_origins
+    return asyncio.run(_serve(store, host, port, api_key, origins))
 
-    async def make_app() -> web.Application:
-        # The manager's lock and child processes belong to the loop run_app creates.
-        return build_app(LoadManager(store), api_key=api_key)
 
-    print(f"lockstep: REST API on http://{host}:{port} (config {store.path})", file=sys.stderr)
+async def _serve(store: SettingsStore, host: str, port: int, api_key: str | None, origins: list[str]) -> int:
+    # The manager's lock and child processes belong to this loop.
+    app = build_app(LoadManager(store), api_key=api_key, host=host, cors_origins=origins)
     # Cancelling a handler whose client went away is what stops a proxied generation at once.
-    web.run_app(make_app(), host=host, port=port, print=None, handler_cancellation=True)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        why = "the address is in use (another lockstep?)" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+        print(f"lockstep: cannot listen on {host}:{port}: {why}", file=sys.stderr)
+        return 2
+    print(f"lockstep: REST API on http://{host}:{port} (config {store.path})", file=sys.stderr)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # stops the engine child
     return 0
 
 

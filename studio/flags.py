@@ -57,6 +57,7 @@ class Flag:
     takes_value: bool
     check: Check | None = None
     owned_by: str | None = None  # set: the studio sets this flag itself; says what to use instead
+    reads_file: bool = False  # its value is a path the engine opens (and may echo back, e.g. in /props)
 
     @property
     def canonical(self) -> str:
@@ -89,13 +90,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--seed", "-s"), True, _int(-1)),
     Flag(("--metrics",), False),
     Flag(("--jinja",), False),
-    Flag(("--chat-template-file",), True, _nonempty),
+    Flag(("--chat-template-file",), True, _nonempty, reads_file=True),
     Flag(("--device",), True, _choice("auto", "cuda", "cpu")),
     Flag(("--preempt-ram",), True, _int(0)),
 )
 BY_NAME: dict[str, Flag] = {name: flag for flag in FLAGS for name in flag.names}
 OWNED_FLAGS: tuple[str, ...] = tuple(n for f in FLAGS if f.owned_by for n in f.names)
 _EXCLUSIVE = (("--context-shift", "--no-context-shift"),)
+FILE_FLAGS: tuple[str, ...] = tuple(n for f in FLAGS if f.reads_file for n in f.names)
+
+
+def file_flags(args: list[str]) -> list[str]:
+    """The flags in `args` that make the engine read a file (`--flag` and `--flag=value` forms)."""
+    return [a.split("=", 1)[0] for a in args if isinstance(a, str) and a.split("=", 1)[0] in FILE_FLAGS]
 
 
 def _bad_chars(arg: str) -> str | None:
@@ -222,21 +229,18 @@ def exact_contradictions(options: Options) -> list[LoadWarning]:
 
 @dataclass(frozen=True)
 class Owned:
-    """The values of the flags the studio owns, for one attempt."""
+    """The values of the flags the studio owns, for one attempt (its api key travels in the environment)."""
 
     model_path: str
     alias: str
     host: str
     port: int
     parallel: int
-    api_key: str | None
 
 
 def compose_argv(owned: Owned, options: Options, exact: bool) -> list[str]:
     argv = ["--model", owned.model_path, "--alias", owned.alias, "--host", owned.host,
             "--port", str(owned.port), "--parallel", str(owned.parallel)]
-    if owned.api_key:
-        argv += ["--api-key", owned.api_key]
     for flag, value in options.items():
         if exact and flag == "--kv-unified":
             continue  # added below with the mode, once

@@ -36,13 +36,22 @@ STOP_GRACE_S = 10.0
 HEALTH_POLL_S = 0.1
 KEEP_LOGS = 200
 ENGINE_CMD: tuple[str, ...] = (sys.executable, "-m", "engine")
+# The engine reads its key from here, as llama-server does: an environment is private to the user, argv is not.
+ENV_ENGINE_KEY = "LLAMA_API_KEY"
+ENV_STUDIO_KEY = "LOCKSTEP_API_KEY"
 # Process-wide, so two loads within one second never share a log file whichever Launcher runs them.
 _LOAD_SERIAL = itertools.count(1)
 
 
-def child_env(base: Mapping[str, str], exact: bool, preempt_mode: str) -> dict[str, str]:
-    """The child's environment: the studio's, with the exact switch set or removed and the preempt mode."""
+def child_env(base: Mapping[str, str], exact: bool, preempt_mode: str, api_key: str | None = None
+              ) -> dict[str, str]:
+    """The child's environment: the studio's, with the exact switch set or removed, the preempt mode and
+    the child's own api key (the studio's key is not the child's business)."""
     env = dict(base)
+    env.pop(ENV_STUDIO_KEY, None)
+    env.pop(ENV_ENGINE_KEY, None)
+    if api_key:
+        env[ENV_ENGINE_KEY] = api_key
     env.pop(ENV_EXACT_INHERITED, None)  # exact off must not be overturned by an inherited LOCKSTEP_EXACT=1
     if exact:
         env[ENV_EXACT_INHERITED] = "1"
@@ -187,14 +196,14 @@ class Launcher:
     ) -> tuple[EngineChild | None, Attempt]:
         port = free_port(self.host)
         api_key = secrets.token_hex(24)  # hex: a key starting with "-" would read as a flag
-        owned = Owned(plan.model_path, plan.alias, self.host, port, plan.parallel, api_key)
+        owned = Owned(plan.model_path, plan.alias, self.host, port, plan.parallel)
         argv = compose_argv(owned, options, exact)
         shown = redact_argv(argv)
         log_path = self.log_dir / f"engine-{load_id}-attempt{number}.log"
         attempt = Attempt(number, shown, exact, port, str(log_path), change)
         if self.on_attempt is not None:
             self.on_attempt(attempt)
-        env = child_env(self.base_env, exact, plan.preempt_mode)
+        env = child_env(self.base_env, exact, plan.preempt_mode, api_key)
         with open(log_path, "ab") as log:
             header = [f"# lockstep attempt {number} of at most {self.max_attempts}"]
             if change:

@@ -10,6 +10,7 @@ from settings import (
     LoadDefaults,
     LoadRequest,
     Settings,
+    SettingsError,
     SettingsStore,
     apply_env_overrides,
     config_dir,
@@ -44,7 +45,7 @@ def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):
     store = SettingsStore(tmp_path)
     store.update({"exact_concurrency": "auto"})
     store.update({"exact_concurrency": "off"})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".settings.json.lock", "settings.json"]
     assert json.loads((tmp_path / "settings.json").read_text())["exact_concurrency"] == "off"
 
 
@@ -68,51 +69,67 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SettingsError, match="disk full"):
         store.update({"exact_concurrency": "off"})
     monkeypatch.undo()
     assert SettingsStore(tmp_path).settings.exact_concurrency == "on"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".settings.json.lock", "settings.json"]
 
 
-@pytest.mark.parametrize("content", [
-    b"{not json",
-    b"",
-    b"\xff\xfe\x00garbage",
-    b'{"exact_concurrency": "sometimes"}',
-    b'{"load": {"ctx_size": "big"}}',
-    b'{"unknown_setting": 1}',
-    b"[1, 2, 3]",
-])
-def test_damaged_file_is_moved_aside_and_reported(tmp_path, content):
+@pytest.mark.parametrize("content", [b"{not json", b"", b"\xff\xfe\x00garbage", b"[1, 2, 3]"])
+def test_damaged_file_is_reported_left_alone_and_kept_aside_at_the_next_save(tmp_path, content):
     path = tmp_path / "settings.json"
     path.write_bytes(content)
     store = SettingsStore(tmp_path)
     assert store.settings == Settings()
-    assert len(store.problems) == 1
-    problem = store.problems[0]
+    (problem,) = store.problems
+    assert problem.kind == "damaged" and "damaged" in problem.message() and problem.moved_to is None
+    assert path.read_bytes() == content and sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
+    store.update({"exact_concurrency": "on"})
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("settings.json.corrupt-")]
-    assert [str(p) for p in kept] == [problem.moved_to]
+    assert [str(p) for p in kept] == [store.problems[0].moved_to]
     assert kept[0].read_bytes() == content  # the user's bytes are kept, not rewritten
-    assert not path.exists()
-    assert "damaged" in problem.message() and problem.moved_to in problem.message()
+    assert store.problems[0].moved_to in store.problems[0].message()
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    (b'{"exact_concurrency": "sometimes", "preempt_mode": "park"}', "exact_concurrency"),
+    (b'{"load": {"ctx_size": "big", "parallel": 2}, "preempt_mode": "park"}', "load.ctx_size"),
+    (b'{"unknown_setting": 1, "preempt_mode": "park"}', "unknown_setting"),
+])
+def test_a_bad_field_costs_only_itself_and_stays_in_the_file(tmp_path, content, named):
+    path = tmp_path / "settings.json"
+    path.write_bytes(content)
+    store = SettingsStore(tmp_path)
+    assert store.settings.preempt_mode == "park"
+    (problem,) = store.problems
+    assert named in problem.message()
+    store.update({"exact_concurrency": "on"} if named != "exact_concurrency" else {"health_timeout_s": 5})
+    written = json.loads(path.read_text())
+    assert written["preempt_mode"] == "park"
+    original = json.loads(content)
+    key = named.split(".")[0]
+    assert written[key] == original[key] if key != "load" else written["load"]["ctx_size"] == "big"
 
 
 def test_saving_after_a_damaged_file_does_not_touch_the_kept_copy(tmp_path):
     (tmp_path / "settings.json").write_text("{oops")
     store = SettingsStore(tmp_path)
     store.update({"exact_concurrency": "on"})
-    kept = next(tmp_path.glob("settings.json.corrupt-*"))
+    store.update({"exact_concurrency": "off"})
+    (kept,) = tmp_path.glob("settings.json.corrupt-*")
     assert kept.read_text() == "{oops"
-    assert SettingsStore(tmp_path).settings.exact_concurrency == "on"
+    assert SettingsStore(tmp_path).settings.exact_concurrency == "off"
 
 
 def test_two_damaged_files_in_one_second_are_both_kept(tmp_path):
     (tmp_path / "settings.json").write_text("{first")
-    first = SettingsStore(tmp_path).problems[0].moved_to
+    first = SettingsStore(tmp_path)
+    first.update({})
     (tmp_path / "settings.json").write_text("{second")
-    second = SettingsStore(tmp_path).problems[0].moved_to
-    assert first != second
+    second = SettingsStore(tmp_path)
+    second.update({})
+    assert first.problems[0].moved_to != second.problems[0].moved_to
     assert sorted(p.read_text() for p in tmp_path.glob("settings.json.corrupt-*")) == ["{first", "{second"]
 
 

@@ -98,7 +98,7 @@ async def test_load_reports_ready_and_what_was_granted(client):
     assert body["exact_concurrency"] == "on" and body["requested_exact_concurrency"] == "on"
     assert body["exact_reason"] is None
     assert "--exact-concurrency" in body["argv"] and body["argv"][body["argv"].index("--ctx-size") + 1] == "1024"
-    assert "***" in body["argv"]  # the child's api key is not shown
+    assert "--api-key" not in body["argv"]  # the child's api key travels by environment, never argv
     assert len(body["attempts"]) == 1 and body["attempts"][0]["outcome"] == "ready"
     st = await status(client)
     assert st["state"] == "ready" and st["model"] == "tiny" and st["port"] == body["port"]

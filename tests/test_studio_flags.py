@@ -192,13 +192,13 @@ def test_options_from_settings_and_extra_args_replace_a_field():
     assert "--spec-draft-n-max" not in options_from_settings(LoadDefaults())
 
 
-OWNED = Owned("/models/tiny.gguf", "tiny", "127.0.0.1", 40123, 4, "secret")
+OWNED = Owned("/models/tiny.gguf", "tiny", "127.0.0.1", 40123, 4)
 
 
 def test_argv_exact_on_adds_kv_unified_and_the_mode():
     argv = compose_argv(OWNED, {"--ctx-size": "2048", "--jinja": None}, exact=True)
     assert argv == ["--model", "/models/tiny.gguf", "--alias", "tiny", "--host", "127.0.0.1", "--port", "40123",
-                    "--parallel", "4", "--api-key", "secret", "--ctx-size", "2048", "--jinja", "--metrics",
+                    "--parallel", "4", "--ctx-size", "2048", "--jinja", "--metrics",
                     "--kv-unified", "--exact-concurrency", "on"]
 
 
@@ -218,13 +218,10 @@ def test_argv_keeps_a_users_kv_unified_once():
     assert compose_argv(OWNED, {"--kv-unified": None}, exact=False).count("--kv-unified") == 1
 
 
-def test_argv_without_api_key_and_redaction():
-    plain = compose_argv(Owned("/m", "m", "127.0.0.1", 1, 1, None), {}, exact=False)
-    assert "--api-key" not in plain
-    argv = compose_argv(OWNED, {}, exact=False)
-    shown = redact_argv(argv)
-    assert "secret" in argv and "secret" not in shown
-    assert shown[shown.index("--api-key") + 1] == "***"
+def test_argv_never_carries_an_api_key_and_redaction_still_hides_one():
+    assert "--api-key" not in compose_argv(OWNED, {}, exact=False)  # the key goes by environment (issue 25)
+    shown = redact_argv(["--api-key", "secret", "--port", "1"])
+    assert "secret" not in shown and shown[shown.index("--api-key") + 1] == "***"
 
 
 @pytest.mark.parametrize(("inherited", "exact", "expected"), [

@@ -26,6 +26,7 @@ STANDIN = textwrap.dedent('''
     p.add_argument("--exact-concurrency", default="off"); p.add_argument("--kv-unified", action="store_true")
     args, rest = p.parse_known_args()
     env = os.environ
+    args.api_key = args.api_key or env.get("LLAMA_API_KEY")  # the studio passes it by environment
     state = env["STANDIN_DIR"]
     with open(os.path.join(state, "calls.jsonl"), "a") as f:
         f.write(json.dumps({"argv": sys.argv[1:], "pid": os.getpid(), "LOCKSTEP_EXACT": env.get("LOCKSTEP_EXACT"),

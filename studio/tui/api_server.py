@@ -25,7 +25,7 @@ class ApiServer:
     async def start(self) -> str:
         """Serve, or raise OSError (port taken, address not available) having cleaned up."""
         # The TUI stops the engine itself on exit, also when the API never started.
-        app = build_app(self.manager, api_key=self.api_key, stop_engine_on_cleanup=False)
+        app = build_app(self.manager, api_key=self.api_key, host=self.host, stop_engine_on_cleanup=False)
         # handler_cancellation: a client that leaves stops its proxied generation, streaming or not;
         # a short shutdown_timeout: quitting cancels running requests instead of waiting for them.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_S)
