@@ -104,8 +104,9 @@ def _manager(request: web.Request) -> LoadManager:
 
 async def models(request: web.Request) -> web.Response:
     catalog = _manager(request).catalog
-    return web.json_response({"models": [m.model_dump() for m in catalog.scan()],
-                              "folders": [str(f) for f in catalog.roots()]})
+    found = await asyncio.to_thread(catalog.scan)
+    return web.json_response({"models": [m.model_dump() for m in found],
+                              "folders": [str(f) for f in catalog.roots()], "problems": catalog.problems})
 
 
 async def load(request: web.Request) -> web.Response:

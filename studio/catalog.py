@@ -95,6 +95,8 @@ def _gguf_field(reader, key: str):
 
 
 def safetensors_header(path: Path) -> dict:
+    if not path.is_file():  # a FIFO would block the scan for good
+        raise ValueError(f"{path.name}: not a regular file")
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
@@ -154,26 +156,36 @@ def describe(path: Path) -> ModelInfo:
                          size_bytes=size, error=f"{type(exc).__name__}: {exc}")
 
 
-def find_model_paths(folder: Path, depth: int = SCAN_DEPTH) -> Iterable[Path]:
-    if folder.is_file() and folder.suffix == ".gguf":
-        yield folder
-        return
-    if not folder.is_dir():
-        return
-    if is_hf_dir(folder):
-        yield folder
-        return
+def find_model_paths(folder: Path, depth: int = SCAN_DEPTH, problems: list[str] | None = None) -> Iterable[Path]:
+    """Model paths under `folder`; a path that cannot be read is skipped and named in `problems`."""
     try:
+        if folder.is_file() and folder.suffix == ".gguf":
+            yield folder
+            return
+        if not folder.is_dir():
+            return
+        if is_hf_dir(folder):
+            yield folder
+            return
         entries = sorted(folder.iterdir())
-    except OSError:
+    except OSError as exc:
+        if problems is not None:
+            problems.append(f"{folder}: skipped, cannot be read ({exc.strerror or exc})")
         return
     for entry in entries:
         if entry.name.startswith("."):
             continue
-        if entry.is_file() and entry.suffix == ".gguf":
+        try:
+            is_model_file = entry.is_file() and entry.suffix == ".gguf"
+            is_dir = entry.is_dir()
+        except OSError as exc:
+            if problems is not None:
+                problems.append(f"{entry}: skipped, cannot be read ({exc.strerror or exc})")
+            continue
+        if is_model_file:
             yield entry
-        elif entry.is_dir() and depth > 0:
-            yield from find_model_paths(entry, depth - 1)
+        elif is_dir and depth > 0:
+            yield from find_model_paths(entry, depth - 1, problems)
 
 
 class Catalog:
@@ -183,6 +195,7 @@ class Catalog:
         self.folders = [Path(f).expanduser() for f in folders]
         self.include_bundled = include_bundled
         self._cache: dict[Path, tuple[tuple[float, int], ModelInfo]] = {}
+        self.problems: list[str] = []  # paths the last scan skipped, each with why
 
     def roots(self) -> list[Path]:
         roots = list(self.folders)
@@ -194,13 +207,18 @@ class Catalog:
         models: list[ModelInfo] = []
         seen_paths: set[Path] = set()
         seen_ids: set[str] = set()
+        problems: list[str] = []
         for root in self.roots():
-            for path in find_model_paths(root):
+            for path in find_model_paths(root, problems=problems):
                 real = path.resolve()
                 if real in seen_paths:
                     continue
                 seen_paths.add(real)
-                info = self._describe_cached(real)
+                try:
+                    info = self._describe_cached(real)
+                except OSError as exc:
+                    problems.append(f"{path}: skipped, cannot be read ({exc.strerror or exc})")
+                    continue
                 unique = info.id
                 n = 1
                 while unique in seen_ids:  # same name in two folders: the later one gets a suffix
@@ -208,6 +226,7 @@ class Catalog:
                     unique = f"{info.id}~{n}"
                 seen_ids.add(unique)
                 models.append(info.model_copy(update={"id": unique}))
+        self.problems = problems
         return models
 
     def find(self, ref: str) -> ModelInfo | None:
@@ -216,8 +235,11 @@ class Catalog:
             if info.id == ref:
                 return info
         path = Path(ref).expanduser()
-        if (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").is_file()):
-            return self._describe_cached(path.resolve())
+        try:
+            if (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").is_file()):
+                return self._describe_cached(path.resolve())
+        except OSError:
+            return None  # unreadable: answered as not found, like a path that is not there
         return None
 
     def _describe_cached(self, path: Path) -> ModelInfo:

@@ -50,6 +50,8 @@ from studio.stats import engine_stats
 
 # Failures the user's settings or machine cause (422), as opposed to the engine breaking (500).
 _SETTINGS_FAILURES = {"exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model", "bad_flags"}
+# Load warnings that are certain refusals under exact_concurrency on: known before any child starts.
+_EXACT_ON_REFUSALS = {"exact_kv_quantized", "exact_flash_attn_off"}
 
 
 @dataclass
@@ -167,8 +169,12 @@ class LoadManager:
         model_id, plan, warnings, key = self.prepare(request)
         async with self._lock:
             current = self.loaded
-            if current and current.key == key and self.state == "ready" and current.child and current.child.alive:
+            running = current is not None and self.state == "ready" and current.child is not None \
+                and current.child.alive
+            if running and current.key == key:
                 return {**self.load_answer(), "status": "already_loaded"}
+            if running:
+                _refuse_before_stopping(plan, warnings, current.model_id)
             await self._stop_current()
             self.loaded = Loaded(model_id, key, plan, warnings)
             # A task of its own, so shutdown can cancel a load that is still waiting for health.
@@ -181,6 +187,13 @@ class LoadManager:
                     raise  # this request itself is being cancelled
                 raise StudioError(503, "load_cancelled",
                                   "the load was cancelled: the studio is shutting down") from None
+            except StudioError as exc:
+                if running:  # say so: the model that worked is gone
+                    exc.message += f"; the previous model {current.model_id} was unloaded"
+                    exc.extra["previous_unloaded"] = current.model_id
+                    if self.error:
+                        self.error["message"] = exc.message
+                raise
             finally:
                 self._launching = None
             return {**self.load_answer(), "status": "loaded"}
@@ -315,6 +328,18 @@ class LoadManager:
             attempts.append({**a, "text": _tail(Path(a["log"]), tail_bytes)})
         studio_log = self.log_dir / "studio.log"
         return {"attempts": attempts, "studio_log": str(studio_log), "studio": _tail(studio_log, tail_bytes)}
+
+
+def _refuse_before_stopping(plan: LaunchPlan, warnings: list[LoadWarning], running: str) -> None:
+    """A load the engine is certain to refuse never stops the model that is running."""
+    if plan.exact_mode != "on":
+        return
+    for warning in warnings:
+        if warning.code in _EXACT_ON_REFUSALS:
+            raise StudioError(422, "load_refused", f"exact_concurrency is on, and the engine refuses it with "
+                              f"{warning.flag}: {warning.message}. Meet that requirement, or set exact_concurrency "
+                              f"to auto or off; {running} is still loaded", failure="exact_refusal",
+                              flag=warning.flag, still_loaded=running)
 
 
 def reported_exact(mode: str, result: LaunchResult) -> tuple[str, str | None]:

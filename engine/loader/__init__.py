@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,10 +30,30 @@ class LoadedModel:
         return sum(w.size for w in self.weights.values())
 
 
+def _kind(p: Path) -> str:
+    mode = p.stat().st_mode
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(p: Path) -> None:
+    """Refuse what is not a regular file or directory: opening a FIFO or a device would wait or never end."""
+    if not p.is_dir() and not p.is_file():
+        raise ModelLoadError(f"{p}: {_kind(p)}, not a model file or directory")
+    if p.is_dir():
+        for entry in p.iterdir():
+            if entry.name.endswith((".json", ".safetensors", ".model")) and not entry.is_file() and not entry.is_dir():
+                raise ModelLoadError(f"{entry}: {_kind(entry)}, not a regular file")
+
+
 def load_model(path: str | Path, chat_template: str | None = None) -> LoadedModel:
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"{p}: no such file or directory")
+    check_regular(p)
     if p.is_dir():
         from engine.loader.hf import read_config, read_weights
         from engine.tokenizer import load_hf_tokenizer

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from settings import EXACT_MODES, PREEMPT_MODES, EnvOverrideError, Settings
+from settings import EXACT_MODES, PREEMPT_MODES, EnvOverrideError, Settings, SettingsError
 from settings.env import ENV_MODEL_DIRS
 from studio.tui.messages import SettingsSaved
 from studio.tui.screens.base import StudioScreen
@@ -91,7 +91,9 @@ class SettingsScreen(StudioScreen):
 
     def action_revert(self) -> None:
         manager = self.studio.manager
-        s: Settings = manager.store.settings
+        # What is on disk now (another studio or the REST API may have written it); a save names this version.
+        s: Settings = manager.store.refresh()
+        self._version = manager.store.version
         self.query_one("#set-exact", Select).value = s.exact_concurrency or NOT_SET
         self.query_one("#set-preempt", Select).value = s.preempt_mode or NOT_SET
         self.query_one("#set-folders", TextArea).text = "\n".join(s.model_folders)
@@ -154,7 +156,10 @@ class SettingsScreen(StudioScreen):
     def save(self, patch: dict[str, Any]) -> None:
         # The store fsyncs its file: off the event loop.
         try:
-            self.studio.manager.store.update(patch)
+            self.studio.manager.store.update(patch, expected_version=self._version)
+        except SettingsError as exc:
+            self.post_message(SettingsSaved(f"{exc.message.removeprefix('not saved: ')}: press ctrl+r (Revert) to load the current settings"))
+            return
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             self.post_message(SettingsSaved(problems))
@@ -168,6 +173,7 @@ class SettingsScreen(StudioScreen):
         if message.error:
             self._set_error(f"not saved: {message.error}")
             return
+        self._version = self.studio.manager.store.version
         self._set_error("")
         self._show_context()
         self.notify("settings saved")
