@@ -72,11 +72,15 @@ class FakeCatalog:
 class FakeStore:
     path = Path("/home/ada/.config/lockstep/settings.json")
     problems: list = []
+    version = "fixed"
 
     def __init__(self) -> None:
         self.settings = Settings(model_folders=["/data/models"], exact_concurrency="on")
 
-    def update(self, patch: dict[str, Any]) -> Settings:
+    def refresh(self) -> Settings:
+        return self.settings
+
+    def update(self, patch: dict[str, Any], expected_version: str | None = None) -> Settings:
         self.settings = Settings.model_validate({**self.settings.model_dump(), **patch})
         return self.settings
 
