@@ -10,8 +10,10 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
+from engine.modes import PREEMPT_MODES
 from kernels.base import KV_TYPES, PAGE_SIZE
 
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
@@ -108,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
              "(default: %(default)s)")
     add("--preempt-ram", type=_int_at_least(0), default=4096, metavar="MIB",
         help="host memory for parked KV pages; beyond it a preempted sequence is recomputed later "
-             "(default: %(default)s)")
+             "(default: %(default)s). LOCKSTEP_PREEMPT_MODE=park raises it to the host's free memory, "
+             "=recompute never parks, =auto (the default) uses it as given")
     add("--exact-concurrency", choices=("on", "off"), default=None,
         help="byte-identical tokens and logprobs per request whatever runs beside it; when absent, the "
              "environment variable LOCKSTEP_EXACT=1 turns it on (default: off)")
@@ -168,6 +171,17 @@ def check_values(opts: argparse.Namespace) -> None:
             raise bad_flag(f"--chat-template-file {opts.chat_template_file}: cannot be read ({e})") from e
     else:
         opts.chat_template = None
+    opts.preempt_mode = preempt_mode()
+
+
+def preempt_mode(environ: Mapping[str, str] | None = None) -> str:
+    """LOCKSTEP_PREEMPT_MODE (the studio sets it for its child): auto when unset."""
+    env = os.environ if environ is None else environ
+    mode = env.get("LOCKSTEP_PREEMPT_MODE", "").strip().lower() or "auto"
+    if mode not in PREEMPT_MODES:
+        raise bad_flag(f"LOCKSTEP_PREEMPT_MODE={env['LOCKSTEP_PREEMPT_MODE']!r} is not a preemption mode "
+                       f"(one of: {', '.join(PREEMPT_MODES)})")
+    return mode
 
 
 def read_api_key(opts: argparse.Namespace, env=os.environ) -> None:

@@ -7,7 +7,6 @@ EXACT_REFUSED = 3
 MODEL_LOAD = 4
 OUT_OF_MEMORY = 5
 NO_CUDA = 6
-FLASH_ATTN = 7  # reserved: the paged flash kernel is the only attention path so far
 CANNOT_BIND = 8
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal[
-    "exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model", "port_in_use", "bad_flags", "crash",
+    "exact_refusal", "out_of_memory", "no_cuda", "bad_model", "port_in_use", "bad_flags", "crash",
     "timeout",
 ]
 
@@ -22,13 +22,11 @@ EXIT_CODES: dict[int, Kind] = {
     4: "bad_model",
     5: "out_of_memory",
     6: "no_cuda",
-    7: "flash_attn",
     8: "port_in_use",
 }
 
 _PATTERNS: tuple[tuple[Kind, re.Pattern[str]], ...] = (
     ("exact_refusal", re.compile(r"^exact concurrency: (?P<detail>.+)$")),
-    ("flash_attn", re.compile(r"^error: flash attention unavailable: (?P<detail>.+)$")),
     ("out_of_memory", re.compile(r"^error: out of memory: (?P<detail>.+)$")),
     ("no_cuda", re.compile(r"^error: no usable CUDA device: (?P<detail>.+)$")),
     ("bad_model", re.compile(r"^error: model load failed: (?P<detail>.+)$")),

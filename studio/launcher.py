@@ -250,16 +250,6 @@ def next_step(plan: LaunchPlan, options: Options, exact: bool, failure: Failure)
             return (f"exact_concurrency is on, and the engine refused it: {failure.detail}. "
                     "Meet that requirement, or set exact_concurrency to auto or off")
         return f"the engine refused to start: {failure.detail}"
-    if failure.kind == "flash_attn":
-        if options.get("--flash-attn") == "off":
-            return f"flash attention is unavailable and already off: {failure.detail}"
-        if exact and plan.exact_mode == "on":
-            return (f"exact_concurrency is on, which requires flash attention, and flash attention is "
-                    f"unavailable: {failure.detail}. Set exact_concurrency to auto or off")
-        # Exact mode runs on the flash attention kernel, so under auto it goes with it.
-        return _Step({**options, "--flash-attn": "off"}, False,
-                     f"relaunch with --flash-attn off: flash attention unavailable: {failure.detail}",
-                     drops_exact=exact)
     if failure.kind == "out_of_memory":
         current = int(options.get("--ctx-size") or 0) or (plan.native_context or 0)
         smaller = (current // 2) // PAGE_SIZE * PAGE_SIZE

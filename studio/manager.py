@@ -49,7 +49,7 @@ from studio.launcher import (
 from studio.stats import engine_stats
 
 # Failures the user's settings or machine cause (422), as opposed to the engine breaking (500).
-_SETTINGS_FAILURES = {"exact_refusal", "flash_attn", "out_of_memory", "no_cuda", "bad_model", "bad_flags"}
+_SETTINGS_FAILURES = {"exact_refusal", "out_of_memory", "no_cuda", "bad_model", "bad_flags"}
 # Load warnings that are certain refusals under exact_concurrency on: known before any child starts.
 _EXACT_ON_REFUSALS = {"exact_kv_quantized", "exact_flash_attn_off"}
 
@@ -319,7 +319,7 @@ class LoadManager:
         child = self.loaded.child if self.loaded else None
         stats = await engine_stats(child) if child and child.alive and self.state == "ready" else {}
         answer.update({k: stats.get(k) for k in ("slots", "pages_used", "pages_free", "parks", "restores",
-                                                  "tokens_per_second")})
+                                                  "recomputes", "tokens_per_second")})
         return answer
 
     def logs(self, tail_bytes: int = 65536) -> dict[str, Any]:

@@ -19,6 +19,7 @@ _WANTED = {
     "pages_free": ("pages_free",),
     "parks": ("parks_total", "parks"),
     "restores": ("restores_total", "restores"),
+    "recomputes": ("recomputes_total", "recomputes"),
     "tokens_per_second": ("predicted_tokens_seconds", "tokens_per_second"),
 }
 

@@ -24,8 +24,6 @@ RuntimeError: something broke
      "tensor type IQ2_XS is not supported"),
     ("error: out of memory: needs 14.2 GiB, 7.9 GiB free\n", 5, "out_of_memory", "needs 14.2 GiB, 7.9 GiB free"),
     ("error: no usable CUDA device: cupy is not installed\n", 6, "no_cuda", "cupy is not installed"),
-    ("error: flash attention unavailable: compute capability 6.1 < 8.0\n", 7, "flash_attn",
-     "compute capability 6.1 < 8.0"),
     ("error: cannot bind 127.0.0.1:8080: [Errno 98] Address already in use\n", 8, "port_in_use",
      "127.0.0.1:8080: [Errno 98] Address already in use"),
 ])
@@ -65,7 +63,7 @@ def test_bad_flags_needs_exit_code_2():
 
 
 @pytest.mark.parametrize(("code", "kind"), [(2, "bad_flags"), (3, "exact_refusal"), (4, "bad_model"), (5, "out_of_memory"),
-                                            (6, "no_cuda"), (7, "flash_attn"), (8, "port_in_use")])
+                                            (6, "no_cuda"), (8, "port_in_use")])
 def test_exit_code_is_the_fallback_without_a_message(code, kind):
     failure = classify("some unrelated output\n", code)
     assert failure.kind == kind

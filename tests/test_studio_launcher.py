@@ -1,6 +1,6 @@
 """The launcher and its relaunch ladder, against a scripted stand-in engine process.
 
-The real CPU engine cannot be made to run out of memory, lack CUDA or flash attention on demand, so
+The real CPU engine cannot be made to run out of memory, or lack CUDA on demand, so
 these tests spawn a small stand-in that speaks the engine's command line, failure lines, exit codes
 and /health + /props. The real engine is exercised in test_studio_integration.py.
 """
@@ -80,31 +80,6 @@ async def test_on_turns_the_refusal_into_a_message_naming_setting_and_requiremen
     assert len(standin.calls()) == 1
 
 
-async def test_flash_attention_failure_relaunches_with_fa_off(tmp_path, standin):
-    result = await launcher(tmp_path, standin, STANDIN_NO_FA=1).launch(plan("off"))
-    await stop_process(result.child.process)
-    assert [a.outcome for a in result.attempts] == ["flash_attn", "ready"]
-    assert argv_value(standin.calls()[1]["argv"], "--flash-attn") == "off"
-
-
-async def test_flash_attention_failure_under_auto_drops_exact(tmp_path, standin):
-    result = await launcher(tmp_path, standin, STANDIN_NO_FA=1).launch(plan("auto"))
-    await stop_process(result.child.process)
-    assert [a.outcome for a in result.attempts] == ["flash_attn", "ready"]
-    assert result.exact_dropped.kind == "flash_attn"
-    assert not result.child.exact
-    second = standin.calls()[1]
-    assert (argv_value(second["argv"], "--flash-attn"), argv_value(second["argv"], "--exact-concurrency")) == \
-        ("off", "off")
-
-
-async def test_flash_attention_failure_under_on_is_final(tmp_path, standin):
-    with pytest.raises(LaunchFailed) as info:
-        await launcher(tmp_path, standin, STANDIN_NO_FA=1).launch(plan("on"))
-    assert "exact_concurrency is on" in info.value.message and "flash attention" in info.value.message
-    assert len(standin.calls()) == 1
-
-
 async def test_out_of_memory_halves_the_context(tmp_path, standin):
     result = await launcher(tmp_path, standin, STANDIN_MAX_CTX=1500).launch(plan("off", ctx_size=4096))
     await stop_process(result.child.process)
@@ -129,11 +104,11 @@ async def test_no_cuda_falls_back_to_the_cpu(tmp_path, standin):
 
 
 async def test_the_ladder_runs_in_order_and_stops_at_four_attempts(tmp_path, standin):
-    env = dict(STANDIN_NO_CUDA=1, STANDIN_NO_FA=1, STANDIN_MAX_CTX=100)
+    env = dict(STANDIN_NO_CUDA=1, STANDIN_MAX_CTX=100)
     with pytest.raises(LaunchFailed) as info:
         await launcher(tmp_path, standin, **env).launch(plan("auto", ["-ctk", "q8_0"], ctx_size=4096))
     kinds = [a.outcome for a in info.value.attempts]
-    assert kinds == ["no_cuda", "flash_attn", "out_of_memory", "out_of_memory"]
+    assert kinds == ["no_cuda", "exact_refusal", "out_of_memory", "out_of_memory"]
     assert len(standin.calls()) == 4
     assert "gave up after 4 attempts" in info.value.message
 
@@ -170,7 +145,7 @@ async def test_health_deadline_kills_the_child(tmp_path, standin):
 
 def test_next_step_is_final_when_nothing_is_left_to_change():
     base = plan("off", ["-fa", "off", "--device", "cpu"], ctx_size=256)
-    for kind in ("flash_attn", "no_cuda", "out_of_memory", "port_in_use", "crash", "bad_model"):
+    for kind in ("no_cuda", "out_of_memory", "port_in_use", "crash", "bad_model"):
         step = next_step(base, base.options, False, Failure(kind, 1, None, "x"))
         assert isinstance(step, str), kind
 

@@ -1,6 +1,6 @@
 """A scripted stand-in for the engine process, shared by the launcher, manager and API tests.
 
-The real CPU engine cannot be made to run out of memory, lack CUDA or lack flash attention on
+The real CPU engine cannot be made to run out of memory or lack CUDA on
 demand; this stand-in speaks the engine's command line, its one-line failure messages and exit
 codes, /health, /props, /slots, /metrics and a streaming /v1/chat/completions, and records each
 launch (argv and the environment variables the studio manages) so tests can check what was spawned.
@@ -41,8 +41,6 @@ STANDIN = textwrap.dedent('''
         die("error: model load failed: unsupported architecture 'broken'", 4)
     if env.get("STANDIN_NO_CUDA") and args.device != "cpu":
         die("error: no usable CUDA device: no NVIDIA driver found", 6)
-    if env.get("STANDIN_NO_FA") and args.flash_attn != "off":
-        die("error: flash attention unavailable: compute capability 7.5 < 8.0", 7)
     if exact and args.cache_type_k not in ("f16", "bf16", "f32"):
         die(f"exact concurrency: KV cache type {args.cache_type_k} is not supported; use -ctk f16 (or bf16)", 3)
     if exact and args.flash_attn == "off":

@@ -6,6 +6,8 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from engine.modes import PreemptMode
+
 COUNTERS = ("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total", "tokens_predicted_total",
             "drafted_total", "draft_accepted_total", "steps_total", "decode_steps_total", "ahead_steps_total")
 TIMERS = ("step_seconds_total", "decode_step_seconds_total", "busy_seconds_total")
@@ -23,6 +25,7 @@ class Context:
     preempt_every: int  # test knob: park every sequence every N generated tokens
     spec_n_max: int
     max_queue: int
+    preempt_mode: PreemptMode = "auto"
     counters: dict = field(default_factory=new_counters)
     # admission order of sequences (the newest is parked first) and use order of slots (LRU caches)
     clock: Iterator[int] = field(default_factory=itertools.count)

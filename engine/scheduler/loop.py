@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.kv_cache import seq_context
+from engine.modes import PreemptMode
 from engine.requests import DoneEvent, Event, Request, call_each
 from engine.runner import Pending, Runner
 from engine.scheduler.context import Context
@@ -36,21 +37,32 @@ from kernels.base import PAGE_SIZE
 log = logging.getLogger("engine.scheduler")
 
 
+def available_host_bytes() -> int:
+    """Memory the host has free now (0 where the platform does not say)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 class Scheduler:
     def __init__(self, runner: Runner, tokenizer: TextTokenizer, *, n_slots: int, n_ctx: int, n_batch: int,
                  n_ubatch: int, kv_unified: bool, preempt_ram_bytes: int, preempt_every: int = 0,
                  max_queue: int = 64, spec_n_max: int = 0,
                  dispatch: Callable[[list[tuple[Callable, Event]]], None] = call_each,
-                 states: list[SeqState] | None = None):
+                 states: list[SeqState] | None = None, preempt_mode: PreemptMode = "auto"):
         """`dispatch` receives each step's events at once, on the compute thread: a server hands the
         whole batch to its event loop with one wake-up instead of one per token. `states`: holders
-        of per-sequence state besides KV pages (see `memory.SeqState`)."""
+        of per-sequence state besides KV pages (see `memory.SeqState`). `preempt_mode`: see
+        `engine.modes.PreemptMode`; with "park" the parking budget is at least the host's available memory."""
+        if preempt_mode == "park":
+            preempt_ram_bytes = max(preempt_ram_bytes, available_host_bytes())
         self.runner, self.tokenizer, self.pool = runner, tokenizer, runner.pool
         self.ctx = Context(
             n_ctx_seq=seq_context(n_ctx, n_slots, kv_unified, self.pool.n_pages * PAGE_SIZE),
             budget=max(1, min(n_batch, n_ubatch)), preempt_ram_bytes=preempt_ram_bytes,
             preempt_every=preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0),
-            spec_n_max=spec_n_max, max_queue=max_queue)
+            spec_n_max=spec_n_max, max_queue=max_queue, preempt_mode=preempt_mode)
         self.counters = self.ctx.counters
         self.slots_ = SlotTable(n_slots, self.pool, self.ctx)
         self.mem = StateManager(self.pool, self.slots_, self.ctx, states)

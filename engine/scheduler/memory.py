@@ -78,7 +78,8 @@ class StateManager:
 
     def park(self, seq: Seq) -> None:
         size = self.pool.park_bytes(len(seq.pages)) + sum(st.host_bytes(seq) for st in self.states)
-        if seq.pages and self.parked_bytes + size <= self.ctx.preempt_ram_bytes:
+        fits = self.ctx.preempt_mode != "recompute" and self.parked_bytes + size <= self.ctx.preempt_ram_bytes
+        if seq.pages and fits:
             seq.parked = self.pool.park(seq.pages)
             seq.parked.states = [st.park(seq) for st in self.states]
             seq.parked.nbytes = size

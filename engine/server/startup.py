@@ -180,7 +180,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
                           spec_n_max=opts.spec_draft_n_max if opts.spec_type == "ngram" else 0,
-                          dispatch=loop_dispatch(loop))
+                          dispatch=loop_dispatch(loop), preempt_mode=opts.preempt_mode)
     if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
         # the model code attends to every earlier position; within the window that is the same thing
         log.warning("the model uses sliding-window attention (window %d), which the engine does not apply: "

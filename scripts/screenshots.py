@@ -1,6 +1,6 @@
 """Export SVG screenshots of the Status and Chat screens for the README, from a real load and chat.
 
-    python -m studio.tui.screenshots [--model ID] [--out docs/screenshots]
+    python scripts/screenshots.py [--model ID] [--out docs/screenshots]   (from the repository root)
 
 Runs the TUI headless at 120x40 with throwaway settings and logs (the user's are not touched),
 loads the model (default: the first in the catalog, the bundled one) with exact concurrency on,
