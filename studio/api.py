@@ -17,6 +17,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
@@ -64,6 +66,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(409, "settings_not_writable", exc.message)
     except ValidationError as exc:
         return error_response(400, "invalid_request_error", _validation_message(exc))
+    except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. a body that is not what its Content-Encoding says
+        reason = str(exc).strip().splitlines()
+        return error_response(400, "invalid_request_error", f"the body cannot be read: {' '.join(reason)[:200]}")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -74,6 +79,19 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except Exception as exc:  # a bug or an unusable machine still answers in the API's error shape
         log.exception("%s %s failed", request.method, request.path)
         return error_response(500, "server_error", f"internal error: {type(exc).__name__}: {exc}")
+
+
+class _BodyErrorsInOneLine(logging.Filter):
+    """aiohttp logs a traceback when it drains a body the handler already refused (bad Content-Encoding)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError | RequestPayloadError):
+            record.msg, record.args, record.exc_info = "bad HTTP request body: %s", (" ".join(str(exc).split()),), None
+        return True
+
+
+_ONE_LINE = _BodyErrorsInOneLine()
 
 
 def auth_middleware(api_key: str | None):
@@ -93,9 +111,15 @@ def auth_middleware(api_key: str | None):
 
 async def _json_body(request: web.Request) -> Any:
     try:
-        return await request.json()
+        body = await request.json()
+        # A lone surrogate ("\ud800") is valid JSON but no file name, argv or settings file can hold it.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise StudioError(400, "invalid_request_error", f"the body is not valid JSON: {exc}") from exc
+    except UnicodeEncodeError as exc:
+        raise StudioError(400, "invalid_request_error", "the body holds a lone surrogate (\\u" +
+                          f"{ord(exc.object[exc.start]):04x}), which is not text") from exc
+    return body
 
 
 def _manager(request: web.Request) -> LoadManager:
@@ -201,6 +225,7 @@ def build_app(manager: LoadManager, *, api_key: str | None = None, host: str | N
     app = web.Application(middlewares=[errors_middleware, guard.middleware(error_response), auth_middleware(key)],
                           client_max_size=MAX_BODY)
     app.on_response_prepare.append(guard.on_prepare)
+    logging.getLogger("aiohttp.server").addFilter(_ONE_LINE)  # a set: adding it again is a no-op
     app[MANAGER] = manager
     app[KEYED] = bool(key)
     app.router.add_get("/api/models", models)

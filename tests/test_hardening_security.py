@@ -233,3 +233,21 @@ def test_the_engine_reads_its_key_from_a_file_or_the_environment(tiny_llama, tmp
     empty.write_text("\n")
     done = run_engine(["-m", str(tiny_llama), "--api-key-file", str(empty)], timeout=60)
     assert done.returncode != 0 and "--api-key-file" in done.stderr and "empty" in done.stderr
+
+
+# --- hostile bodies are 4xx with one log line (the studio's side of issue 25 item 7) ---------------
+
+@pytest.mark.parametrize(("method", "path", "body", "extra"), [
+    ("POST", "/api/load", "[" * 100_000 + "]" * 100_000, {}),
+    ("PUT", "/api/settings", '{"model_folders": ["abc\\ud800def"]}', {}),
+    ("POST", "/api/load", '{"model": "m", "extra_args": ["\\udc80"]}', {}),
+    ("POST", "/api/load", '{"model": "m"}', {"Content-Encoding": "gzip"}),
+    ("POST", "/v1/chat/completions", '{"messages": []}', {"Content-Encoding": "gzip"}),
+], ids=["deep-nesting", "surrogate-setting", "surrogate-arg", "gzip-load", "gzip-proxy"])
+def test_hostile_bodies_are_4xx_without_a_traceback(studio, method, path, body, extra):
+    before = studio.call("GET", "/api/settings")[1]["settings"]
+    code, _, payload = raw(studio.port, method, path, body, {"Content-Type": "application/json", **extra})
+    assert code == 400 and error_type(payload) == "invalid_request_error"
+    assert studio.call("GET", "/api/settings")[1]["settings"] == before
+    assert engine_pid(studio) == studio.loaded["pid"]
+    assert "Traceback" not in studio.output()
