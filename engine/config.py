@@ -9,7 +9,7 @@ import numpy as np
 
 from engine.errors import UnsupportedError
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from engine.errors import ModelLoadError
 from engine.exits import MODEL_LOAD, Fatal, out_of_memory
 from engine.kv_cache import pages_for
 from engine.loader import LoadedModel, load_model
+from engine.models.qwen3_5 import hybrid_spec
 from engine.runner import Runner, make_ops
 from kernels.base import PAGE_SIZE
 
@@ -43,12 +44,17 @@ GRAPH_ROWS = 64  # the largest decode-graph bucket (kernels/cuda/graph_inputs.py
 
 
 def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, ubatch: int = 512,
-                max_pages_per_seq: int = 0, v_type: str | None = None) -> dict[str, int]:
+                max_pages_per_seq: int = 0, v_type: str | None = None, n_seqs: int = 1) -> dict[str, int]:
     """Bytes a load takes on `backend`, by part. On the CPU the weights stay memory-mapped, so only the
-    KV pool counts; on CUDA the weights as the kernels store them, the pool and working memory."""
+    KV pool (and hybrid models' recurrent state for `n_seqs` sequences) counts; on CUDA the weights as
+    the kernels store them, the pool and working memory."""
     c = loaded.config
     per_cell = _BYTES[kv_type] + _BYTES[v_type or kv_type]
-    need = {"kv": int(n_pages * PAGE_SIZE * c.n_layers * c.n_kv_heads * c.head_dim * per_cell)}
+    spec = hybrid_spec(c)
+    kv_layers = spec.n_full if spec else c.n_layers
+    need = {"kv": int(n_pages * PAGE_SIZE * kv_layers * c.n_kv_heads * c.head_dim * per_cell)}
+    if spec:
+        need["state"] = n_seqs * spec.n_linear * spec.deltanet.state_bytes()
     if backend != "cuda":
         return need
     from kernels.cuda.weights import device_bytes
@@ -64,13 +70,16 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
 
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
-                 max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None) -> Runner:
+                 max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None, n_seqs: int = 1) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
     before anything is uploaded."""
+    if backend == "cuda" and hybrid_spec(loaded.config):
+        raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: gated DeltaNet layers are not "
+                                "supported on the CUDA backend yet; use --device cpu")
     if backend == "cuda" and loaded.config.moe is not None:
         raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: mixture-of-experts layers are "
                                 "not supported on the CUDA backend yet; use --device cpu")
-    parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type)
+    parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type, n_seqs)
     need = sum(parts.values())
     free = free_memory(backend)
     log.info("memory: needs %.2f GiB (%s), %.2f GiB free", need / 2**30,

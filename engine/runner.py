@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from engine.kv_cache import PagePool, pages_for
 from engine.loader import LoadedModel
-from engine.models.llama import LlamaModel
-from kernels.base import PAGE_SIZE, Ops, PagedRows
+from engine.models.build import model_class
+from kernels.base import PAGE_SIZE, Ops, PagedRows, RecurrentRows
 
 
 @dataclass
@@ -25,6 +25,13 @@ class StepEntry:
     start: int
     logits: str = "last"  # "last", "all" or "none"
     full_rows: bool = True
+    # hybrid models: the sequence's recurrent state (Runner.new_state), whether these tokens are
+    # prompt tokens (advanced in fixed chunks) or generated ones, the chunk ends to snapshot there;
+    # the step fills `snapshots` {position: host copy of the state}
+    state: object = None
+    prompt: bool = False
+    snap: tuple[int, ...] = ()
+    snapshots: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -58,10 +65,12 @@ class Runner:
         c = loaded.config
         self.ops, self.config = ops, c
         self.max_positions = n_pages * PAGE_SIZE
-        self.model = LlamaModel(c, loaded.weights, ops, self.max_positions)
-        self.pool = PagePool(ops, c.n_layers, n_pages, c.n_kv_heads, c.head_dim, kv_type, v_type)
+        self.model = model_class(c)(c, loaded.weights, ops, self.max_positions)
+        self.pool = PagePool(ops, getattr(self.model, "n_kv_layers", c.n_layers), n_pages, c.n_kv_heads, c.head_dim,
+                             kv_type, v_type)
+        self.recurrent = hasattr(self.model, "state_shape")
         self.graphs = None
-        if hasattr(ops, "decode_graphs") and max_pages_per_seq:
+        if hasattr(ops, "decode_graphs") and max_pages_per_seq and not self.recurrent:
             # decode steps (one token per sequence) replay a captured graph per batch bucket
             self.graphs = ops.decode_graphs(
                 lambda ids, rows, lr: self.model.forward(ids, rows, self.pool.layers, lr),
@@ -130,12 +139,46 @@ class Runner:
             block_tables=ops.tensor(tables),
             slots=ops.tensor(np.concatenate(slots)),
         )
+        if self.recurrent:
+            rows.recurrent = self._recurrent_rows(entries)
         ids = ops.tensor(np.asarray(tokens, dtype=np.int32))
         if not logit_rows:
             self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.zeros(0, dtype=np.int64)))
             return (lambda: [None] * len(entries)), None
         logits = self.model.forward(ids, rows, self.pool.layers, ops.tensor(np.asarray(logit_rows, dtype=np.int64)))
+        if self.recurrent:
+            self._hand_snapshots(entries, rows.recurrent)
         return self._outputs(entries, logits, spans)
+
+    # --- hybrid models' recurrent state
+    def new_state(self):
+        """A zeroed recurrent state for one sequence (hybrid models)."""
+        return self.ops.state_alloc(*self.model.state_shape())
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's recurrent state (0 without recurrent layers)."""
+        if not self.recurrent:
+            return 0
+        n, conv_dim, kernel, heads, k_dim, v_dim = self.model.state_shape()
+        return 4 * n * ((kernel - 1) * conv_dim + heads * k_dim * v_dim)
+
+    def _recurrent_rows(self, entries: list[StepEntry]) -> RecurrentRows:
+        bounds, at = [], 0
+        for e in entries:
+            if e.state is None:
+                raise ValueError("a hybrid model's step entry needs its sequence's recurrent state")
+            bounds.append((at, at + len(e.tokens)))
+            at += len(e.tokens)
+        return RecurrentRows(bounds, [e.start for e in entries], [e.state for e in entries],
+                             [e.prompt for e in entries], [e.snap if e.prompt else () for e in entries])
+
+    def _hand_snapshots(self, entries: list[StepEntry], rec: RecurrentRows) -> None:
+        """A snapshot is kept only when every recurrent layer took it (a chunk ended there)."""
+        whole = 2 * self.model.state_shape()[0]
+        for (i, pos), data in rec.taken.items():
+            if len(data) == whole:
+                entries[i].snapshots[pos] = data
 
     def _graphable(self, entries: list[StepEntry]) -> bool:
         """Decode rows and speculative verify rows (logits for every token) fit the decode graphs."""
@@ -202,7 +245,8 @@ def prompt_logits(loaded: LoadedModel, tokens: list[int], exact: bool = False, k
     n_pages = max(1, pages_for(len(tokens)))
     runner = Runner(loaded, make_ops("cpu", exact), n_pages, kv_type)
     pages = runner.pool.alloc(n_pages)
+    state = runner.new_state() if runner.recurrent else None
     step = chunk or len(tokens)
-    out = [runner.step([StepEntry(pages, tokens[i : i + step], i, "all")])[0].logits
+    out = [runner.step([StepEntry(pages, tokens[i : i + step], i, "all", state=state, prompt=True)])[0].logits
            for i in range(0, len(tokens), step)]
     return np.concatenate(out)

@@ -9,7 +9,7 @@ or where a sequence's KV pages sit physically.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,6 +43,27 @@ class PagedRows:
     seq: Any  # [T] int32
     block_tables: Any  # [S, max_pages] int32
     slots: Any  # [T] int64
+    recurrent: RecurrentRows | None = None  # hybrid models: the rows' sequences' recurrent state
+
+
+@dataclass
+class RecurrentRows:
+    """Which rows of a step advance which sequence's recurrent state (hybrid models), on the host.
+
+    Sequence i holds rows bounds[i][0]:bounds[i][1] at positions starts[i].., and its state
+    states[i] (from Ops.state_alloc, one entry per recurrent layer). prompt[i]: its rows are prompt
+    tokens, advanced in chunks of `Ops.recurrent_chunk` (in exact mode at multiples of it from
+    position 0); otherwise they are generated tokens, advanced one at a time. At each position in
+    snap[i] (a chunk end inside the rows) every recurrent layer appends its state there to
+    taken[(i, position)], in Ops.state_read's order.
+    """
+
+    bounds: list[tuple[int, int]]
+    starts: list[int]
+    states: list[Any]
+    prompt: list[bool]
+    snap: list[tuple[int, ...]]
+    taken: dict[tuple[int, int], list] = field(default_factory=dict)
 
 
 class KVLayer(Protocol):
@@ -130,6 +151,28 @@ class Ops(Protocol):
     def kv_write_pages(self, layer: KVLayer, pages: Any, data: tuple[np.ndarray, ...]) -> None:
         """Restore parked pages into (possibly other) physical pages."""
     def kv_copy_pages(self, layer: KVLayer, src: Any, dst: Any) -> None: ...
+
+    # --- recurrent state and the ops of hybrid models' recurrent layers (Gated DeltaNet)
+    recurrent_chunk: int  # prompt tokens per chunk of the delta rule, fixed per backend
+
+    def state_alloc(self, n_layers: int, conv_dim: int, kernel: int, v_heads: int, k_dim: int, v_dim: int) -> Any:
+        """One sequence's zeroed state for n_layers recurrent layers: a conv window [kernel - 1,
+        conv_dim] and a delta-rule state [v_heads, k_dim, v_dim] each, float32."""
+    def state_read(self, state: Any) -> list[np.ndarray]:
+        """Host copies of a sequence's state, conv window then delta state per layer (parking,
+        n > 1 copies, prompt-cache snapshots)."""
+    def state_write(self, state: Any, data: list[np.ndarray]) -> None: ...
+    def conv1d_silu(self, x: Any, weight: Any, rows: RecurrentRows, layer: int) -> Any:
+        """x [T, D] through each sequence's causal depthwise conv (weight [D, kernel]) and silu,
+        moving its conv window on."""
+    def gated_delta(self, mixed: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, rows: RecurrentRows, layer: int,
+                    n_k_heads: int) -> Any:
+        """The gated delta rule (l2-normed q and k, beta = sigmoid(b), decay exp(-exp(a_log) *
+        softplus(a + dt_bias))) over mixed = q | k | v [T, ...] -> [T, v_heads, v_dim]."""
+    def gated_rms_norm(self, x: Any, weight: Any, gate: Any, eps: float) -> Any:
+        """rms_norm(x, weight, eps) * silu(gate)."""
+    def sigmoid_mul(self, x: Any, gate: Any) -> Any:
+        """x * sigmoid(gate) (the output gate of gated attention)."""
 
 
 def split_qkv_rope_write(ops: Ops, qkv: Any, rows: PagedRows, table: RopeTable, layer: KVLayer, n_heads: int,

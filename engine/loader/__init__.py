@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
-from engine.models.llama import check_weights
+from engine.models.build import check_weights
 from engine.tokenizer import TextTokenizer
 from kernels.weights import Weight
 
@@ -59,7 +59,7 @@ def load_model(path: str | Path, chat_template: str | None = None) -> LoadedMode
         from engine.tokenizer import load_hf_tokenizer
 
         config = read_config(p)
-        weights = read_weights(p)
+        weights = read_weights(p, config)
         tokenizer = load_hf_tokenizer(p, chat_template)
         fmt = "hf"
     else:

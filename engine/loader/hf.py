@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from engine.config import ModelConfig
@@ -11,6 +12,8 @@ from engine.loader.moe import hf_expert_views, hf_moe_config
 from engine.loader.safetensors_file import load_tensors
 from kernels.weights import Weight
 
+log = logging.getLogger("engine.loader")
+_HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 _MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 
 
@@ -29,6 +32,10 @@ def read_config(model_dir: Path) -> ModelConfig:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"config.json: not valid JSON ({e})") from e
     mt = cfg.get("model_type")
+    if mt in _HYBRID_TYPES:
+        from engine.models.qwen3_5 import from_hf_config
+
+        return from_hf_config(cfg)
     if mt not in _MODEL_TYPES:
         archs = ",".join(cfg.get("architectures") or []) or "?"
         raise UnsupportedError(f"unsupported architecture {mt!r} ({archs})")
@@ -81,8 +88,15 @@ def _shards(model_dir: Path) -> list[Path]:
     return files
 
 
-def read_weights(model_dir: Path) -> dict[str, Weight]:
+def read_weights(model_dir: Path, config: ModelConfig | None = None) -> dict[str, Weight]:
     weights: dict[str, Weight] = {}
     for shard in _shards(model_dir):
         weights.update(load_tensors(shard))
+    if config is not None and config.arch.startswith("qwen3_5"):
+        from engine.models.qwen3_5 import text_weights
+
+        weights, dropped = text_weights(weights)
+        if dropped:
+            log.warning("%s: text only; %d tensors of the vision tower / MTP heads are not loaded",
+                        model_dir.name, len(dropped))
     return hf_expert_views(weights)

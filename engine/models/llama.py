@@ -49,10 +49,12 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(c: ModelConfig, weights: dict[str, Weight]) -> None:
+def check_weights(c: ModelConfig, weights: dict[str, Weight],
+                  shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Every tensor the config implies is there in its shape (`shapes`: another architecture's list)."""
     if c.tie_embeddings and "lm_head.weight" in weights:
         c.tie_embeddings = False  # a stored output matrix wins over the tie flag
-    for name, shape in expected_shapes(c).items():
+    for name, shape in (shapes or expected_shapes(c)).items():
         w = weights.get(name)
         if w is None:
             raise ModelLoadError(f"missing tensor {name}")

@@ -175,11 +175,16 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     n_pages = pool_pages(opts.ctx_size, config)
     seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
-                          opts.ubatch_size, opts.cache_type_v)
+                          opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel)
+    spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
+    if spec_n and runner.recurrent:
+        log.warning("speculative drafting is off for %s: a rejected draft would need the recurrent state rolled "
+                    "back", config.arch)
+        spec_n = 0
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
-                          spec_n_max=opts.spec_draft_n_max if opts.spec_type == "ngram" else 0,
+                          spec_n_max=spec_n,
                           dispatch=loop_dispatch(loop), preempt_mode=opts.preempt_mode)
     if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
         # the model code attends to every earlier position; within the window that is the same thing

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
+from kernels.cpu import deltanet
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.quant_matmul import f32_tiles
 from kernels.weights import QK8_0, RowStack, Weight, bf16_to_f32, concat_rows, f32_to_bf16
@@ -77,12 +78,22 @@ def _decode(data: np.ndarray, scale: np.ndarray | None, kv_type: str) -> np.ndar
 
 class CpuOps(CpuMoeOps):
     name = "cpu"
+    recurrent_chunk = deltanet.CHUNK
+    state_alloc = staticmethod(deltanet.state_alloc)
+    state_read = staticmethod(deltanet.state_read)
+    state_write = staticmethod(deltanet.state_write)
+    conv1d_silu = staticmethod(deltanet.conv1d_silu)
+    gated_rms_norm = staticmethod(deltanet.gated_rms_norm)
+    sigmoid_mul = staticmethod(deltanet.sigmoid_mul)
 
     def __init__(self, exact: bool = False, f32_copy_limit: int = F32_COPY_LIMIT):
         self.exact = exact
         self.f32_copy_limit = f32_copy_limit
         self._copy_f32 = False
         self._scratch: dict[int, np.ndarray] = {}
+
+    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
+        return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
 
     def plan_weights(self, weights: list[Weight]) -> None:
         """Decides once per model whether its matrices get float32 copies (see F32_COPY_LIMIT); raw
