@@ -24,6 +24,8 @@ def render(stats: dict, served) -> str:
         ("pages_cached", "gauge", "KV pages holding idle slots' prompt caches (reclaimable).", pages_cached),
         ("pages_used", "gauge", "KV pages held by running sequences.", pages_total - pages_free - pages_cached),
         ("parked_bytes", "gauge", "Host memory holding parked KV pages.", stats.get("parked_bytes", 0)),
+        ("recurrent_states", "gauge", "Sequences holding a recurrent state (hybrid models).",
+         stats.get("recurrent_states", 0)),
         ("parks_total", "counter", "Sequences parked to host memory.", stats["parks"]),
         ("restores_total", "counter", "Parked sequences restored into the pool.", stats["restores"]),
         ("recomputes_total", "counter", "Preempted sequences dropped for recompute.", stats["recomputes"]),

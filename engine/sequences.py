@@ -37,6 +37,11 @@ class Seq:
     t_first: float = 0.0
     draft: list[int] = field(default_factory=list)
     spec: DraftState | None = None
+    # hybrid models (engine.recurrent_state): the recurrent state while running, its snapshots at
+    # prompt chunk ends {position: host copy}, and the prompt-cache snapshot it starts from
+    state: object = None
+    snapshots: dict = field(default_factory=dict)
+    resume: list | None = None
 
     @property
     def pending(self) -> int:
@@ -49,6 +54,7 @@ class Slot:
     seq: Seq | None = None
     cache_tokens: list[int] = field(default_factory=list)  # prompt cache: KV of these sits in cache_pages
     cache_pages: list[int] = field(default_factory=list)
+    cache_states: dict = field(default_factory=dict)  # hybrid models: state snapshots of the cached prompt
     n_preempt: int = 0
     n_restore: int = 0
     last_used: int = 0

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from engine.kv_cache import seq_context
 from engine.modes import PreemptMode
+from engine.recurrent_state import RecurrentStates
 from engine.requests import DoneEvent, Event, Request, call_each
 from engine.runner import Pending, Runner
 from engine.scheduler.context import Context
@@ -64,7 +65,9 @@ class Scheduler:
             preempt_every=preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0),
             spec_n_max=spec_n_max, max_queue=max_queue, preempt_mode=preempt_mode)
         self.counters = self.ctx.counters
-        self.slots_ = SlotTable(n_slots, self.pool, self.ctx)
+        self.slots_ = SlotTable(n_slots, self.pool, self.ctx, snapshots_only=runner.recurrent)
+        if runner.recurrent:
+            states = [*(states or []), RecurrentStates(runner)]
         self.mem = StateManager(self.pool, self.slots_, self.ctx, states)
         self.planner = Planner(runner, self.mem, self.ctx)
         self.emitter = Emitter(tokenizer, self.mem, self.slots_, self.ctx)

@@ -4,6 +4,7 @@ speculative drafts for decoding sequences; and the decode step that may be launc
 from __future__ import annotations
 
 from engine.kv_cache import pages_for
+from engine.recurrent_state import snap_points
 from engine.runner import Runner, StepEntry
 from engine.sampler import needs_logits
 from engine.scheduler.context import Context
@@ -28,7 +29,7 @@ class Planner:
                 break
             if not self.mem.is_running(seq):  # parked to make room for an earlier sequence
                 continue
-            n = min(seq.pending, budget)
+            n = self._piece(seq, min(seq.pending, budget))
             seq.draft = self._draft(seq, budget) if n == seq.pending == 1 else []
             n += len(seq.draft)
             if not self.mem.grow(seq, seq.n_computed + n):
@@ -55,7 +56,7 @@ class Planner:
         if not all(self._steady(seq, e) and not self._ends_next(seq) and not self._parks_next(seq)
                    and not self._needs_host_token(seq, after_ahead) for seq, e in plan):
             return None
-        entries = [StepEntry(seq.pages, [0], e.start + 1, "last", False) for seq, e in plan]
+        entries = [StepEntry(seq.pages, [0], e.start + 1, "last", False, state=seq.state) for seq, e in plan]
         if not self.runner.can_launch_ahead(entries):
             return None
         need = [pages_for(e.start + 1) - len(seq.pages) for (seq, _), e in zip(plan, entries, strict=True)]
@@ -91,12 +92,33 @@ class Planner:
         return bool(self.ctx.spec_n_max) and not (seq.spec and (seq.spec.skip or not after_ahead))
 
     # --- entries and drafts
+    def _piece(self, seq: Seq, n: int) -> int:
+        """How many of the n tokens a sequence may take now. A recurrent state advances prompt
+        tokens in chunks and generated tokens one at a time (also when they are recomputed), so a
+        piece never mixes the two; in exact mode a prompt piece ends at a chunk end or the
+        prompt's end (at least one chunk, even past the budget), so the chunks lie at the same
+        places along the prompt for any budget and any neighbours."""
+        if not self.runner.recurrent:
+            return n
+        if seq.n_computed >= seq.n_prompt:
+            return 1
+        end = min(seq.n_prompt, seq.n_computed + n)
+        chunk = self.runner.ops.recurrent_chunk
+        if self.runner.ops.exact and end < seq.n_prompt:
+            aligned = end // chunk * chunk
+            end = aligned if aligned > seq.n_computed else min(seq.n_prompt, seq.n_computed + chunk)
+        return end - seq.n_computed
+
     def _entry(self, s: Seq, n: int) -> StepEntry:
         full = needs_logits(s.params, s.req.logprobs)
         if s.draft:
             return StepEntry(s.pages, [s.tokens[-1], *s.draft], s.n_computed, "all", full)
+        prompt = s.n_computed < s.n_prompt
+        snap = (snap_points(s.n_computed, s.n_computed + n, s.n_prompt, self.runner.ops.recurrent_chunk)
+                if prompt and self.runner.recurrent else ())
         return StepEntry(s.pages, s.tokens[s.n_computed : s.n_computed + n], s.n_computed,
-                         "last" if s.n_computed + n == len(s.tokens) else "none", full)
+                         "last" if s.n_computed + n == len(s.tokens) else "none", full,
+                         state=s.state, prompt=prompt, snap=snap, snapshots=s.snapshots)
 
     def _draft(self, seq: Seq, budget: int) -> list[int]:
         if not self.ctx.spec_n_max or seq.generated == 0:  # the first token comes from the prompt step

@@ -20,8 +20,9 @@ Waiting = deque[tuple[int, Request, Callable]]
 
 
 class SlotTable:
-    def __init__(self, n_slots: int, pool: PagePool, ctx: Context):
-        self.pool, self.ctx = pool, ctx
+    def __init__(self, n_slots: int, pool: PagePool, ctx: Context, snapshots_only: bool = False):
+        """`snapshots_only`: a cached prefix is reused only up to a recurrent-state snapshot (hybrid models)."""
+        self.pool, self.ctx, self.snapshots_only = pool, ctx, snapshots_only
         self.all = [Slot(i) for i in range(n_slots)]
         self.changes = 0  # counts sequences seated and vacated: a snapshot of the rows is stale when it moved
 
@@ -51,7 +52,7 @@ class SlotTable:
 
     def _drop_cache(self, slot: Slot) -> None:
         self.pool.release(slot.cache_pages)
-        slot.cache_pages, slot.cache_tokens = [], []
+        slot.cache_pages, slot.cache_tokens, slot.cache_states = [], [], {}
 
     # --- admission
     def admit(self, waiting: Waiting, mem: StateManager) -> None:
@@ -78,7 +79,9 @@ class SlotTable:
                 seq.pages = slot.cache_pages[:keep]
                 self.pool.release(slot.cache_pages[keep:])
                 seq.n_computed = seq.cached_tokens = reuse
-                slot.cache_pages, slot.cache_tokens = [], []
+                seq.resume = slot.cache_states.get(reuse)
+                seq.snapshots = {p: d for p, d in slot.cache_states.items() if p <= reuse}
+                slot.cache_pages, slot.cache_tokens, slot.cache_states = [], [], {}
             else:
                 self._drop_cache(slot)
             mem.start(seq)
@@ -97,6 +100,8 @@ class SlotTable:
         if req.cache_prompt:
             # the last prompt token is always computed again: its logits start the generation
             reuse = min(common_prefix(slot.cache_tokens, req.prompt), len(req.prompt) - 1)
+            if self.snapshots_only:
+                reuse = max((p for p in slot.cache_states if p <= reuse), default=0)
         return slot, reuse
 
     def _seat(self, seq: Seq, slot: Slot) -> None:
@@ -130,6 +135,7 @@ class SlotTable:
         if keep_cache and seq.pages:
             # KV exists for tokens[:n_computed]; keep it for the next request's common prefix
             slot.cache_tokens, slot.cache_pages = seq.tokens[: seq.n_computed], seq.pages
+            slot.cache_states = seq.snapshots
         else:
             self.pool.release(seq.pages)
         seq.pages = []

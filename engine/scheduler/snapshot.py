@@ -29,4 +29,5 @@ class Snapshot:
         self.stats = {**self.ctx.counters, "pages_total": pool.n_pages, "pages_free": pool.n_free,
                       "pages_cached": self.slots.cached_pages(),
                       "busy_slots": sum(1 for s in self.slots if s.seq is not None), "n_slots": len(self.slots),
-                      "parked_bytes": self.mem.parked_bytes}
+                      "parked_bytes": self.mem.parked_bytes,
+                      "recurrent_states": sum(getattr(st, "n_live", 0) for st in self.mem.states)}
