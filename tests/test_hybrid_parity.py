@@ -31,12 +31,19 @@ def _ids(loaded, n, seed=1):
     return [int(t) for t in np.random.default_rng(seed).integers(2, loaded.config.vocab_size, n)]
 
 
+@pytest.fixture(scope="module")
+def hybrid_moe(tmp_path_factory):
+    return make_hybrid_model(tmp_path_factory.mktemp("hybrid_moe"), moe=True)
+
+
 @pytest.mark.parametrize("exact", [False, True], ids=["fast", "exact"])
-def test_prompt_logits_match_transformers(hybrid, exact):
-    loaded = load_model(hybrid)
+@pytest.mark.parametrize("which", ["hybrid", "hybrid_moe"])
+def test_prompt_logits_match_transformers(request, which, exact):
+    path = request.getfixturevalue(which)
+    loaded = load_model(path)
     ids = _ids(loaded, 75)  # several chunks and a partial one
     with torch.no_grad():
-        ref = _reference(hybrid)(torch.tensor([ids])).logits[0].numpy()
+        ref = _reference(path)(torch.tensor([ids])).logits[0].numpy()
     got = prompt_logits(loaded, ids, exact=exact)
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
@@ -55,10 +62,11 @@ def _greedy(loaded, ids, n):
     return toks, lps
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_greedy_generation_matches_transformers(tmp_path, tie):
-    path = make_hybrid_model(tmp_path, tie=tie, seed=3)
+@pytest.mark.parametrize("kw", [{}, {"tie": True}, {"moe": True}], ids=["untied", "tied", "moe"])
+def test_greedy_generation_matches_transformers(tmp_path, kw):
+    path = make_hybrid_model(tmp_path, seed=3, **kw)
     loaded = load_model(path)
+    assert loaded.config.arch == ("qwen3_5_moe" if kw.get("moe") else "qwen3_5")
     ids = _ids(loaded, 37, seed=4)
     with torch.no_grad():
         out = _reference(path).generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False,

@@ -26,26 +26,45 @@ def make_config(vocab: int, *, layers: int = 8, hidden: int = 64, k_heads: int =
     )
 
 
-def make_hybrid_model(where: Path, *, seed: int = 0, name: str = "qwen3_5", **shape) -> Path:
-    """Saves a random Qwen3_5ForCausalLM and the test tokenizer to where/<name>-s<seed>; returns the
-    directory. Norm weights (stored as offsets from 1) and the decay parameters are randomised too,
-    so every part of the arithmetic shows in the logits."""
+def make_moe_config(vocab: int, *, experts: int = 8, top_k: int = 2, expert_ffn: int = 32, shared_ffn: int = 48,
+                    **shape):
+    """qwen3_5_moe: the hybrid's layers with a routed MoE block and a gated shared expert in each."""
+    import transformers as tf
+
+    dense = make_config(vocab, **shape).to_dict()
+    keep = {k: dense[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim",
+                                  "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+                                  "layer_types", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+                                  "bos_token_id", "eos_token_id", "rope_parameters")}
+    return tf.Qwen3_5MoeTextConfig(**keep, num_experts=experts, num_experts_per_tok=top_k,
+                                   moe_intermediate_size=expert_ffn, shared_expert_intermediate_size=shared_ffn)
+
+
+def make_hybrid_model(where: Path, *, seed: int = 0, name: str = "qwen3_5", moe: bool = False, **shape) -> Path:
+    """Saves a random Qwen3_5ForCausalLM (Qwen3_5MoeForCausalLM with `moe`) and the test tokenizer to
+    where/<name>-s<seed>; returns the directory. Norm weights (stored as offsets from 1) and the decay
+    parameters are randomised too, so every part of the arithmetic shows in the logits."""
     import torch
     import transformers as tf
 
     tok = train_tokenizer()
-    cfg = make_config(tok.get_vocab_size(), **shape)
+    cfg = (make_moe_config if moe else make_config)(tok.get_vocab_size(), **shape)
     torch.manual_seed(seed)
-    model = tf.Qwen3_5ForCausalLM(cfg).eval()
+    model = (tf.Qwen3_5MoeForCausalLM if moe else tf.Qwen3_5ForCausalLM)(cfg).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() >= 2:
+            if pname.endswith("mlp.gate.weight"):  # routers wide enough that the top-k are clear winners
+                p.normal_(0.0, 0.5)
+            elif p.dim() >= 2:
+                if p.abs().max() == 0:
+                    p.normal_(0.0, 0.02)
                 p.mul_(2.0)
             elif pname.endswith("A_log"):
                 p.copy_(torch.log(torch.empty_like(p).uniform_(0.5, 4.0)))
             else:  # norms, dt_bias
                 p.add_(0.1 * torch.randn_like(p))
-    out = Path(where) / f"{name}-s{seed}"
+    out = Path(where) / f"{name}{'_moe' if moe else ''}-s{seed}"
     model.save_pretrained(str(out))
     save_tokenizer(tok, out)
     return out

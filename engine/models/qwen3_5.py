@@ -15,8 +15,10 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedError
+from engine.loader.moe import hf_moe_config
 from engine.models import llama
 from engine.models.deltanet import DeltaNetLayer, DeltaNetShape, shape_from_config
+from engine.models.moe import MoeBlock, moe_shapes
 from kernels.base import Ops, PagedRows, RopeTable
 from kernels.weights import Weight, concat_rows
 
@@ -61,13 +63,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= {a + "q_proj.weight": (2 * q, c.hidden), a + "k_proj.weight": (kv, c.hidden),
                        a + "v_proj.weight": (kv, c.hidden), a + "o_proj.weight": (c.hidden, q),
                        a + "q_norm.weight": (c.head_dim,), a + "k_norm.weight": (c.head_dim,)}
-        if getattr(c, "moe", None) is None:
+        if c.moe is None or not c.moe.is_sparse(i):
             m = p + "mlp."
             shapes |= {m + "gate_proj.weight": (c.ffn, c.hidden), m + "up_proj.weight": (c.ffn, c.hidden),
                        m + "down_proj.weight": (c.hidden, c.ffn)}
         else:
-            from engine.models.moe import moe_shapes
-
             shapes |= moe_shapes(c.moe, c.hidden, p + "mlp.")
     return shapes
 
@@ -119,16 +119,15 @@ class Qwen35Model:
                 n_full += 1
             self.layers.append(_Layer(up(_offset_norm(weights[p + "input_layernorm.weight"])), mixer,
                                       up(_offset_norm(weights[p + "post_attention_layernorm.weight"])),
-                                      self._ffn(weights, p + "mlp."), n_full - 1))
+                                      self._ffn(weights, p + "mlp.", i), n_full - 1))
         cos, sin = replace(config, head_dim=spec.rope_dim).rope_tables(max_positions)
         self.rope = RopeTable(ops.tensor(cos), ops.tensor(sin), True)
         self.scale = float(config.head_dim) ** -0.5
 
-    def _ffn(self, weights: dict[str, Weight], m: str):
-        if getattr(self.config, "moe", None) is not None:
-            from engine.models.moe import MoeBlock
-
-            return MoeBlock(self.config.moe, weights, m, self.ops)
+    def _ffn(self, weights: dict[str, Weight], m: str, i: int):
+        moe = self.config.moe
+        if moe is not None and moe.is_sparse(i):
+            return MoeBlock(moe, weights, m, self.ops)
         return (self.ops.upload_gate_up(weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]),
                 self.ops.upload(weights[m + "down_proj.weight"]))
 
@@ -195,11 +194,7 @@ def from_hf_config(cfg: dict) -> ModelConfig:
             raise UnsupportedError(f"qwen3_5: rope type {rope['rope_type']!r} is not supported")
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"]))
         factor = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
-        moe = None
-        if "num_experts" in text:
-            from engine.loader.moe import hf_moe_config
-
-            moe = hf_moe_config(text)
+        moe = hf_moe_config(text, always_renormalize=True)
         config = ModelConfig(
             arch="qwen3_5_moe" if moe is not None else "qwen3_5",
             vocab_size=int(text["vocab_size"]), hidden=int(text["hidden_size"]), n_layers=n_layers,
@@ -209,13 +204,11 @@ def from_hf_config(cfg: dict) -> ModelConfig:
             rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000000.0))),
             max_position=int(text.get("max_position_embeddings", 32768)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            qk_norm=True,
+            qk_norm=True, moe=moe,
             extra={"hybrid": HybridSpec(types, shape_from_config(text), int(head_dim * factor))},
         )
     except KeyError as e:
         raise ModelLoadError(f"config.json: missing key {e.args[0]!r}") from None
-    if moe is not None:
-        config.moe = moe
     if bool(text.get("attention_bias", False)):
         raise UnsupportedError("qwen3_5: attention bias is not supported")
     return config
