@@ -18,14 +18,9 @@ EXACT = ("--exact-concurrency", "on", "--kv-unified", "--metrics")
 def hybrid(tmp_path_factory):
     """The tiny hybrid without an end-of-generation token (every completion runs to its length)."""
     from tests.tiny_hybrid import make_hybrid_model
+    from tests.tiny_models import strip_eos
 
-    path = make_hybrid_model(tmp_path_factory.mktemp("hybrid"))
-    cfg_path = path / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["eos_token"] = None
-    cfg_path.write_text(json.dumps(cfg))
-    (path / "generation_config.json").unlink(missing_ok=True)
-    return path
+    return strip_eos(make_hybrid_model(tmp_path_factory.mktemp("hybrid")))
 
 
 @pytest.fixture(scope="module")
