@@ -99,19 +99,6 @@ def make_hf_model(where: Path, arch: str = "llama", *, tie: bool = False, kv_rat
     return out
 
 
-def strip_eos(model_dir: Path) -> Path:
-    """The model without an end-of-generation token: random weights would otherwise end some
-    completions early at random, and server tests want every completion to run to its length."""
-    import json
-
-    cfg_path = Path(model_dir) / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["eos_token"] = None
-    cfg_path.write_text(json.dumps(cfg))
-    (Path(model_dir) / "generation_config.json").unlink(missing_ok=True)
-    return Path(model_dir)
-
-
 # --- GGUF, written the way llama.cpp's convert_hf_to_gguf.py writes it
 
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",  # config.json model_type
