@@ -3,6 +3,7 @@
     python bench/exactness.py                      # a tiny random model on the CPU
     python bench/exactness.py --tiny qwen3_moe     # a tiny random mixture-of-experts model
     python bench/exactness.py --tiny q4_k_m        # a tiny random llama as a Q4_K_M-like GGUF
+    python bench/exactness.py --tiny qwen3_5 --prompt-len 100   # a tiny Gated DeltaNet hybrid
     python bench/exactness.py -m MODEL --device cuda --exact off
 """
 
@@ -29,6 +30,10 @@ def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
         from tests.tiny_models import make_q4_k_m_gguf
 
         path, _ = make_q4_k_m_gguf(where)
+    elif arch == "qwen3_5":
+        from tests.tiny_hybrid import make_hybrid_model
+
+        path = make_hybrid_model(where)
     else:
         from tests.tiny_models import make_hf_model
 
@@ -41,15 +46,26 @@ def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", help="model path (default: build a tiny random llama)")
-    ap.add_argument("--tiny", default="llama", choices=["llama", "qwen3_moe", "q4_k_m"],
+    ap.add_argument("--tiny", default="llama", choices=["llama", "qwen3_moe", "q4_k_m", "qwen3_5"],
                     help="the tiny random model built when -m is not given")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--exact", default="on", choices=["on", "off"])
     ap.add_argument("--n-predict", type=int, default=24)
     ap.add_argument("--prompt-len", type=int, default=48)
+    ap.add_argument("--parks-every", type=int, default=0, metavar="N",
+                    help="add cells parked every N tokens beside 7 neighbours, at -ub 512, 16 and 24")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "exactness-cpu"),
                     help="report path without extension (.json and .md are written)")
     args = ap.parse_args(argv)
+    extra = []
+    if args.parks_every:
+        parks = {"LOCKSTEP_PREEMPT_EVERY": str(args.parks_every)}
+        extra = [(f"parks_{args.parks_every}_beside_7", f"parked every {args.parks_every} tokens, beside 7", (),
+                  parks, 7),
+                 (f"ubatch_16_parks_{args.parks_every}", f"-ub 16, parked every {args.parks_every} tokens, beside 7",
+                  ("--ubatch-size", "16"), parks, 7),
+                 (f"ubatch_24_parks_{args.parks_every}", f"-ub 24, parked every {args.parks_every} tokens, beside 7",
+                  ("--ubatch-size", "24"), parks, 7)]
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
             from engine.loader import load_model
@@ -60,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = asyncio.run(run_matrix(model, vocab=vocab, device=args.device, exact=args.exact == "on",
                                             n_predict=args.n_predict, prompt_len=args.prompt_len,
-                                            progress=lambda m: print(m, flush=True)))
+                                            progress=lambda m: print(m, flush=True), extra_variants=extra))
         except EvidenceError as e:
             print(f"exactness run failed: {e}", file=sys.stderr)
             return 1

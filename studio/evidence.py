@@ -195,8 +195,10 @@ Completer = Callable[..., Awaitable[list[Sample]]]
 async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: int = 48, n_predict: int = 24,
                      device: str = "cpu", exact: bool = True, engine_cmd: Sequence[str] = ENGINE_CMD,
                      log_dir: Path | None = None, progress: Callable[[str], None] | None = None,
-                     complete_fn: Completer = complete) -> Report:
-    """Runs every cell; raises EvidenceError when any worker fails (no partial report)."""
+                     complete_fn: Completer = complete, extra_variants: Sequence[tuple] = ()) -> Report:
+    """Runs every cell; raises EvidenceError when any worker fails (no partial report).
+    `extra_variants`: more server cells after the standard ones, each (name, description, flags,
+    env, neighbours) like theirs."""
     t0 = time.monotonic()
     say = progress or (lambda _msg: None)
     mode = "on" if exact else "off"
@@ -263,7 +265,7 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
                 ("speculation_2_parks", "drafts up to 2 tokens, parked every 7 tokens, beside 3",
                  ("--spec-type", "ngram", "--spec-draft-n-max", "2"), {"LOCKSTEP_PREEMPT_EVERY": "7"}, 3),
             ]
-            for name, desc, flags, env, k in variants:
+            for name, desc, flags, env, k in [*variants, *extra_variants]:
                 say(f"starting a server for {name}")
                 s = await server(session, flags, env)
                 cell(name, desc, ref, await (beside(s, k) if k else solo(s)))
