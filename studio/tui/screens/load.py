@@ -75,6 +75,7 @@ class LoadScreen(StudioScreen):
             yield LoadBanner("load", id="load-banner")
 
     def on_mount(self) -> None:
+        self._checked_with: tuple = ()
         self._filled: dict[str, str] = {}  # untouched, the form follows the selected model and the settings
         self.action_reset()
         self.watch(self.app, "models", self._show_models, init=True)
@@ -94,7 +95,10 @@ class LoadScreen(StudioScreen):
         self._refill()
 
     def on_screen_resume(self) -> None:
-        self._refill()  # Settings or the REST API may have changed the stored defaults meanwhile
+        # Settings or the REST API may have changed the stored defaults meanwhile; unchanged, nothing to do.
+        settings = self.studio.manager.store.settings
+        if (settings.load, settings.exact_concurrency) != self._checked_with:
+            self._refill()
 
     def _refill(self) -> None:
         if self._edited:
@@ -151,6 +155,8 @@ class LoadScreen(StudioScreen):
                                native_context=info.native_context if info else None)
 
     def revalidate(self) -> None:
+        settings = self.studio.manager.store.settings
+        self._checked_with = (settings.load, settings.exact_concurrency)
         result = self.check()
         for name in ("model", *ORDER):
             help_widget = self.query_one(f"#help-{name}", Static)
