@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from contract.env import ENGINE_API_KEY, PREEMPT_MODE
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
 from kernels.base import KV_TYPES, PAGE_SIZE
@@ -19,7 +20,7 @@ from kernels.base import KV_TYPES, PAGE_SIZE
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
 UNSUPPORTED_KV = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 MAX_SLOTS = 256
-ENV_API_KEY = "LLAMA_API_KEY"  # as llama-server: the key without putting it in argv
+ENV_API_KEY = ENGINE_API_KEY  # as llama-server: the key without putting it in argv
 
 
 class _Parser(argparse.ArgumentParser):
@@ -177,9 +178,9 @@ def check_values(opts: argparse.Namespace) -> None:
 def preempt_mode(environ: Mapping[str, str] | None = None) -> str:
     """LOCKSTEP_PREEMPT_MODE (the studio sets it for its child): auto when unset."""
     env = os.environ if environ is None else environ
-    mode = env.get("LOCKSTEP_PREEMPT_MODE", "").strip().lower() or "auto"
+    mode = env.get(PREEMPT_MODE, "").strip().lower() or "auto"
     if mode not in PREEMPT_MODES:
-        raise bad_flag(f"LOCKSTEP_PREEMPT_MODE={env['LOCKSTEP_PREEMPT_MODE']!r} is not a preemption mode "
+        raise bad_flag(f"{PREEMPT_MODE}={env[PREEMPT_MODE]!r} is not a preemption mode "
                        f"(one of: {', '.join(PREEMPT_MODES)})")
     return mode
 

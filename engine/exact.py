@@ -11,8 +11,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from contract.env import EXACT, switch
 from engine.config import ModelConfig
-from engine.exits import EXACT_REFUSED, Fatal
+from engine.exits import EXACT_REFUSED, Fatal, bad_flag
 from kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.exact")
@@ -30,7 +31,10 @@ def exact_requested(flag: str | None, environ: Mapping[str, str] | None = None) 
     if flag is not None:
         return flag == "on"
     env = os.environ if environ is None else environ
-    return env.get("LOCKSTEP_EXACT", "").strip().lower() in ("1", "on", "true", "yes")
+    try:
+        return switch(env, EXACT)
+    except ValueError as e:
+        raise bad_flag(str(e)) from None
 
 
 @dataclass

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from contract import PAGE_SIZE  # noqa: F401  (re-exported: the kernels' page is the contract's)
 from kernels.weights import Weight
 
-PAGE_SIZE = 256
 KV_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 

@@ -9,19 +9,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from contract import env as names
 from settings.models import Settings
 
-ENV_EXACT = "LOCKSTEP_EXACT_CONCURRENCY"
+# The names live in contract.env's registry; these are the studio-side aliases.
+ENV_EXACT = names.EXACT_CONCURRENCY
 # The engine's own switch; when the studio itself inherited it, it is read as a weak "on".
-ENV_EXACT_INHERITED = "LOCKSTEP_EXACT"
-ENV_PREEMPT = "LOCKSTEP_PREEMPT_MODE"
-ENV_CONFIG_DIR = "LOCKSTEP_CONFIG_DIR"
-ENV_LOG_DIR = "LOCKSTEP_LOG_DIR"
-ENV_API_HOST = "LOCKSTEP_API_HOST"
-ENV_API_PORT = "LOCKSTEP_API_PORT"
-ENV_API_KEY = "LOCKSTEP_API_KEY"
+ENV_EXACT_INHERITED = names.EXACT
+ENV_PREEMPT = names.PREEMPT_MODE
+ENV_CONFIG_DIR = names.CONFIG_DIR
+ENV_LOG_DIR = names.LOG_DIR
+ENV_API_HOST = names.API_HOST
+ENV_API_PORT = names.API_PORT
+ENV_API_KEY = names.API_KEY
 # Extra model folders, os.pathsep separated, scanned in addition to the stored ones.
-ENV_MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
+ENV_MODEL_DIRS = names.MODEL_DIRS
 
 
 class EnvOverrideError(ValueError):

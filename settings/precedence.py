@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from contract.env import switch
 from settings.env import ENV_EXACT, ENV_EXACT_INHERITED, ENV_PREEMPT, EnvOverrideError
 from settings.models import DEFAULT_EXACT, DEFAULT_PREEMPT, EXACT_MODES, PREEMPT_MODES
 
@@ -35,7 +36,11 @@ def env_value(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> st
 
 
 def inherited_exact(env: Mapping[str, str]) -> bool:
-    return env.get(ENV_EXACT_INHERITED, "").strip() == "1"
+    """Read as the engine reads it (contract.env.parse_switch); a value it would refuse is an error here too."""
+    try:
+        return switch(env, ENV_EXACT_INHERITED)
+    except ValueError as e:
+        raise EnvOverrideError(str(e)) from e
 
 
 def _first(levels: list[tuple[str | None, Source]], default: str) -> Resolved:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
+from contract.auth import presented_key, same_key
 from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
 from studio.errors import StudioError
 from studio.guard import Guard
@@ -98,11 +98,7 @@ def auth_middleware(api_key: str | None):
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if api_key:
-            given = request.headers.get("X-Api-Key", "")
-            auth = request.headers.get("Authorization", "")
-            if auth.lower().startswith("bearer "):
-                given = auth[7:].strip()
-            if not secrets.compare_digest(given.encode(), api_key.encode()):
+            if not same_key(presented_key(request.headers), api_key):
                 return error_response(401, "authentication_error", "invalid or missing API key")
         return await handler(request)
 

@@ -26,19 +26,20 @@ from typing import Any
 
 import aiohttp
 
+from contract import PAGE_SIZE
+from contract import env as env_names
 from settings import ENV_EXACT_INHERITED, ENV_PREEMPT
 from studio.failures import Failure, classify
 from studio.flags import Options, Owned, compose_argv, redact_argv
 
 MAX_ATTEMPTS = 4
-PAGE_SIZE = 256  # the engine rounds contexts to whole KV pages; a smaller context is no recovery
 STOP_GRACE_S = 10.0
 HEALTH_POLL_S = 0.1
 KEEP_LOGS = 200
 ENGINE_CMD: tuple[str, ...] = (sys.executable, "-m", "engine")
 # The engine reads its key from here, as llama-server does: an environment is private to the user, argv is not.
-ENV_ENGINE_KEY = "LLAMA_API_KEY"
-ENV_STUDIO_KEY = "LOCKSTEP_API_KEY"
+ENV_ENGINE_KEY = env_names.ENGINE_API_KEY
+ENV_STUDIO_KEY = env_names.API_KEY
 # Process-wide, so two loads within one second never share a log file whichever Launcher runs them.
 _LOAD_SERIAL = itertools.count(1)
 

@@ -63,10 +63,16 @@ def test_invalid_env_value_is_an_error_naming_the_variable(raw):
         resolve_exact(None, None, {"LOCKSTEP_EXACT_CONCURRENCY": raw})
 
 
-@pytest.mark.parametrize(("inherited", "default"), [(None, "off"), ("1", "on"), ("0", "off"), ("true", "off")])
-def test_exact_default_reads_only_inherited_1(inherited, default):
+@pytest.mark.parametrize(("inherited", "default"), [(None, "off"), ("1", "on"), ("0", "off"), ("true", "on"),
+                                                    ("off", "off")])
+def test_exact_default_reads_inherited_as_the_engine_does(inherited, default):
     env = {} if inherited is None else {"LOCKSTEP_EXACT": inherited}
     assert exact_default(env) == default
+
+
+def test_an_inherited_switch_neither_side_understands_is_an_error():
+    with pytest.raises(EnvOverrideError, match="LOCKSTEP_EXACT"):
+        exact_default({"LOCKSTEP_EXACT": "maybe"})
 
 
 PREEMPT = [None, "auto", "park", "recompute"]

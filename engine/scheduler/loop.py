@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from contract.env import PREEMPT_EVERY
 from engine.kv_cache import seq_context
 from engine.modes import PreemptMode
 from engine.recurrent_state import RecurrentStates
@@ -62,7 +63,7 @@ class Scheduler:
         self.ctx = Context(
             n_ctx_seq=seq_context(n_ctx, n_slots, kv_unified, self.pool.n_pages * PAGE_SIZE),
             budget=max(1, min(n_batch, n_ubatch)), preempt_ram_bytes=preempt_ram_bytes,
-            preempt_every=preempt_every or int(os.environ.get("LOCKSTEP_PREEMPT_EVERY", "0") or 0),
+            preempt_every=preempt_every or int(os.environ.get(PREEMPT_EVERY, "0") or 0),
             spec_n_max=spec_n_max, max_queue=max_queue, preempt_mode=preempt_mode)
         self.counters = self.ctx.counters
         self.slots_ = SlotTable(n_slots, self.pool, self.ctx, snapshots_only=runner.recurrent)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 
 from aiohttp import web
 
+from contract.auth import presented_key, same_key
 from engine.server import guard, native, openai_api
 from engine.server.errors import ApiError, error_response
 from engine.server.state import STATE, EngineState, state_of
@@ -38,9 +38,7 @@ async def errors_middleware(request: web.Request, handler):
 async def auth_middleware(request: web.Request, handler):
     key = state_of(request).opts.api_key
     if key and request.path not in OPEN_PATHS and request.method != "OPTIONS":
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given[:7].lower() == "bearer " else request.headers.get("X-Api-Key", "")
-        if not hmac.compare_digest(token.encode(), key.encode()):
+        if not same_key(presented_key(request.headers), key):
             return error_response(401, "Invalid API Key")
     return await handler(request)
 

@@ -22,6 +22,7 @@ import struct
 import cupy as cp
 import numpy as np
 
+from contract.env import PDL, switch
 from kernels.cuda.tensor_map import TensorMap
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
@@ -49,7 +50,7 @@ def _driver():
 
 @functools.cache
 def pdl_supported() -> bool:
-    if os.environ.get("LOCKSTEP_PDL", "1") == "0":
+    if not switch(os.environ, PDL, default=True):
         return False
     if int(cp.cuda.Device().compute_capability) < 90:
         return False

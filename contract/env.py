@@ -1,0 +1,69 @@
+"""Every environment variable Lockstep reads, who reads it, and the one way a switch is parsed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Reader = Literal["engine", "studio", "kernels"]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    readers: tuple[Reader, ...]
+    doc: str
+
+
+EXACT = "LOCKSTEP_EXACT"
+EXACT_CONCURRENCY = "LOCKSTEP_EXACT_CONCURRENCY"
+PREEMPT_MODE = "LOCKSTEP_PREEMPT_MODE"
+PREEMPT_EVERY = "LOCKSTEP_PREEMPT_EVERY"
+ENGINE_API_KEY = "LLAMA_API_KEY"
+API_KEY = "LOCKSTEP_API_KEY"
+API_HOST = "LOCKSTEP_API_HOST"
+API_PORT = "LOCKSTEP_API_PORT"
+CONFIG_DIR = "LOCKSTEP_CONFIG_DIR"
+LOG_DIR = "LOCKSTEP_LOG_DIR"
+MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
+PDL = "LOCKSTEP_PDL"
+
+REGISTRY: tuple[EnvVar, ...] = (
+    EnvVar(EXACT, ("engine", "studio"), "a switch: exact concurrency on when --exact-concurrency is absent; "
+           "the studio reads an inherited one as a weak 'on'"),
+    EnvVar(EXACT_CONCURRENCY, ("studio",), "auto|on|off: outranks every other exact setting of the studio"),
+    EnvVar(PREEMPT_MODE, ("engine", "studio"), "auto|park|recompute: set by the studio for its child"),
+    EnvVar(PREEMPT_EVERY, ("engine",), "test knob: park every sequence every N generated tokens"),
+    EnvVar(ENGINE_API_KEY, ("engine",), "the engine's api key when --api-key is absent (llama-server's name)"),
+    EnvVar(API_KEY, ("studio",), "the studio API's key"),
+    EnvVar(API_HOST, ("studio",), "the studio API's host"),
+    EnvVar(API_PORT, ("studio",), "the studio API's port"),
+    EnvVar(CONFIG_DIR, ("studio",), "where settings.json lives"),
+    EnvVar(LOG_DIR, ("studio",), "where engine attempt logs go"),
+    EnvVar(MODEL_DIRS, ("studio",), "extra model folders, os.pathsep separated"),
+    EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
+)
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
+
+
+def parse_switch(value: str | None, default: bool = False) -> bool:
+    """The one reading of a boolean variable: 1/on/true/yes and 0/off/false/no (any case); unset or
+    empty gives `default`; anything else is an error that names the accepted words."""
+    text = (value or "").strip().lower()
+    if not text:
+        return default
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise ValueError(f"{value!r} is not a switch (use one of {', '.join(_ON)} or {', '.join(_OFF)})")
+
+
+def switch(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    try:
+        return parse_switch(env.get(name), default)
+    except ValueError as e:
+        raise ValueError(f"{name}={env.get(name)!r} is not a switch (use 1/on/true/yes or 0/off/false/no)") from e
