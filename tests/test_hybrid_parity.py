@@ -103,3 +103,19 @@ def test_bad_layer_types_fail_the_load_by_name(hybrid, tmp_path):
 def test_cuda_backend_refuses_a_hybrid_model_by_name(hybrid):
     with pytest.raises(Fatal, match="gated DeltaNet layers are not supported on the CUDA backend yet; use --device cpu"):
         build_runner(load_model(hybrid), "cuda", True, 2, "f16")
+
+
+@pytest.mark.parametrize("which", ["hybrid", "hybrid_moe"])
+def test_gguf_in_llama_cpps_layout_gives_the_hf_logits(request, which, tmp_path):
+    """qwen35 / qwen35moe GGUF (tiled value heads, ssm_a = -exp(A_log), 1 + w norms, stacked experts):
+    the loader undoes each change; the float32 round trips of the norms and A_log move the last bits."""
+    from tests.tiny_hybrid import write_hybrid_gguf
+
+    path = request.getfixturevalue(which)
+    hf, gg = load_model(path), load_model(write_hybrid_gguf(path, tmp_path / "m.gguf"))
+    assert (gg.format, gg.config.arch, gg.config.extra, gg.config.moe) == ("gguf", hf.config.arch, hf.config.extra,
+                                                                          hf.config.moe)
+    ids = _ids(hf, 40)
+    a, b = prompt_logits(hf, ids, exact=True), prompt_logits(gg, ids, exact=True)
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    assert gg.tokenizer.encode("def fibonacci(n):") == hf.tokenizer.encode("def fibonacci(n):")

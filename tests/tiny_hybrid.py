@@ -90,3 +90,113 @@ def as_multimodal(text_dir: Path, out: Path) -> Path:
     tensors["model.visual.patch_embed.proj.weight"] = np.zeros((4, 4), np.float32)
     save_file(tensors, str(out / "model.safetensors"))
     return out
+
+
+# --- GGUF, laid out as llama.cpp's convert_hf_to_gguf writes qwen35 / qwen35moe
+
+_GGUF_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight", "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight", "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.norm.weight": "ssm_norm.weight", "linear_attn.out_proj.weight": "ssm_out.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight", "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight", "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
+
+
+def _tiled(a, k_heads: int, rep: int, width: int):
+    """Grouped value-head rows [k0v0, k0v1, k1v0, ...] to tiled [k0v0, k1v0, k0v1, ...]."""
+    return a.reshape(k_heads, rep, width, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+
+
+def _gguf_tensor(rest: str, data, cfg: dict):
+    """One HF tensor as convert_hf_to_gguf stores it (see engine/loader/gguf_hybrid.py)."""
+    import numpy as np
+
+    kh, vh, kd, vd = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                      "linear_value_head_dim"))
+    rep, qk = vh // kh, 2 * kh * kd
+    if rest in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                "self_attn.k_norm.weight", "model.norm.weight"):
+        return data + np.float32(1.0)
+    if rest == "linear_attn.A_log":
+        return _tiled(-np.exp(data), kh, rep, 1)
+    if rest == "linear_attn.dt_bias":
+        return _tiled(data, kh, rep, 1)
+    if rest in ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight"):
+        data = data.reshape(data.shape[0], -1).copy()
+        data[qk:] = _tiled(data[qk:], kh, rep, vd)
+        return data
+    if rest == "linear_attn.in_proj_z.weight":
+        return _tiled(data, kh, rep, vd)
+    if rest in ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight"):
+        return _tiled(data, kh, rep, 1)
+    if rest == "linear_attn.out_proj.weight":
+        return np.ascontiguousarray(_tiled(np.ascontiguousarray(data.T), kh, rep, vd).T)
+    if rest == "mlp.shared_expert_gate.weight":
+        return data.reshape(-1)
+    return data
+
+
+def write_hybrid_gguf(hf_dir: Path, path: Path) -> Path:
+    """The qwen3_5 / qwen3_5_moe model saved in `hf_dir` as an F32 GGUF file."""
+    import re
+
+    import numpy as np
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    from tests.tiny_models import gpt2_vocab_kv, write_gguf_file
+
+    hf_dir = Path(hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    moe = "num_experts" in cfg
+    arch = "qwen35moe" if moe else "qwen35"
+    rope = cfg["rope_parameters"]
+    kv = {
+        f"{arch}.context_length": cfg["max_position_embeddings"], f"{arch}.embedding_length": cfg["hidden_size"],
+        f"{arch}.block_count": cfg["num_hidden_layers"], f"{arch}.feed_forward_length": cfg.get("intermediate_size", 0),
+        f"{arch}.attention.head_count": cfg["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": cfg["num_key_value_heads"],
+        f"{arch}.attention.key_length": cfg["head_dim"], f"{arch}.attention.value_length": cfg["head_dim"],
+        f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+        f"{arch}.rope.freq_base": float(rope["rope_theta"]),
+        f"{arch}.rope.dimension_count": int(cfg["head_dim"] * rope["partial_rotary_factor"]),
+        f"{arch}.rope.dimension_sections": [11, 11, 10, 0],
+        f"{arch}.full_attention_interval": 4, f"{arch}.ssm.conv_kernel": cfg["linear_conv_kernel_dim"],
+        f"{arch}.ssm.state_size": cfg["linear_key_head_dim"], f"{arch}.ssm.group_count": cfg["linear_num_key_heads"],
+        f"{arch}.ssm.time_step_rank": cfg["linear_num_value_heads"],
+        f"{arch}.ssm.inner_size": cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"],
+        f"{arch}.vocab_size": cfg["vocab_size"], "general.name": hf_dir.name,
+    }
+    if moe:
+        kv |= {f"{arch}.expert_count": cfg["num_experts"], f"{arch}.expert_used_count": cfg["num_experts_per_tok"],
+               f"{arch}.expert_feed_forward_length": cfg["moe_intermediate_size"],
+               f"{arch}.expert_shared_feed_forward_length": cfg["shared_expert_intermediate_size"]}
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    kv |= gpt2_vocab_kv(tok, "default", tcfg.get("bos_token"), tcfg.get("eos_token"), add_bos=False,
+                        chat_template=tcfg.get("chat_template"))
+    tensors, experts = [], {}
+    for hf, data in load_file(str(hf_dir / "model.safetensors")).items():
+        data = data.astype(np.float32)
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", hf)
+        if m:
+            experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = data
+            continue
+        if hf in _GGUF_GLOBAL:
+            tensors.append((_GGUF_GLOBAL[hf], _gguf_tensor(hf, data, cfg), None))
+            continue
+        _, _, layer, rest = hf.split(".", 3)
+        tensors.append((f"blk.{layer}.{_GGUF_BLOCK[rest]}", _gguf_tensor(rest, data, cfg), None))
+    for (layer, proj), per in sorted(experts.items()):
+        tensors.append((f"blk.{layer}.ffn_{proj}_exps.weight", np.stack([per[e] for e in sorted(per)]), None))
+    return write_gguf_file(path, arch, kv, tensors)

@@ -131,8 +131,13 @@ def _tensor_f32(f: GGUFFile, name: str) -> np.ndarray | None:
 
 def read_config(f: GGUFFile) -> ModelConfig:
     arch = f.meta("general.architecture")
+    if arch in ("qwen35", "qwen35moe"):
+        from engine.loader.gguf_hybrid import read_config as hybrid_config
+
+        return hybrid_config(f)
     if arch not in ARCHITECTURES:
-        raise UnsupportedError(f"{f.name}: unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+        raise UnsupportedError(f"{f.name}: unsupported architecture {arch!r} "
+                               f"(supported: {', '.join(ARCHITECTURES)}, qwen35, qwen35moe)")
 
     def m(key, default=_REQUIRED):
         return f.meta(f"{arch}.{key}", default)
@@ -220,6 +225,10 @@ def _unpermute(w: Weight, n_head: int) -> Weight:
 
 
 def read_weights(f: GGUFFile, config: ModelConfig) -> dict[str, Weight]:
+    if config.arch in ("qwen3_5", "qwen3_5_moe"):
+        from engine.loader.gguf_hybrid import read_weights as hybrid_weights
+
+        return hybrid_weights(f, config, _weight)  # loader/__init__ checks them against the config
     weights: dict[str, Weight] = {}
     for name, t in f.tensors.items():
         if name == _ROPE_FREQS:
