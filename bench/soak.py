@@ -2,6 +2,12 @@
 
     python bench/soak.py                       # builds the tiny test model, CPU backend
     python bench/soak.py --model DIR --device cuda --out bench/results/soak-cuda.json
+    python bench/soak.py --hostile --out bench/evidence/soak-hostile-cpu.json   # with issue 25's hostile cases
+
+With --hostile, bench/hostile.py's clients (oversized and compressed bodies, lone surrogates, slow and
+half-sent bodies, foreign Host/Origin) run beside the ordinary ones, /health is polled throughout, and
+concurrent writers PUT the settings of an in-process studio; none may get a 5xx or hang, /health's p99
+must stay under 100 ms and the settings file must hold each writer's last value.
 
 Every request must end in one of two ways: completed (each choice finished, token counts as asked)
 or dropped on purpose by its client. Afterwards no page may be held by a sequence, and once the
@@ -29,6 +35,8 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+HEALTH_P99_MS = 100.0
 WORDS = ("the quick brown fox jumps over lazy dog hello world exact concurrency page park restore token "
          "def return print import numpy café größe 東京").split()
 
@@ -58,7 +66,6 @@ def free_port() -> int:
 
 
 def build_tiny_model(where: Path) -> Path:
-    sys.path.insert(0, str(ROOT))
     from tests.tiny_models import make_hf_model
 
     out = make_hf_model(where, "llama")
@@ -273,6 +280,48 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 1)
 
 
+async def soak_hostile(engine: EngineChild, args, vocab: int, work: Path) -> tuple[list[Outcome], dict]:
+    """The ordinary soak with bench/hostile.py's clients beside it, a /health probe, and settings writers."""
+    from aiohttp import web
+
+    from bench import hostile
+    from settings import SettingsStore
+    from studio.api import build_app
+    from studio.catalog import Catalog
+    from studio.manager import LoadManager
+
+    store = SettingsStore(work / "config")
+    manager = LoadManager(store, catalog=Catalog([], include_bundled=False), env=dict(os.environ),
+                          logs=work / "studio-logs")
+    runner = web.AppRunner(build_app(manager, api_key=""), handler_cancellation=True)
+    await runner.setup()
+    studio_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", studio_port).start()
+    table = hostile.cases(16)  # built before the clocks start: gzip of 16 MiB takes a while
+    stop = asyncio.Event()
+    probe = asyncio.create_task(hostile.health_probe(engine.base, stop))
+    try:
+        outcomes, tally, writes = await asyncio.gather(
+            soak(engine.base, args, vocab),
+            hostile.hostile(engine.base, engine.port, table, args.hostile_rounds, args.seed),
+            hostile.settings_writers(f"http://127.0.0.1:{studio_port}", 4, 50))
+    finally:
+        stop.set()
+        health = await probe
+        await runner.cleanup()
+    failures = [f"hostile {u}" for u in tally.unexpected]
+    if health["ms"]["p99"] is None or health["ms"]["p99"] >= HEALTH_P99_MS or health["failed"]:
+        failures.append(f"/health: {health}")
+    failures += hostile.settings_intact(writes, store.path)
+    five_xx = tally.count(lambda got: got.startswith("5")) + sum(
+        n for status, n in writes["statuses"].items() if status.startswith("5"))
+    return outcomes, {"cases": {k: dict(v) for k, v in tally.by_case.items()}, "five_xx": five_xx,
+                      "hangs": tally.count(lambda got: got == "hang"), "health": health,
+                      "settings": {"statuses": writes["statuses"], "intact": not hostile.settings_intact(
+                          writes, store.path), "last_written": writes["last_written"]},
+                      "failures": failures}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="model to serve (default: build the tiny test model)")
@@ -287,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--request-timeout", type=float, default=300)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak-cpu.json")
+    p.add_argument("--hostile", action="store_true", help="also run bench/hostile.py's clients and probes")
+    p.add_argument("--hostile-rounds", type=int, default=3)
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="lockstep-soak-"))
@@ -295,13 +346,18 @@ def main(argv: list[str] | None = None) -> int:
     engine_argv = [sys.executable, "-m", "engine", "-m", str(model), "--port", str(free_port()), "--device",
                    args.device, "-np", str(args.parallel), "-c", str(args.ctx_size), "--kv-unified", "--metrics",
                    "--exact-concurrency", args.exact]
+    if args.hostile:
+        engine_argv += ["--timeout", "10"]  # slow bodies are cut after 10 s (the default 30 s makes a long soak)
     engine = EngineChild(engine_argv, work / "engine.log")
     failures: list[str] = []
     try:
         engine.wait_ready()
         start = engine.metrics()
         t0 = time.perf_counter()
-        outcomes = asyncio.run(soak(engine.base, args, vocab))
+        if args.hostile:
+            outcomes, hostile_report = asyncio.run(soak_hostile(engine, args, vocab, work))
+        else:
+            outcomes, hostile_report = asyncio.run(soak(engine.base, args, vocab)), None
         wall = time.perf_counter() - t0
         settled = wait_until(lambda: engine.metrics()["pages_used"] == 0
                              and not any(s["is_processing"] for s in engine.slots()), 5.0)
@@ -330,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     if exit_code != 0:
         failures.append(f"engine exited with {exit_code} on SIGTERM")
 
+    five_xx = sum(o.status == "failed" and o.detail.startswith("AssertionError: HTTP 5") for o in outcomes)
+    if hostile_report:
+        failures += hostile_report["failures"]
+        five_xx += hostile_report["five_xx"]
     completed = [o for o in outcomes if o.status == "completed"]
     tokens = sum(o.tokens for o in completed)
     report = {
@@ -360,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                        "recomputes": after["recomputes_total"],
                        "parks_reported_by_completed": sum(o.parks for o in completed)},
         "engine_exit_code": exit_code,
+        "five_xx": five_xx,
+        "hostile": hostile_report,
         "passed": not failures,
         "failures": failures,
         "requests_detail": [asdict(o) for o in outcomes],
@@ -367,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     summary = {k: report[k] for k in ("outcomes", "completion_tokens", "wall_s", "completed_tokens_per_s",
-                                      "pages", "preemption", "passed")}
+                                      "pages", "preemption", "five_xx", "passed")}
+    if hostile_report:
+        summary["health"] = hostile_report["health"]
     print(json.dumps(summary, indent=1))
     for f in failures:
         print("FAIL:", f, file=sys.stderr)

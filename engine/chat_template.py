@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 
 from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Used when a model carries no template: ChatML, which most small instruction models follow.
@@ -75,6 +76,17 @@ def _budgeted(iterable):
         yield item
 
 
+class _GenerationBlock(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks assistant text for training masks):
+    rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["*", "**"])
 
@@ -107,7 +119,7 @@ class ChatTemplate:
         self.source = source or DEFAULT_TEMPLATE
         self.bos_token, self.eos_token = bos_token, eos_token
         self.origin = origin if source else "the default chat template (ChatML)"
-        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
