@@ -138,3 +138,12 @@ def test_speculative_drafting_is_turned_off_by_name(engine_factory, hybrid, prom
 
     assert asyncio.run(go()) == reference[1]
     assert "speculative drafting is off for qwen3_5" in eng.output()
+
+
+def test_gguf_hybrid_serves_exactly_beside_neighbours_at_ub_24(engine_factory, hybrid, prompts, tmp_path):
+    from tests.tiny_hybrid import write_hybrid_gguf
+
+    eng = engine_factory(write_hybrid_gguf(hybrid, tmp_path / "hybrid.gguf"), "-np", "4", "-ub", "24", *EXACT)
+    solo, beside = asyncio.run(_solo_and_beside(eng, prompts))
+    assert len(solo) == 16 and beside == solo
+    assert eng.get_json("/props")["exact_concurrency"]["granted"] is True

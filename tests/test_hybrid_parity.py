@@ -119,3 +119,15 @@ def test_gguf_in_llama_cpps_layout_gives_the_hf_logits(request, which, tmp_path)
     a, b = prompt_logits(hf, ids, exact=True), prompt_logits(gg, ids, exact=True)
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
     assert gg.tokenizer.encode("def fibonacci(n):") == hf.tokenizer.encode("def fibonacci(n):")
+
+
+def test_memory_planning_counts_the_recurrent_state_and_only_attention_kv(hybrid):
+    from engine.launch import memory_need
+
+    loaded = load_model(hybrid)
+    spec = loaded.config.extra["hybrid"]
+    one, four = memory_need(loaded, "cpu", 4, "f32", n_seqs=1), memory_need(loaded, "cpu", 4, "f32", n_seqs=4)
+    runner = Runner(loaded, make_ops("cpu", True), 4, "f32")
+    assert one["state"] == runner.state_bytes == sum(a.nbytes for a in runner.ops.state_read(runner.new_state()))
+    assert four["state"] == 4 * one["state"]
+    assert one["kv"] == runner.pool.page_bytes * 4 and len(runner.pool.layers) == spec.n_full == 2
