@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from contract.env import ENGINE_API_KEY, PREEMPT_MODE
+from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unknown
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
 from kernels.base import KV_TYPES, PAGE_SIZE
@@ -26,7 +27,7 @@ ENV_API_KEY = ENGINE_API_KEY  # as llama-server: the key without putting it in a
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own exit code for a bad command line is 2, as ours
         self.print_usage(sys.stderr)
-        self.exit(BAD_FLAGS, f"error: {message}\n")
+        self.exit(BAD_FLAGS, f"error: {explain_unknown(message)}\n")
 
 
 def _int_at_least(low: int):
@@ -57,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = p.add_argument
     add("-m", "--model", required=True, metavar="PATH", help="model: a Hugging Face directory or a GGUF file")
-    add("--alias", metavar="NAME", help="model name reported by /v1/models (default: the file or directory name)")
-    add("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    add("--alias", metavar="NAME[,NAME]", help="model names reported by /v1/models, comma-separated; the id is the "
+        "first in sorted order, as llama-server (default: the file or directory name)")
+    add("--host", default="127.0.0.1", help="addresses to listen on, comma-separated (default: %(default)s)")
     add("--port", type=_int_at_least(0), default=8080, help="port to listen on (default: %(default)s)")
     add("-c", "--ctx-size", type=_int_at_least(0), default=4096, metavar="N",
         help=f"KV pool size in tokens, rounded up to whole {PAGE_SIZE}-token pages; 0 = the model's native "
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="byte-identical tokens and logprobs per request whatever runs beside it; when absent, the "
              "environment variable LOCKSTEP_EXACT=1 turns it on (default: off)")
     _add_client_limits(p)
+    add_compat_flags(p)
     return p
 
 
@@ -170,8 +173,12 @@ def check_values(opts: argparse.Namespace) -> None:
                 opts.chat_template = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise bad_flag(f"--chat-template-file {opts.chat_template_file}: cannot be read ({e})") from e
+    elif opts.chat_template_name:
+        opts.chat_template = builtin_or_source(opts.chat_template_name)
     else:
         opts.chat_template = None
+    if opts.temp is not None and not 0.0 <= opts.temp <= 100.0:
+        raise bad_flag(f"--temp {opts.temp}: expects a number between 0 and 100")
     opts.preempt_mode = preempt_mode()
 
 

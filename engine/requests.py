@@ -19,6 +19,7 @@ class Request:
     logprobs: int = -1
     cache_prompt: bool = True
     id_slot: int = -1
+    return_progress: bool = False  # a ProgressEvent when admitted and after each prompt chunk
 
 
 @dataclass
@@ -27,6 +28,14 @@ class TokenEvent:
     token: int
     logprob: float | None
     top: list[tuple[int, float]] | None
+
+
+@dataclass
+class ProgressEvent:
+    index: int
+    total: int  # prompt tokens
+    cache: int  # of them reused from the prompt cache
+    processed: int  # of them with KV so far, cached ones included
 
 
 @dataclass
@@ -51,5 +60,5 @@ def call_each(batch: list[tuple[Callable, object]]) -> None:
         callback(event)
 
 
-Event = TokenEvent | DoneEvent
+Event = TokenEvent | DoneEvent | ProgressEvent
 Row = tuple[np.ndarray | None, int]  # a logits row on the host (when the sampler needs it) and its argmax

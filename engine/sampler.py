@@ -39,6 +39,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = 0
+    # (token id, bias) pairs added to the logits before sampling; -inf bans a token (ignore_eos bans the EOGs)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    post_sampling_probs: bool = False  # report probabilities after the samplers' filters, not log-softmax
 
     @property
     def greedy(self) -> bool:
@@ -48,7 +51,17 @@ class SamplingParams:
 def needs_logits(p: SamplingParams, logprobs: int) -> bool:
     """False when the row's argmax alone decides the token: greedy, no penalties, no logprobs."""
     penalized = p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-    return not p.greedy or penalized or logprobs >= 0
+    return not p.greedy or penalized or logprobs >= 0 or bool(p.logit_bias)
+
+
+def _bias(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    if not p.logit_bias:
+        return logits
+    out = logits.copy()
+    for token, bias in p.logit_bias:
+        if token < out.shape[0]:
+            out[token] += bias
+    return out
 
 
 def _penalize(logits: np.ndarray, p: SamplingParams, history: list[int]) -> np.ndarray:
@@ -81,9 +94,18 @@ def _sorted_desc(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 def sample(row: np.ndarray, p: SamplingParams, history: list[int], index: int) -> int:
-    logits = _penalize(np.asarray(row, dtype=np.float64), p, history)
+    logits = _bias(_penalize(np.asarray(row, dtype=np.float64), p, history), p)
     if p.greedy:
         return int(np.argmax(logits))
+    cand, weights = _candidates(logits, p)
+    cdf = np.cumsum(weights)
+    u = counter_uniform(p.seed, index) * cdf[-1]
+    pick = int(np.searchsorted(cdf, u, side="right"))
+    return int(cand[min(pick, len(cand) - 1)])
+
+
+def _candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens top-k, top-p and min-p keep, likeliest first, with their unnormalized weights."""
     cand = _sorted_desc(logits, p.top_k)
     vals = logits[cand]
     if p.top_p < 1.0 or p.min_p > 0.0:
@@ -96,11 +118,21 @@ def sample(row: np.ndarray, p: SamplingParams, history: list[int], index: int) -
             keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
         cand, vals = cand[:keep], vals[:keep]
     scaled = (vals - vals[0]) / p.temperature
-    weights = np.exp(scaled)
-    cdf = np.cumsum(weights)
-    u = counter_uniform(p.seed, index) * cdf[-1]
-    pick = int(np.searchsorted(cdf, u, side="right"))
-    return int(cand[min(pick, len(cand) - 1)])
+    return cand, np.exp(scaled)
+
+
+def post_sampling_logprobs(row: np.ndarray, p: SamplingParams, history: list[int], token: int,
+                           n: int) -> tuple[float, list[tuple[int, float]]]:
+    """llama-server's post_sampling_probs: the chosen token's and the n likeliest tokens' probabilities in
+    the distribution the sampler drew from (as logs; a filtered-out token has none and is not listed)."""
+    logits = _bias(_penalize(np.asarray(row, dtype=np.float64), p, history), p)
+    if p.greedy:
+        return 0.0, [(int(np.argmax(logits)), 0.0)][:n]
+    cand, weights = _candidates(logits, p)
+    logw = np.log(weights / weights.sum())
+    chosen = np.flatnonzero(cand == token)
+    lp = float(logw[chosen[0]]) if chosen.size else float("-inf")
+    return lp, [(int(cand[i]), float(logw[i])) for i in range(min(n, len(cand)))]
 
 
 def log_softmax(row: np.ndarray) -> np.ndarray:

@@ -62,8 +62,8 @@ class TextTokenizer:
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eos_ids or token_id in self.extra_stop_ids
 
-    def apply_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.template.render(messages, add_generation_prompt)
+    def apply_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        return self.template.render(messages, add_generation_prompt, **extra)
 
 
 def load_hf_tokenizer(model_dir: Path, template_override: str | None = None) -> TextTokenizer:

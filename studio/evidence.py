@@ -173,7 +173,7 @@ async def complete(session: aiohttp.ClientSession, url: str, prompt: list[int], 
     """`logprobs=False` takes the token ids alone: greedy steps then need no logits rows on the host,
     and the engine launches decode steps ahead (fed from the previous step's argmax on the device)."""
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, "seed": seed,
-            "cache_prompt": cache_prompt, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+            "cache_prompt": cache_prompt, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "return_tokens": True}
     if logprobs:
         body["n_probs"] = 1
     if n > 1:

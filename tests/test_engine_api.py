@@ -45,7 +45,8 @@ async def test_health_props_slots(eng):
     assert props["default_generation_settings"]["params"]["temperature"] == 0.8
     assert props["model_path"].endswith("llama-noeos")
     assert "<|im_start|>" in props["chat_template"]
-    assert props["build_info"].startswith("lockstep ")
+    assert props["build_info"].startswith("b0-lockstep-")  # llama-server's shape
+    assert props["lockstep_build"].startswith("lockstep ")
     assert props["exact_concurrency"]["granted"] is False
     status, slots = await get(eng, "/slots")
     assert status == 200 and [s["id"] for s in slots] == [0, 1, 2, 3]
@@ -85,7 +86,7 @@ async def test_tokenize_detokenize_apply_template(eng):
 
 async def test_completion_plain_and_streamed_agree(eng):
     req = {"prompt": PROMPT, "n_predict": 24, "temperature": 0, "cache_prompt": False}
-    status, body = await post(eng, "/completion", req)
+    status, body = await post(eng, "/completion", {**req, "return_tokens": True})
     assert status == 200
     assert len(body["tokens"]) == body["tokens_predicted"] == 24
     assert body["stop"] is True and body["stop_type"] == "limit"
@@ -104,7 +105,7 @@ async def test_completion_plain_and_streamed_agree(eng):
 async def test_completion_token_prompt_and_probabilities(eng):
     _, tok = await post(eng, "/tokenize", {"content": PROMPT, "add_special": True})
     status, body = await post(eng, "/completion", {"prompt": tok["tokens"], "n_predict": 6, "temperature": 0,
-                                                   "n_probs": 3})
+                                                   "n_probs": 3, "return_tokens": True})
     assert status == 200
     probs = body["completion_probabilities"]
     assert [p["id"] for p in probs] == body["tokens"]
@@ -115,7 +116,8 @@ async def test_completion_token_prompt_and_probabilities(eng):
 
 
 async def test_seed_is_returned_and_replays(eng):
-    req = {"prompt": PROMPT, "n_predict": 16, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    req = {"prompt": PROMPT, "n_predict": 16, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+           "return_tokens": True}
     _, first = await post(eng, "/completion", req)
     _, again = await post(eng, "/completion", {**req, "seed": first["seed"]})
     assert again["seed"] == first["seed"] and again["tokens"] == first["tokens"]
@@ -139,7 +141,7 @@ async def test_stop_string_spanning_tokens(eng):
 
 
 async def test_prompt_cache_reuses_the_prefix(eng):
-    req = {"prompt": PROMPT * 4, "n_predict": 4, "temperature": 0}
+    req = {"prompt": PROMPT * 4, "n_predict": 4, "temperature": 0, "return_tokens": True}
     _, first = await post(eng, "/completion", req)
     _, second = await post(eng, "/completion", req)
     assert second["tokens_cached"] > 0 and second["timings"]["cache_n"] == second["tokens_cached"]

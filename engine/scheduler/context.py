@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from engine.modes import PreemptMode
 
 COUNTERS = ("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total", "tokens_predicted_total",
-            "drafted_total", "draft_accepted_total", "steps_total", "decode_steps_total", "ahead_steps_total")
+            "drafted_total", "draft_accepted_total", "steps_total", "decode_steps_total", "ahead_steps_total",
+            "decode_rows_total", "drafts_total")
 TIMERS = ("step_seconds_total", "decode_step_seconds_total", "busy_seconds_total")
 
 

@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from engine.requests import DoneEvent, Event, Row, TokenEvent
+from engine.requests import DoneEvent, Event, ProgressEvent, Row, TokenEvent
 from engine.runner import RowsOut
-from engine.sampler import log_softmax, sample, top_logprobs
+from engine.sampler import log_softmax, post_sampling_logprobs, sample, top_logprobs
 from engine.scheduler.context import Context
 from engine.scheduler.memory import StateManager
 from engine.scheduler.slots import SlotTable
 from engine.sequences import Seq
+from engine.timings import timings as make_timings
 from engine.tokenizer import TextTokenizer
 
 
@@ -43,8 +44,15 @@ class Emitter:
                 break
             accepted += 1
         seq.spec.record(len(draft), accepted)
+        self.ctx.counters["drafts_total"] += 1
         self.ctx.counters["drafted_total"] += len(draft)
         self.ctx.counters["draft_accepted_total"] += accepted
+
+    def progress(self, seq: Seq) -> None:
+        """return_progress: how much of the prompt has KV, while the prompt is processed."""
+        if seq.req.return_progress and seq.generated == 0 and seq.index == 0:
+            self.outbox.append((seq.on_event, ProgressEvent(0, seq.n_prompt, seq.cached_tokens,
+                                                            min(seq.n_computed, seq.n_prompt))))
 
     def finish(self, seq: Seq, reason: str, error: str | None = None) -> None:
         self.mem.drop(seq)
@@ -78,7 +86,9 @@ class Emitter:
         logits, best = row
         tok = best if logits is None else sample(logits, seq.params, seq.tokens, seq.generated)
         lp = top = None
-        if seq.req.logprobs >= 0:
+        if seq.req.logprobs >= 0 and seq.params.post_sampling_probs:
+            lp, top = post_sampling_logprobs(logits, seq.params, seq.tokens, tok, seq.req.logprobs)
+        elif seq.req.logprobs >= 0:
             lps = log_softmax(logits)
             lp = float(lps[tok])
             top = top_logprobs(lps, seq.req.logprobs) if seq.req.logprobs > 0 else None
@@ -100,12 +110,5 @@ class Emitter:
 def _timings(seq: Seq) -> dict:
     now = time.perf_counter()
     t_first = seq.t_first or now
-    prompt_ms = (t_first - seq.t_start) * 1000
-    pred_ms = (now - t_first) * 1000
-    prompt_n = seq.n_prompt - seq.cached_tokens
-    return {
-        "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-        "prompt_per_second": prompt_n / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
-        "predicted_n": seq.generated, "predicted_ms": pred_ms,
-        "predicted_per_second": seq.generated / (pred_ms / 1000) if pred_ms > 0 else 0.0,
-    }
+    return make_timings(seq.n_prompt - seq.cached_tokens, (t_first - seq.t_start) * 1000, seq.generated,
+                        (now - t_first) * 1000)

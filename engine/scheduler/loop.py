@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from contract.env import PREEMPT_EVERY
 from engine.kv_cache import seq_context
@@ -74,6 +75,7 @@ class Scheduler:
         self.emitter = Emitter(tokenizer, self.mem, self.slots_, self.ctx)
         self.dispatch = dispatch
         self.inbox = Inbox(max_queue)
+        self._calls: list[tuple[Callable, Future]] = []  # guarded by inbox.cv
         self._waiting: Waiting = deque()  # from here on, everything belongs to the compute thread
         self._thread: threading.Thread | None = None
         # a decode step launched before the previous step's tokens reached the host (Planner.plan_ahead)
@@ -114,6 +116,14 @@ class Scheduler:
         """Aborts a request, or only its completion `index` (n > 1: one choice hit a stop string)."""
         self.inbox.cancel(request_id, index)
 
+    def call(self, fn: Callable[[Scheduler], object]) -> Future:
+        """Runs fn(scheduler) on the compute thread between steps (slot files read and write its caches)."""
+        done: Future = Future()
+        with self.inbox.cv:
+            self._calls.append((lambda: fn(self), done))
+            self.inbox.cv.notify_all()
+        return done
+
     def stats(self) -> dict:
         """Counters and pool figures as of the last step, without waiting for a running one."""
         return {**self.snapshot.stats, "queue_len": self.inbox.queued}
@@ -139,6 +149,11 @@ class Scheduler:
             t_busy = time.perf_counter()
             with self.inbox.cv:
                 arrived, cancels = self.inbox.take()
+                calls, self._calls = self._calls, []
+            for fn, done in calls:
+                _run_call(fn, done)
+            if calls:
+                self.snapshot.publish(rows=True)
             self._waiting.extend(arrived)
             self._apply_cancels(cancels)
             self.mem.restore_parked()
@@ -169,7 +184,7 @@ class Scheduler:
             self.snapshot.publish(rows=True)
 
     def _has_work(self) -> bool:
-        return bool(self.inbox.pending or self.mem.running or self.mem.parked or self._waiting or self._ahead)
+        return bool(self.inbox.pending or self._calls or self.mem.running or self.mem.parked or self._waiting or self._ahead)
 
     def _flush(self) -> None:
         """Publishes the snapshot, then hands the events so far to the server: a client that reads
@@ -206,6 +221,9 @@ class Scheduler:
             if not plan:
                 self._flush()
                 return
+            for seq, _ in plan:
+                if seq.generated == 0 and seq.n_computed == seq.cached_tokens:
+                    self.emitter.progress(seq)  # before its first chunk: what the cache already holds
             pending = self.runner.launch([e for _, e in plan])
         nxt = self.planner.plan_ahead(plan, ahead)
         if nxt:
@@ -221,6 +239,7 @@ class Scheduler:
         if all(len(e.tokens) == 1 for _, e in plan):
             self.counters["decode_step_seconds_total"] += took
             self.counters["decode_steps_total"] += 1
+            self.counters["decode_rows_total"] += len(plan)
         for (seq, entry), logits in zip(plan, results, strict=True):
             if ahead and (seq.done or not self.mem.is_running(seq)):
                 continue  # ended, cancelled or parked after this step was launched: its row is dropped
@@ -228,5 +247,13 @@ class Scheduler:
                 self.emitter.verify(seq, logits)
                 continue
             seq.n_computed += len(entry.tokens)
+            self.emitter.progress(seq)
             if logits is not None and not seq.done:
                 self.emitter.on_logits(seq, logits.row(-1))
+
+
+def _run_call(fn: Callable, done: Future) -> None:
+    try:
+        done.set_result(fn())
+    except Exception as e:  # handed to the caller, whose request it fails
+        done.set_exception(e)

@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from contract.auth import presented_key, same_key
-from engine.server import guard, native, openai_api
+from engine.server import completion, guard, infill, native, openai_api, responses_api, slot_files
 from engine.server.errors import ApiError, error_response
 from engine.server.state import STATE, EngineState, state_of
 
@@ -66,7 +66,14 @@ def build_app(state: EngineState) -> web.Application:
     r.add_get("/slots", native.slots)
     r.add_get("/metrics", native.metrics)
     for path in ("/completion", "/completions"):
-        r.add_post(path, native.completion)
+        r.add_post(path, completion.completion)
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        r.add_post(path, native.chat_token_count)
+    for path in ("/infill",):
+        r.add_post(path, infill.infill)
+    for path in ("/v1/responses", "/responses"):
+        r.add_post(path, responses_api.responses)
+    r.add_post("/slots/{id_slot}", slot_files.slot_action)
     r.add_post("/tokenize", native.tokenize)
     r.add_post("/detokenize", native.detokenize)
     r.add_post("/apply-template", native.apply_template)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engine.chat_template import ChatTemplateError
@@ -34,7 +35,7 @@ def _content(i: int, msg: dict) -> str:
         if not isinstance(part.get("text"), str):
             raise bad_request(f"{where}.text must be a string")
         texts.append(part["text"])
-    return "\n".join(texts)
+    return "\n\n".join(texts)  # as llama-server joins text parts
 
 
 def check_messages(value: Any) -> list[dict]:
@@ -62,24 +63,44 @@ def check_messages(value: Any) -> list[dict]:
         clean = {"role": role, "content": _content(i, msg)}
         if name is not None:
             clean["name"] = name
+        for key, kind in (("tool_calls", list), ("tool_call_id", str), ("reasoning_content", str)):
+            if msg.get(key) is not None:  # what templates read of tool turns, passed on as given
+                if not isinstance(msg[key], kind):
+                    raise bad_request(f"'messages[{i}].{key}' must be {'an array' if kind is list else 'a string'}")
+                clean[key] = _tool_calls(i, msg[key]) if key == "tool_calls" else msg[key]
         out.append(clean)
+    if len(out) >= 2 and out[-1]["role"] == out[-2]["role"] == "assistant":
+        raise bad_request("'messages' ends with two assistant messages; at most one (the prefill) may end it")
     return out
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+def _tool_calls(i: int, calls: list) -> list:
+    """Templates iterate arguments as a mapping; OpenAI clients send them as a JSON string."""
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"'messages[{i}].tool_calls[{j}]' must be an object with function.name")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise bad_request(f"'messages[{i}].tool_calls[{j}].function.arguments' is not valid JSON") from None
+        out.append({**call, "function": {**fn, "arguments": args}})
+    return out
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+    """On a worker thread (EngineState.workers): templates are foreign code with a loop budget."""
     try:
-        return tokenizer.apply_chat(messages, add_generation_prompt)
+        return tokenizer.apply_chat(messages, add_generation_prompt, **extra)
     except ChatTemplateError as e:  # the message names the template and what it did
         raise bad_request(str(e)) from None
 
 
-async def render(state: EngineState, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    return await state.workers.run(_render, state.tokenizer, messages, add_generation_prompt)
-
-
-def _chat_ids(state: EngineState, messages: list[dict]) -> list[int]:  # worker thread
+def encode_chat(state: EngineState, text: str) -> list[int]:  # worker thread
     tokenizer = state.tokenizer
-    text = _render(tokenizer, messages, True)
     check_fits(state, text, "chat prompt")
     # A template that writes the BOS token itself must not get a second one from the tokenizer.
     with_bos = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
@@ -87,7 +108,3 @@ def _chat_ids(state: EngineState, messages: list[dict]) -> list[int]:  # worker 
     if not ids:
         raise bad_request("the chat template rendered an empty prompt")
     return ids
-
-
-async def chat_prompt(state: EngineState, messages: list[dict]) -> list[int]:
-    return await state.workers.run(_chat_ids, state, messages)

@@ -18,8 +18,9 @@ TYPES = {
 }
 
 
-def error_body(status: int, message: str, type_: str | None = None) -> dict:
-    return {"error": {"code": status, "type": type_ or TYPES.get(status, "server_error"), "message": message}}
+def error_body(status: int, message: str, type_: str | None = None, extra: dict | None = None) -> dict:
+    return {"error": {"code": status, "type": type_ or TYPES.get(status, "server_error"), "message": message,
+                      **(extra or {})}}
 
 
 def error_response(status: int, message: str, type_: str | None = None) -> web.Response:
@@ -27,16 +28,17 @@ def error_response(status: int, message: str, type_: str | None = None) -> web.R
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str | None = None, close: bool = False):
+    def __init__(self, status: int, message: str, type_: str | None = None, close: bool = False,
+                 extra: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.type = status, message, type_
+        self.status, self.message, self.type, self.extra = status, message, type_, extra
         self.close = close  # the request's body was not read to its end: the connection cannot carry another
 
     def body(self) -> dict:
-        return error_body(self.status, self.message, self.type)
+        return error_body(self.status, self.message, self.type, self.extra)
 
     def response(self) -> web.Response:
-        response = error_response(self.status, self.message, self.type)
+        response = web.json_response(self.body(), status=self.status)
         if self.close:
             response.force_close()
         return response

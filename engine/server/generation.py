@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.requests import DoneEvent, QueueFullError, Request, TokenEvent, call_each
+from engine.requests import DoneEvent, ProgressEvent, QueueFullError, Request, TokenEvent, call_each
 from engine.server.errors import ApiError
 from engine.textstream import TextStream
+from engine.timings import timings as make_timings
 
 STOP_TYPES = {"stop": "eos", "length": "limit", "abort": "abort", "error": "error"}
 
@@ -33,6 +35,7 @@ class Delta:
     text: str
     tokens: list[TokenOut]
     finish_reason: str | None = None
+    progress: ProgressEvent | None = None  # prompt processing news (return_progress); no text with it
 
 
 @dataclass
@@ -73,8 +76,15 @@ class Generation:
         self.request_id: int | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancelled = False
+        self.t_start = time.perf_counter()
+        self.t_first: float | None = None  # when the first token arrived
 
     def start(self) -> None:
+        n_prompt, n_ctx = len(self.request.prompt), self.scheduler.n_ctx_seq
+        if n_prompt >= n_ctx:  # llama-server's error, with its fields
+            raise ApiError(400, f"the request exceeds the available context size: {n_prompt} prompt tokens, "
+                                f"{n_ctx} per slot (raise --ctx-size)", "exceed_context_size_error",
+                           extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
         try:  # events arrive on the event loop (the scheduler's dispatch is loop_dispatch)
             self.request_id = self.scheduler.submit(self.request, self._queue.put_nowait)
         except QueueFullError as e:
@@ -103,7 +113,11 @@ class Generation:
             if isinstance(event, ApiError):
                 raise event
             choice = self.choices[event.index]
-            if isinstance(event, TokenEvent):
+            if isinstance(event, ProgressEvent):
+                yield Delta(event.index, "", [], progress=event)
+            elif isinstance(event, TokenEvent):
+                if self.t_first is None:
+                    self.t_first = time.perf_counter()
                 delta = self._on_token(choice, event)
                 if delta is not None:
                     yield delta
@@ -135,6 +149,16 @@ class Generation:
             delta.finish_reason = event.finish_reason
             out.append(delta)
         return out
+
+    def live_timings(self) -> dict:
+        """timings_per_token: the figures so far, measured here (the scheduler's come with the end)."""
+        now = time.perf_counter()
+        first = self.t_first or now
+        c = self.choices[0]
+        done = c.done
+        cached = done.cached_tokens if done else 0
+        return make_timings(len(self.request.prompt) - cached, (first - self.t_start) * 1000,
+                            len(c.stream.ids), (now - first) * 1000 if self.t_first else 0.0)
 
     def _delta(self, choice: Choice, released) -> Delta:
         out = []

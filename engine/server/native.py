@@ -1,5 +1,5 @@
-"""llama-server's own endpoints: /health, /props, /slots, /metrics, /completion, /tokenize, /detokenize,
-/apply-template."""
+"""llama-server's own endpoints: /health, /props, /slots, /metrics, /tokenize, /detokenize, /apply-template and
+the chat token count (/completion is in engine.server.completion)."""
 
 from __future__ import annotations
 
@@ -10,25 +10,12 @@ from dataclasses import asdict
 from aiohttp import web
 
 from engine import metrics as prom
-from engine.requests import Request
-from engine.server.chat import check_messages, render
+from engine.server.chat_render import build_prompt
+from engine.server.completion import json_bias
 from engine.server.errors import ApiError, bad_request
-from engine.server.generation import Choice, Generation, TokenOut
 from engine.server.offload import json_list
-from engine.server.params import (
-    MAX_N,
-    MAX_TOP_LOGPROBS,
-    Fields,
-    max_tokens,
-    prompt_tokens,
-    read_json,
-    reject_unsupported,
-    sampling,
-    stop_strings,
-    token_ids,
-)
-from engine.server.pieces import piece_json, token_bytes
-from engine.server.run import EventStream, failure, generation
+from engine.server.params import Fields, read_json, token_ids
+from engine.server.pieces import piece_json
 from engine.server.state import EngineState, state_of
 
 SLOTS_WAIT_S = 0.02
@@ -43,7 +30,8 @@ async def health(request: web.Request) -> web.Response:
 
 def generation_defaults(state: EngineState) -> dict:
     params = asdict(state.defaults)
-    params.update(seed=state.opts.seed, n_predict=-1, stop=[], n_probs=0, cache_prompt=True)
+    params.update(seed=state.opts.seed, n_predict=getattr(state.opts, "n_predict", -1), stop=[], n_probs=0,
+                  cache_prompt=True, logit_bias=[])
     return {"n_ctx": state.scheduler.n_ctx_seq, "params": params}
 
 
@@ -65,7 +53,9 @@ async def props(request: web.Request) -> web.Response:
         "bos_token": tok.bos_token,
         "eos_token": tok.eos_token,
         "modalities": {"vision": False, "audio": False},
-        "build_info": state.build_info,
+        "build_info": state.llama_build_info,
+        "lockstep_build": state.build_info,
+        "is_sleeping": False,
         "exact_concurrency": state.exact.as_dict(),
     })
 
@@ -73,12 +63,22 @@ async def props(request: web.Request) -> web.Response:
 async def slots(request: web.Request) -> web.Response:
     """Fresh rows when the compute thread publishes them soon (between two steps), else the last
     ones: the event loop never waits for a step."""
-    scheduler = state_of(request).scheduler
+    state = state_of(request)
+    if not getattr(state.opts, "slots_endpoint", True):
+        raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
+    scheduler = state.scheduler
     version = scheduler.want_slots()
     deadline = time.monotonic() + SLOTS_WAIT_S
     while scheduler.slots_version == version and time.monotonic() < deadline:
         await asyncio.sleep(0.002)
-    return web.json_response(scheduler.slots())
+    out = []
+    for row in scheduler.slots():  # a slot's sampling parameters only with --verbose, as llama-server's debug
+        row = dict(row)
+        params = row.pop("params", {})
+        if getattr(state.opts, "verbose", False):
+            row["params"] = {**params, "logit_bias": json_bias(params.get("logit_bias", ()))}
+        out.append(row)
+    return web.json_response(out)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -86,103 +86,8 @@ async def metrics(request: web.Request) -> web.Response:
     if not state.opts.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
     return web.Response(text=prom.render(state.scheduler.stats(), state.served),
-                        content_type="text/plain", charset="utf-8")
-
-
-def _prob_entry(tok, token_id: int, logprob: float) -> dict:
-    return {"id": token_id, "token": tok.piece(token_id), "bytes": list(token_bytes(tok, token_id)),
-            "logprob": logprob}
-
-
-def _probs(tok, tokens: list[TokenOut]) -> list[dict]:
-    out = []
-    for t in tokens:
-        entry = _prob_entry(tok, t.id, t.logprob)
-        entry["top_logprobs"] = [_prob_entry(tok, i, lp) for i, lp in t.top or []]
-        out.append(entry)
-    return out
-
-
-def _summary(state: EngineState, gen: Generation, choice: Choice, body: dict, stream: bool) -> dict:
-    req, done = gen.request, choice.done
-    timings = dict(done.timings) if done and done.timings else {}
-    timings["cache_n"] = done.cached_tokens if done else 0
-    out = {
-        "index": choice.index,
-        "content": "" if stream else choice.text,
-        "tokens": [] if stream else [t.id for t in choice.tokens],
-        "id_slot": req.id_slot,
-        "stop": True,
-        "model": state.alias,
-        "tokens_predicted": len(choice.tokens),
-        "tokens_evaluated": len(req.prompt),
-        "tokens_cached": done.cached_tokens if done else 0,
-        "generation_settings": {**asdict(req.params), "n_predict": req.max_tokens, "stop": body["stop"],
-                                "n_probs": max(req.logprobs, 0), "cache_prompt": req.cache_prompt,
-                                "stream": stream},
-        "prompt": body["prompt_text"],
-        "has_new_line": "\n" in choice.text,
-        "truncated": False,
-        "stop_type": choice.stop_type,
-        "stopping_word": choice.stopping_word,
-        "timings": timings,
-        "seed": req.params.seed,
-        "preempt": choice.preempt,
-    }
-    if req.logprobs > 0 and not stream:
-        out["completion_probabilities"] = _probs(state.tokenizer, choice.tokens)
-    return out
-
-
-async def completion(request: web.Request) -> web.StreamResponse:
-    state = state_of(request)
-    f = Fields(await read_json(request))
-    reject_unsupported(f)
-    tok = state.tokenizer
-    prompt = await prompt_tokens(f.raw("prompt"), state)
-    stops = stop_strings(f)
-    n_probs = f.int("n_probs", 0, 0, MAX_TOP_LOGPROBS)
-    req = Request(
-        prompt=prompt,
-        params=sampling(f, state.defaults, state.opts.seed),
-        max_tokens=max_tokens(f, "n_predict", "max_tokens"),
-        logprobs=n_probs if n_probs > 0 else -1,
-        cache_prompt=f.bool("cache_prompt", True),
-        id_slot=f.int("id_slot", -1, -1, state.opts.parallel - 1),
-        n=f.int("n", 1, 1, MAX_N),
-    )
-    stream = f.bool("stream", False)
-    if stream and req.n > 1:
-        raise bad_request("'n' > 1 is not supported with 'stream' on /completion; use /v1/completions")
-    prompt_text = f.raw("prompt") if isinstance(f.raw("prompt"), str) else \
-        await state.workers.run(tok.decode, prompt, False, size=len(prompt))
-    body = {"stop": stops, "prompt_text": prompt_text}
-    async with generation(state, req, stops) as gen:
-        if not stream:
-            async for _ in gen.deltas():
-                pass
-            if err := failure(gen):
-                raise err
-            if req.n == 1:
-                return web.json_response(_summary(state, gen, gen.choices[0], body, stream=False))
-            # a Lockstep extension: n completions of one prompt, as a list in index order
-            return web.json_response([_summary(state, gen, c, body, stream=False) for c in gen.choices])
-        sse = EventStream(request)
-        await sse.open()
-        async with sse.failing_as_event():
-            async for d in gen.deltas():
-                if d.text or d.tokens:
-                    chunk = {"index": 0, "content": d.text, "tokens": [t.id for t in d.tokens], "stop": False,
-                             "id_slot": req.id_slot, "tokens_predicted": len(gen.choices[0].tokens),
-                             "tokens_evaluated": len(prompt)}
-                    if req.logprobs > 0:
-                        chunk["completion_probabilities"] = _probs(tok, d.tokens)
-                    await sse.send(chunk)
-            if err := failure(gen):
-                await sse.error(err)
-            else:
-                await sse.send(_summary(state, gen, gen.choices[0], body, stream=True))
-        return await sse.close()
+                        content_type="text/plain", charset="utf-8",
+                        headers={"Process-Start-Time-Unix": str(int(state.started))})
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -218,5 +123,11 @@ async def detokenize(request: web.Request) -> web.Response:
 async def apply_template(request: web.Request) -> web.Response:
     state = state_of(request)
     f = Fields(await read_json(request))
-    messages = check_messages(f.raw("messages"))
-    return web.json_response({"prompt": await render(state, messages, f.bool("add_generation_prompt", True))})
+    return web.json_response({"prompt": (await build_prompt(state, f, encode=False)).text})
+
+
+async def chat_token_count(request: web.Request) -> web.Response:
+    """llama-server's /chat/completions/input_tokens: the rendered prompt's length, nothing generated."""
+    state = state_of(request)
+    f = Fields(await read_json(request))
+    return web.json_response({"input_tokens": len((await build_prompt(state, f)).ids)})

@@ -13,7 +13,9 @@ import time
 from aiohttp import web
 
 from engine.requests import Request
-from engine.server.chat import chat_prompt, check_messages
+from engine.server.chat_output import ReasoningSplitter, parse_tool_calls
+from engine.server.chat_render import ChatPrompt, build_prompt
+from engine.server.completion import cap_predict
 from engine.server.errors import bad_request
 from engine.server.generation import Choice, Delta, Generation, TokenOut
 from engine.server.params import (
@@ -35,6 +37,7 @@ from engine.server.state import EngineState, state_of
 def _model_card(state: EngineState, name: str) -> dict:
     c = state.loaded.config
     return {"id": name, "object": "model", "created": int(state.started), "owned_by": "lockstep",
+            "aliases": state.aliases, "tags": getattr(state.opts, "tags", []),
             "meta": {"n_ctx_train": c.max_position, "n_vocab": state.tokenizer.vocab_size,
                      "n_params": state.loaded.n_params, "n_embd": c.hidden}}
 
@@ -52,20 +55,20 @@ async def model(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------------------- parsing
 def _common(state: EngineState, f: Fields, prompt: list[int], logprobs: int) -> tuple[Request, list[str]]:
     reject_unsupported(f)
-    for name, what in (("tools", "tool calls"), ("functions", "function calls")):
-        if f.raw(name):
-            raise bad_request(f"'{name}': {what} are not supported yet")
+    if f.raw("functions"):
+        raise bad_request("'functions' (the legacy form) is not supported; use 'tools'")
     fmt = f.obj("response_format").raw("type", "text")
     if fmt != "text":
         raise bad_request(f"'response_format' type {fmt!r} is not supported yet (only 'text')")
     req = Request(
         prompt=prompt,
-        params=sampling(f, state.defaults, state.opts.seed),
-        max_tokens=max_tokens(f, "max_completion_tokens", "max_tokens", "n_predict"),
+        params=sampling(f, state.defaults, state.opts.seed, state.tokenizer),
+        max_tokens=cap_predict(state, max_tokens(f, "max_completion_tokens", "max_tokens", "n_predict")),
         n=f.int("n", 1, 1, MAX_N),
         logprobs=logprobs,
         cache_prompt=f.bool("cache_prompt", True),
         id_slot=f.int("id_slot", -1, -1, state.opts.parallel - 1),
+        return_progress=f.bool("return_progress", False),
     )
     return req, stop_strings(f)
 
@@ -83,13 +86,14 @@ async def _completion_request(state: EngineState, f: Fields) -> tuple[Request, l
     return _common(state, f, prompt, k)
 
 
-async def _chat_request(state: EngineState, f: Fields) -> tuple[Request, list[str]]:
-    messages = check_messages(f.raw("messages"))
+async def _chat_request(state: EngineState, f: Fields) -> tuple[Request, list[str], ChatPrompt]:
     want = f.bool("logprobs", False)
     top = f.int("top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if f.has("top_logprobs") and not want:
         raise bad_request("'top_logprobs' needs 'logprobs': true")
-    return _common(state, f, await chat_prompt(state, messages), top if want else -1)
+    chat = await build_prompt(state, f)
+    req, stops = _common(state, f, chat.ids, top if want else -1)
+    return req, stops, chat
 
 
 # ---------------------------------------------------------------------------------------- shapes
@@ -123,8 +127,10 @@ def _chat_logprobs(tok, tokens: list[TokenOut]) -> dict:
 class Shape:
     """The parts of a response both endpoints share; `chat` picks message/delta over text."""
 
-    def __init__(self, state: EngineState, gen: Generation, chat: bool, name: str):
+    def __init__(self, state: EngineState, gen: Generation, chat: bool, name: str, prompt: ChatPrompt | None = None):
         self.state, self.gen, self.chat = state, gen, chat
+        self.prompt = prompt
+        self.parts = [Parts(prompt) for _ in gen.choices] if chat else []
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.model = name
@@ -158,26 +164,81 @@ class Shape:
                 "timings": dict(first.timings) if first and first.timings else {}}
 
     def choice(self, c: Choice) -> dict:
-        body = {"message": {"role": "assistant", "content": c.text}} if self.chat else {"text": c.text}
-        return {"index": c.index, **body, "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.tokens),
+        finish = c.finish_reason
+        if self.chat:
+            message = self.parts[c.index].whole(c.text)
+            if message.get("tool_calls") and finish == "stop":
+                finish = "tool_calls"
+            body = {"message": message}
+        else:
+            body = {"text": c.text}
+        return {"index": c.index, **body, "finish_reason": finish, "logprobs": self._logprobs(c.tokens),
                 "preempt": c.preempt}
 
     def response(self) -> dict:
         return {**self.head(self.object), "choices": [self.choice(c) for c in self.gen.choices],
                 "usage": self.usage(), **self.totals()}
 
-    def chunk(self, d: Delta) -> dict:
-        content = {"delta": {"content": d.text} if d.text else {}} if self.chat else {"text": d.text}
-        choice = {"index": d.index, **content, "finish_reason": d.finish_reason,
-                  "logprobs": self._logprobs(d.tokens) if d.tokens else None}
-        if d.finish_reason is not None:
-            choice["preempt"] = self.gen.choices[d.index].preempt
-        return {**self.head(self.chunk_object), "choices": [choice]}
+    def chunks(self, d: Delta) -> list[dict]:
+        """A delta's chunks: its text first, then (at the end) a chunk whose delta is empty, as llama-server."""
+        out = []
+        finish = d.finish_reason
+        if self.chat:
+            delta = self.parts[d.index].piece(d.text, final=finish is not None)
+            if delta.get("tool_calls") and finish == "stop":
+                finish = "tool_calls"
+        else:
+            delta = {"text": d.text} if d.text else {}
+        if delta or d.tokens or finish is None:
+            body = {"delta": delta} if self.chat else {"text": d.text}
+            out.append({"index": d.index, **body, "finish_reason": None,
+                        "logprobs": self._logprobs(d.tokens) if d.tokens else None})
+        if finish is not None:
+            end = {"index": d.index, **({"delta": {}} if self.chat else {"text": ""}), "finish_reason": finish,
+                   "logprobs": None, "preempt": self.gen.choices[d.index].preempt}
+            out.append(end)
+        return [{**self.head(self.chunk_object), "choices": [c]} for c in out]
 
     def role_chunk(self, index: int) -> dict:
         return {**self.head(self.chunk_object),
-                "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                "choices": [{"index": index, "delta": {"role": "assistant", "content": None}, "finish_reason": None,
                              "logprobs": None}]}
+
+
+class Parts:
+    """One choice's text as message parts: reasoning, content, tool calls (held back to the end when tools
+    were declared, since a call is known only once whole)."""
+
+    def __init__(self, prompt: ChatPrompt | None):
+        self.tools = prompt.tools if prompt else None
+        self.split = ReasoningSplitter(prompt.think if prompt else None, bool(prompt and prompt.thinking_open))
+        self.reasoning, self.content = "", ""
+
+    def piece(self, text: str, final: bool) -> dict:
+        r, c = self.split.feed(text, final)
+        self.reasoning += r
+        self.content += c
+        out = {"reasoning_content": r} if r else {}
+        if not self.tools:
+            return {**out, **({"content": c} if c else {})}
+        if not final:
+            return out
+        content, calls = parse_tool_calls(self.content, self.tools)
+        if content:
+            out["content"] = content
+        if calls:
+            out["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return out
+
+    def whole(self, text: str) -> dict:
+        self.piece(text, final=True)
+        content, calls = parse_tool_calls(self.content, self.tools)
+        msg = {"role": "assistant", "content": content}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning.strip()
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
 
 
 # ---------------------------------------------------------------------------------------- handlers
@@ -193,33 +254,54 @@ async def _respond(request: web.Request, chat: bool) -> web.StreamResponse:
     state = state_of(request)
     body = await read_json(request)
     f = Fields(body)
-    req, stops = await (_chat_request(state, f) if chat else _completion_request(state, f))
+    prompt = None
+    if chat:
+        req, stops, prompt = await _chat_request(state, f)
+    else:
+        req, stops = await _completion_request(state, f)
     stream = f.bool("stream", False)
     include_usage = f.obj("stream_options").bool("include_usage", False)
+    verbose = f.bool("verbose", False) or getattr(state.opts, "verbose", False)
     async with generation(state, req, stops) as gen:
-        shape = Shape(state, gen, chat, state.model_name(body.get("model")))
+        shape = Shape(state, gen, chat, state.model_name(body.get("model")), prompt)
         if not stream:
             async for _ in gen.deltas():
                 pass
             if err := failure(gen):
                 raise err
-            return web.json_response(shape.response())
+            out = shape.response()
+            if verbose:
+                text = prompt.text if prompt else \
+                    await state.workers.run(state.tokenizer.decode, req.prompt, False, size=len(req.prompt))
+                out["__verbose"] = {"prompt": text}
+            return web.json_response(out)
         sse = EventStream(request)
         await sse.open()
         async with sse.failing_as_event():
-            await _stream(sse, shape, gen, chat, include_usage)
+            await _stream(sse, shape, gen, chat, include_usage, f.bool("timings_per_token", False))
         return await sse.close()
 
 
-async def _stream(sse: EventStream, shape: Shape, gen: Generation, chat: bool, include_usage: bool) -> None:
+async def _stream(sse: EventStream, shape: Shape, gen: Generation, chat: bool, include_usage: bool,
+                  per_token: bool) -> None:
     if chat:
         for i in range(gen.request.n):
             await sse.send(shape.role_chunk(i))
     async for d in gen.deltas():
-        chunk = shape.chunk(d)
-        if d.finish_reason is not None and gen.finished and not include_usage:
-            chunk.update(shape.totals())  # the last chunk carries what a final body would
-        await sse.send(chunk)
+        if d.progress is not None:
+            p = d.progress
+            await sse.send({**shape.head(shape.chunk_object), "choices": [],
+                            "prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed,
+                                                "time_ms": gen.live_timings()["prompt_ms"]}})
+            continue
+        chunks = shape.chunks(d)
+        if per_token:
+            for chunk in chunks:
+                chunk["timings"] = gen.live_timings()
+        if chunks and d.finish_reason is not None and gen.finished and not include_usage:
+            chunks[-1].update(shape.totals())  # the last chunk carries what a final body would
+        for chunk in chunks:
+            await sse.send(chunk)
     if err := failure(gen):
         await sse.error(err)
         return

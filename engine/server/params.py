@@ -185,8 +185,9 @@ def _check_range(name: str, value: float, lo: float | None, hi: float | None) ->
         raise bad_request(f"'{name}' must be <= {hi}, got {value}")
 
 
-def sampling(f: Fields, defaults: SamplingParams, server_seed: int) -> SamplingParams:
-    """Sampling parameters with the seed resolved: the request's, else the server's --seed, else random."""
+def sampling(f: Fields, defaults: SamplingParams, server_seed: int, tokenizer=None) -> SamplingParams:
+    """Sampling parameters with the seed resolved: the request's, else the server's --seed, else random.
+    With the tokenizer, also logit_bias (text keys are tokenized) and ignore_eos."""
     p = replace(
         defaults,
         temperature=f.num("temperature", defaults.temperature, 0.0, 100.0),
@@ -209,13 +210,57 @@ def sampling(f: Fields, defaults: SamplingParams, server_seed: int) -> SamplingP
     seed = f.int("seed", -1, -1, MAX_SEED)
     if seed == -1:
         seed = server_seed if server_seed >= 0 else random_seed()
-    return replace(p, seed=seed)
+    p = replace(p, seed=seed, post_sampling_probs=f.bool("post_sampling_probs", False))
+    if tokenizer is not None:
+        bias = logit_bias(f.raw("logit_bias", []), tokenizer)
+        if f.bool("ignore_eos", False):  # llama-server turns it into a ban on every end-of-generation token
+            bias += [(t, float("-inf")) for t in sorted(tokenizer.eos_ids | tokenizer.extra_stop_ids)]
+        p = replace(p, logit_bias=tuple(bias))
+    return p
+
+
+def _bias_value(value: Any, where: str) -> float:
+    if value is False:
+        return float("-inf")  # llama-server's spelling of a ban
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"'{where}' must be a finite number, or false to ban the token")
+    return float(value)
+
+
+def logit_bias(value: Any, tokenizer) -> list[tuple[int, float]]:
+    """OpenAI's {"id": bias} and llama-server's [[id or text, bias], ...]; a text key biases each of its tokens."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = []
+        for i, pair in enumerate(value):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise bad_request(f"'logit_bias[{i}]' must be a [token or text, bias] pair")
+            items.append((pair[0], pair[1]))
+    else:
+        raise bad_request(f"'logit_bias' must be an object or an array, not {kind_of(value)}")
+    out = []
+    for key, bias in items:
+        where = f"logit_bias[{json.dumps(key)}]"
+        b = _bias_value(bias, where)
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            key = int(key)
+        if isinstance(key, bool):
+            raise bad_request(f"'{where}': a key must be a token id or a text")
+        if isinstance(key, int):
+            if not 0 <= key < tokenizer.vocab_size:
+                raise bad_request(f"'{where}': unknown token id {key} (the vocabulary has {tokenizer.vocab_size})")
+            out.append((key, b))
+        elif isinstance(key, str):
+            out += [(t, b) for t in tokenizer.encode(key, add_special=False)]
+        else:
+            raise bad_request(f"'{where}': a key must be a token id or a text")
+    return out
 
 
 # Sampling features clients know from llama-server or OpenAI that the engine does not have. A request
 # that sets one to anything but its neutral value is refused, so its output never silently differs.
 _NEUTRAL = {
-    "logit_bias": ({}, []),
     "grammar": ("",),
     "json_schema": ({},),
     "mirostat": (0,),
@@ -224,8 +269,6 @@ _NEUTRAL = {
     "xtc_probability": (0, 0.0),
     "dry_multiplier": (0, 0.0),
     "top_n_sigma": (-1, -1.0),
-    "ignore_eos": (False,),
-    "post_sampling_probs": (False,),
 }
 
 
@@ -277,7 +320,8 @@ def check_fits(state: EngineState, text: str, what: str = "prompt") -> None:
     least = len(text) // (2 * state.max_token_bytes)
     if least >= state.scheduler.n_ctx_seq:
         raise ApiError(400, f"the {what} has at least {least} tokens ({len(text)} characters); the context holds "
-                            f"{state.scheduler.n_ctx_seq} per sequence (raise --ctx-size)", "exceed_context_size_error")
+                            f"{state.scheduler.n_ctx_seq} per sequence (raise --ctx-size)", "exceed_context_size_error",
+                       extra={"n_prompt_tokens": least, "n_ctx": state.scheduler.n_ctx_seq})
 
 
 async def prompt_tokens(value: Any, state: EngineState, name: str = "prompt") -> list[int]:

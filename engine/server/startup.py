@@ -106,14 +106,17 @@ def _end_requests(state: EngineState) -> None:
         gen.abort(ApiError(503, "server is shutting down"))
 
 
-async def _bind(runner: web.AppRunner, host: str, port: int) -> int:
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as e:
-        raise Fatal(CANNOT_BIND, f"error: cannot bind {host}:{port}: {e.strerror or e}") from None
-    sockets = site._server.sockets if site._server else []  # the real port when 0 was asked for
-    return sockets[0].getsockname()[1] if sockets else port
+async def _bind(runner: web.AppRunner, hosts: str, port: int) -> int:
+    """Binds each of the comma-separated addresses (llama-server's --host a,b); port 0 takes the first one's."""
+    for host in [h.strip() for h in hosts.split(",") if h.strip()]:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as e:
+            raise Fatal(CANNOT_BIND, f"error: cannot bind {host}:{port}: {e.strerror or e}") from None
+        sockets = site._server.sockets if site._server else []  # the real port when 0 was asked for
+        port = sockets[0].getsockname()[1] if sockets else port
+    return port
 
 
 def _stop_on_signals() -> asyncio.Event:
@@ -191,6 +194,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
                           spec_n_max=spec_n,
                           dispatch=loop_dispatch(loop), preempt_mode=opts.preempt_mode)
+    _cap_slot_context(scheduler, opts, config)
     if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
         # the model code attends to every earlier position; within the window that is the same thing
         log.warning("the model uses sliding-window attention (window %d), which the engine does not apply: "
@@ -208,3 +212,17 @@ def max_token_bytes(tokenizer) -> int:
     """The longest vocabulary entry in UTF-8 bytes (byte-level BPE spells a byte as one character, which is at
     most two bytes: an over-estimate, which only makes the text-length bound on prompts more lenient)."""
     return max((len(piece.encode("utf-8", "surrogatepass")) for piece in tokenizer.tok.get_vocab()), default=1)
+
+
+def _cap_slot_context(scheduler: Scheduler, opts: argparse.Namespace, config) -> None:
+    """A slot gets what llama-server would give it, -c / -np, never the extra that rounding the pool up to
+    whole pages left; below one page per slot the launch is refused, naming the flags."""
+    if opts.kv_unified:
+        return
+    requested = opts.ctx_size or config.max_position
+    share = requested // opts.parallel
+    if share < PAGE_SIZE:
+        raise bad_flag(f"-c {requested} with -np {opts.parallel} gives each slot {share} tokens, less than one "
+                       f"{PAGE_SIZE}-token KV page; use -c {PAGE_SIZE * opts.parallel} or more, a smaller -np, "
+                       "or -kvu (one pool shared by the slots)")
+    scheduler.n_ctx_seq = min(scheduler.n_ctx_seq, share)

@@ -33,10 +33,14 @@ class Served:
     predicted_ms: float = 0.0
     prompt_tokens: int = 0
     prompt_ms: float = 0.0
+    cached_tokens: int = 0
+    max_tokens: int = 0  # the longest sequence (prompt and generated) finished so far
 
     def add(self, done) -> None:
         t = done.timings or {}
         self.completions += 1
+        self.cached_tokens += done.cached_tokens
+        self.max_tokens = max(self.max_tokens, done.prompt_tokens + done.completion_tokens)
         self.predicted_tokens += int(t.get("predicted_n", 0))
         self.predicted_ms += float(t.get("predicted_ms", 0.0))
         self.prompt_tokens += int(t.get("prompt_n", 0))
@@ -63,9 +67,20 @@ class EngineState:
     def ready(self) -> bool:
         return self.scheduler is not None
 
+    def __post_init__(self) -> None:
+        temp = getattr(self.opts, "temp", None)
+        if temp is not None:
+            self.defaults = SamplingParams(temperature=temp)
+
+    @property
+    def aliases(self) -> list[str]:
+        names = [n.strip() for n in (self.opts.alias or "").split(",") if n.strip()]
+        return sorted(set(names)) or [Path(self.opts.model).name]
+
     @property
     def alias(self) -> str:
-        return self.opts.alias or Path(self.opts.model).name
+        """The model's id: the first alias in sorted order, as llama-server picks it."""
+        return self.aliases[0]
 
     @property
     def tokenizer(self):
@@ -74,6 +89,11 @@ class EngineState:
     @property
     def build_info(self) -> str:
         return f"lockstep {VERSION} ({self.backend})"
+
+    @property
+    def llama_build_info(self) -> str:
+        """llama-server's `b<build>-<commit>` shape for /props, with build 0 and our version as the commit."""
+        return f"b0-lockstep-{VERSION}"
 
     def model_name(self, requested: object) -> str:
         """Like llama-server, the one loaded model answers to any name; responses echo the one asked for."""

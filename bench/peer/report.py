@@ -1,0 +1,133 @@
+"""The peer-suite report: junit XML from llama.cpp's server tests -> JSON and Markdown per file.
+
+Counts per file: passed, failed (with the first line of each reason), skipped (by the suite itself),
+out of scope (deselected: multimodal, embeddings, rerank, router, MCP, built-in tools) and
+model-specific (tests that assert the text or files of llama.cpp's tinyllama test models: counted apart
+whatever their outcome, and never tuned for). `--deselect` prints the pytest arguments for the
+out-of-scope tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+OUT_OF_SCOPE = {
+    "test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled": "built-in tools",
+    "test_security.py::test_cors_proxy_only_forwards_explicit_proxy_headers": "MCP proxy",
+    "test_security.py::test_local_media_file": "multimodal",
+    "test_slot_save.py::test_slot_save_restore_text_only_on_multimodal": "multimodal",
+    "test_slot_save.py::test_slot_save_restore_with_image": "multimodal",
+    "test_slot_save.py::test_slot_save_restore_with_two_images": "multimodal",
+    "test_slot_save.py::test_slot_save_restore_with_image_across_restart": "multimodal",
+    "test_slot_save.py::test_slot_save_restore_image_payload_larger_than_context": "multimodal",
+    "test_slot_save.py::test_slot_restore_media_file_without_mmproj": "multimodal",
+    "test_stream.py::test_stream_resume_and_stop_with_slashed_model_name": "router",
+    "test_stream.py::test_stream_stop_during_model_load": "router",
+    "test_stream.py::test_stream_resumes_after_reload_during_model_load": "router",
+    "test_metrics.py::test_metrics_embedding_prompt_is_counted": "embeddings",
+}
+
+PARAMETRIZED = {"test_security.py::test_local_media_file": 5}  # deselected ids that stand for several tests
+
+# test (file::name, parameters dropped) -> what of llama.cpp's test model it asserts
+MODEL_SPECIFIC: dict[str, str] = {}
+
+
+def _base(test_id: str) -> str:
+    return test_id.split("[", 1)[0]
+
+
+def read_junit(path: Path) -> list[dict]:
+    out = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        file = case.get("classname", "").split(".")[-1] + ".py"
+        test_id = f"{file}::{case.get('name')}"
+        outcome, reason = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = "skipped" if tag == "skipped" else "failed"
+                text = (node.get("message") or node.text or "").strip()
+                reason = text.splitlines()[0][:300] if text else tag
+                break
+        out.append({"id": test_id, "file": file, "outcome": outcome, "reason": reason,
+                    "seconds": float(case.get("time", 0) or 0)})
+    return out
+
+
+def summarize(cases: list[dict]) -> dict:
+    files: dict[str, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "skipped": 0, "out_of_scope": 0,
+                                                  "model_specific": 0, "model_specific_passed": 0})
+    failures, model_specific = [], []
+    for c in cases:
+        f = files[c["file"]]
+        why = MODEL_SPECIFIC.get(_base(c["id"]))
+        if why:
+            f["model_specific"] += 1
+            f["model_specific_passed"] += c["outcome"] == "passed"
+            model_specific.append({**c, "why": why})
+            continue
+        f[c["outcome"]] += 1
+        if c["outcome"] == "failed":
+            failures.append(c)
+    for test_id in OUT_OF_SCOPE:
+        files[test_id.split("::")[0]]["out_of_scope"] += PARAMETRIZED.get(test_id, 1)
+    total = {k: sum(f[k] for f in files.values()) for k in next(iter(files.values()))} if files else {}
+    in_scope = total.get("passed", 0) + total.get("failed", 0)
+    return {"files": dict(sorted(files.items())), "total": total,
+            "pass_rate_in_scope": round(total.get("passed", 0) / in_scope, 4) if in_scope else None,
+            "failures": failures, "model_specific": model_specific,
+            "out_of_scope": [{"id": k, "why": v} for k, v in OUT_OF_SCOPE.items()]}
+
+
+def markdown(rep: dict) -> str:
+    t = rep["total"]
+    lines = [f"# llama.cpp server test suite against lockstep-engine --device cpu ({rep['source']})", "",
+             f"In scope and model-independent: **{t['passed']} passed, {t['failed']} failed** "
+             f"({100 * (rep['pass_rate_in_scope'] or 0):.1f} %); {t['skipped']} skipped by the suite; "
+             f"{t['model_specific']} model-specific ({t['model_specific_passed']} of them passed); "
+             f"{t['out_of_scope']} out-of-scope tests deselected.", "",
+             "| file | passed | failed | skipped | model-specific | out of scope |", "|---|---|---|---|---|---|"]
+    for name, f in rep["files"].items():
+        lines.append(f"| {name} | {f['passed']} | {f['failed']} | {f['skipped']} | {f['model_specific']} | "
+                     f"{f['out_of_scope']} |")
+    lines += ["", "## Failures", ""]
+    lines += [f"- `{c['id']}`: {c['reason']}" for c in rep["failures"]] or ["none"]
+    lines += ["", "## Model-specific (counted apart)", ""]
+    lines += [f"- `{c['id']}` ({c['outcome']}): {c['why']}" for c in rep["model_specific"]] or ["none"]
+    lines += ["", "## Out of scope (deselected)", ""]
+    lines += [f"- `{c['id']}`: {c['why']}" for c in rep["out_of_scope"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--deselect", action="store_true")
+    p.add_argument("--junit", type=Path)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--version", default="?")
+    p.add_argument("--drop-unknown", default="0")
+    a = p.parse_args()
+    if a.deselect:
+        print(" ".join(f"--deselect=unit/{k}" for k in OUT_OF_SCOPE))  # a prefix: every parametrization
+        return 0
+    rep = summarize(read_junit(a.junit))
+    rep["source"] = f"llama-cpp-python {a.version} sdist, vendor/llama.cpp/tools/server/tests"
+    rep["method"] = ("bundled model lockstep-pycode-13m; wrapper bench/peer/llama-server drops only the flags in "
+                     "bench/peer/server.py DROP" + ("; PEER_DROP_UNKNOWN=1 also dropped every flag the engine "
+                                                   "lacked" if a.drop_unknown == "1" else ""))
+    a.out.with_suffix(".json").write_text(json.dumps(rep, indent=1) + "\n")
+    a.out.with_suffix(".md").write_text(markdown(rep))
+    t = rep["total"]
+    print(f"passed {t['passed']} failed {t['failed']} skipped {t['skipped']} model-specific {t['model_specific']}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
