@@ -7,6 +7,8 @@ row invariance, so a restored cache serves a request exactly as the saved one di
 
 from __future__ import annotations
 
+from engine.kv_cache import ParkedKV
+
 
 class SlotBusy(Exception):
     pass
@@ -23,7 +25,7 @@ def read_slot(scheduler, slot_id: int) -> tuple[list[int], list[tuple]]:
     """(tokens with KV, per layer the page arrays) of the slot's prompt cache."""
     slot = _idle(scheduler, slot_id)
     tokens = list(slot.cache_tokens)
-    return tokens, scheduler.pool.park(slot.cache_pages) if tokens else []
+    return tokens, scheduler.pool.park(slot.cache_pages).layers if tokens else []
 
 
 def write_slot(scheduler, slot_id: int, tokens: list[int], layers: list[tuple]) -> None:
@@ -34,7 +36,7 @@ def write_slot(scheduler, slot_id: int, tokens: list[int], layers: list[tuple]) 
     pages = scheduler.mem.alloc(n_pages) if n_pages else []
     if pages is None:
         raise MemoryError(f"no {n_pages} free KV pages to restore into")
-    scheduler.pool.restore(pages, layers)
+    scheduler.pool.restore(pages, ParkedKV(layers, n_pages, scheduler.pool.park_bytes(n_pages)))
     slot.cache_pages, slot.cache_tokens = pages, list(tokens)
 
 

@@ -117,7 +117,7 @@ def test_flag_off_wins_over_the_environment(tiny_llama, engine_factory):
     assert ec["requested"] is False and ec["granted"] is False and ec["reason"] == "not requested"
     assert "exact concurrency: off (not requested)" in eng.output()
     # a q8_0 K cache beside an f16 V cache serves requests
-    body = json.dumps({"prompt": [5, 6, 7], "n_predict": 4, "temperature": 0}).encode()
+    body = json.dumps({"prompt": [5, 6, 7], "n_predict": 4, "temperature": 0, "return_tokens": True}).encode()
     req = urllib.request.Request(eng.base + "/completion", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         assert len(json.loads(r.read())["tokens"]) == 4
