@@ -47,6 +47,10 @@ def _gpu_layers(value: str) -> str | None:
     return None if value in ("all", "auto") else _int(-1)(value)
 
 
+def _number(value: str) -> str | None:
+    return None if re.fullmatch(r"\d{1,6}(\.\d{1,12})?", value) else f"expects a number >= 0, got {value!r}"
+
+
 def _nonempty(value: str) -> str | None:
     return None if value else "expects a non-empty value"
 
@@ -93,10 +97,29 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--chat-template-file",), True, _nonempty, reads_file=True),
     Flag(("--device",), True, _choice("auto", "cuda", "cpu")),
     Flag(("--preempt-ram",), True, _int(0)),
+    # llama-server's (engine/cli_compat.py)
+    Flag(("--temp",), True, _number),
+    Flag(("--n-predict", "-n"), True, _int(-1)),
+    Flag(("--threads", "-t"), True, _int(-1)),
+    Flag(("--threads-batch", "-tb"), True, _int(-1)),
+    Flag(("--cont-batching", "-cb"), False),
+    Flag(("--slots",), False),
+    Flag(("--no-slots",), False),
+    Flag(("--tags",), True, _nonempty),
+    Flag(("--no-jinja",), False),
+    Flag(("--chat-template",), True, _nonempty),
+    Flag(("--reasoning-format",), True, _choice("none", "deepseek", "deepseek-legacy", "auto")),
+    Flag(("--reasoning",), True, _choice("on", "off", "auto")),
+    Flag(("--no-webui", "--no-ui"), False),
+    Flag(("--verbose", "-v", "--log-verbose"), False),
+    Flag(("--slot-save-path",), True, _nonempty, reads_file=True),  # the engine writes and reads files there
+    Flag(("--cache-ram",), True, _int(-1)),
+    Flag(("--swa-full",), False),
+    Flag(("--spec-draft-n-min",), True, _int(0)),
 )
 BY_NAME: dict[str, Flag] = {name: flag for flag in FLAGS for name in flag.names}
 OWNED_FLAGS: tuple[str, ...] = tuple(n for f in FLAGS if f.owned_by for n in f.names)
-_EXCLUSIVE = (("--context-shift", "--no-context-shift"),)
+_EXCLUSIVE = (("--context-shift", "--no-context-shift"), ("--slots", "--no-slots"))
 FILE_FLAGS: tuple[str, ...] = tuple(n for f in FLAGS if f.reads_file for n in f.names)
 
 

@@ -146,7 +146,10 @@ def test_flag_table_covers_the_engine_flags_of_the_design():
               "--flash-attn --n-gpu-layers --no-kv-offload --cache-type-k --cache-type-v --context-shift "
               "--no-context-shift --cache-reuse --spec-type --spec-draft-n-max --seed --api-key --metrics --jinja "
               "--chat-template-file --device --preempt-ram --exact-concurrency").split()
-    assert sorted(design) == sorted(f.canonical for f in FLAGS)
+    compat = ("--temp --n-predict --threads --threads-batch --cont-batching --slots --no-slots --tags --no-jinja "
+              "--chat-template --reasoning-format --reasoning --no-webui --verbose --slot-save-path --cache-ram "
+              "--swa-full --spec-draft-n-min").split()  # llama-server's, engine/cli_compat.py
+    assert sorted(design + compat) == sorted(f.canonical for f in FLAGS)
     for short in ("-m", "-c", "-np", "-b", "-ub", "-kvu", "-fa", "-ngl", "-nkvo", "-ctk", "-ctv", "-s"):
         assert short in BY_NAME
 
