@@ -27,6 +27,7 @@ from studio.guard import Guard
 from studio.manager import LoadManager
 from studio.openai_front import model_list, prepare_body
 from studio.proxy import forward, upstream_path
+from studio.pull_api import stream_pull
 from studio.settings_api import check_load_args, check_settings_patch
 
 log = logging.getLogger("lockstep.api")
@@ -129,6 +130,10 @@ async def models(request: web.Request) -> web.Response:
                               "folders": [str(f) for f in catalog.roots()], "problems": catalog.problems})
 
 
+async def pull_model(request: web.Request) -> web.StreamResponse:
+    return await stream_pull(request, _manager(request), await _json_body(request))
+
+
 async def load(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if not isinstance(body, dict):
@@ -225,6 +230,7 @@ def build_app(manager: LoadManager, *, api_key: str | None = None, host: str | N
     app[MANAGER] = manager
     app[KEYED] = bool(key)
     app.router.add_get("/api/models", models)
+    app.router.add_post("/api/models/pull", pull_model)
     app.router.add_post("/api/load", load)
     app.router.add_post("/api/unload", unload)
     app.router.add_get("/api/status", status)

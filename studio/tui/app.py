@@ -26,6 +26,8 @@ from settings import EnvOverrideError, LoadRequest, SettingsStore, resolve_exact
 from studio.catalog import ModelInfo, bundled_models_dir
 from studio.errors import StudioError
 from studio.manager import LoadManager
+from studio.pull import PullProgress, pull
+from studio.pull_api import target_folder
 from studio.tui.api_server import ApiServer
 from studio.tui.messages import ApiStarted, CatalogScanned, LoadFinished, LoadOutcome, StatusPolled, Unloaded
 from studio.tui.navigation import PLACES
@@ -73,6 +75,7 @@ class LockstepApp(App[int]):
     model_folders: var[list[str]] = var(list)
     selected_model: var[str | None] = var(None)
     api_note: var[str] = var("")
+    pull_progress: var[PullProgress | None] = var(None)  # the running or last Hub pull
 
     def __init__(self, manager: LoadManager | None = None, *, api: bool = True, api_host: str | None = None,
                  api_port: int | None = None, poll_interval: float = POLL_INTERVAL_S) -> None:
@@ -219,6 +222,30 @@ class LockstepApp(App[int]):
             note = "already loaded" if answer.get("status") == "already_loaded" else "loaded"
             self.notify(f"{outcome.model} {note}: exact concurrency {exact}. Press c to chat.", timeout=6)
             self.switch_mode("status")
+
+    # pulling from the Hub ---------------------------------------------------------------------
+
+    def start_pull(self, repo: str, file: str | None) -> None:
+        progress = self.pull_progress
+        if progress is not None and progress.status in ("listing", "downloading"):
+            self.notify(f"{progress.repo} is still being pulled", severity="warning")
+            return
+        self.pull_progress = PullProgress(repo)
+        self.run_worker(self._pull(repo, file), group="pull", exclusive=True)
+
+    async def _pull(self, repo: str, file: str | None) -> None:
+        def report(p: PullProgress) -> None:
+            self.pull_progress = p
+
+        try:
+            folder = await asyncio.to_thread(target_folder, self.manager)
+            await pull(repo, file, folder, report)
+        except StudioError as exc:
+            self.pull_progress = PullProgress(repo, status="error", error=exc.message)
+        except Exception as exc:
+            self.pull_progress = PullProgress(repo, status="error", error=f"{type(exc).__name__}: {exc}")
+        else:
+            self.rescan()
 
     @work(group="load")
     async def unload(self) -> None:

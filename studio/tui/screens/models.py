@@ -10,9 +10,11 @@ from textual.widgets import DataTable, Static
 
 from settings import LoadRequest
 from studio.catalog import ModelInfo, bundled_models_dir
+from studio.pull import PullProgress, progress_text
 from studio.tui.format import count, size
 from studio.tui.load_form import effective_defaults
 from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.pull import PullScreen
 from studio.tui.widgets.load_banner import LoadBanner
 
 COLUMNS = ("model", "format", "arch", "params", "size", "context", "quant mix")
@@ -50,7 +52,8 @@ def details(info: ModelInfo, bundled: bool, loaded: bool) -> Content:
     if info.error:
         parts += [Content(""), Content.from_markup("[b $error]Unreadable:[/] $e", e=info.error)]
     parts += [Content(""), Content.from_markup(
-        "[b]Enter[/b] or [b]l[/b] loads it with the stored defaults; [b]e[/b] opens the Load form first.")]
+        "[b]Enter[/b] or [b]l[/b] loads it with the stored defaults; [b]e[/b] opens the Load form first; "
+        "[b]p[/b] pulls another from the Hugging Face Hub.")]
     return Content("\n").join(parts)
 
 
@@ -61,6 +64,7 @@ class ModelsScreen(StudioScreen):
         Binding("l", "load_selected", "Load", key_display="⏎/l"),
         Binding("e", "edit", "Load settings…"),
         Binding("r", "rescan", "Rescan"),
+        Binding("p", "pull", "Pull from Hub…"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -70,6 +74,7 @@ class ModelsScreen(StudioScreen):
                 yield Static("Scanning the model folders…", id="catalog-hint")
             with Vertical(id="details-pane"):
                 yield Static("", id="model-details")
+                yield Static("", id="pull-banner", markup=False)
                 yield LoadBanner("models", id="models-load-banner")
 
     def on_mount(self) -> None:
@@ -80,6 +85,19 @@ class ModelsScreen(StudioScreen):
         self.query_one("#details-pane").border_title = "Details"
         self.watch(self.app, "models", self._show_models, init=True)
         self.watch(self.app, "status", self._show_details, init=False)
+        self.watch(self.app, "pull_progress", self._show_pull, init=True)
+
+    def _show_pull(self, progress: PullProgress | None) -> None:
+        banner = self.query_one("#pull-banner", Static)
+        banner.set_class(progress is not None, "-active")
+        banner.set_class(progress is not None and progress.status == "error", "-failed")
+        if progress is None:
+            return
+        text = progress_text(progress)
+        if progress.total and progress.status == "downloading":
+            filled = int(30 * progress.completed / progress.total)
+            text += f"\n[{'█' * filled}{'░' * (30 - filled)}] {100 * progress.completed / progress.total:.0f}%"
+        banner.update(text)
 
     def _show_models(self, models: list[ModelInfo] | None) -> None:
         table = self.query_one(DataTable)
@@ -137,3 +155,10 @@ class ModelsScreen(StudioScreen):
 
     def action_rescan(self) -> None:
         self.studio.rescan()
+
+    def action_pull(self) -> None:
+        def chosen(answer: tuple[str, str | None] | None) -> None:
+            if answer is not None:
+                self.studio.start_pull(*answer)
+
+        self.app.push_screen(PullScreen(), chosen)
