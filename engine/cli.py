@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from contract.env import ENGINE_API_KEY, PREEMPT_MODE
+from engine.args import EngineArgs
 from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unknown
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
@@ -21,6 +22,7 @@ from kernels.base import KV_TYPES, PAGE_SIZE
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
 UNSUPPORTED_KV = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 MAX_SLOTS = 256
+log = logging.getLogger("engine.cli")
 ENV_API_KEY = ENGINE_API_KEY  # as llama-server: the key without putting it in argv
 
 
@@ -167,19 +169,33 @@ def check_values(opts: argparse.Namespace) -> None:
         raise bad_flag(f"--port {opts.port}: not a port number")
     if opts.seed >= 1 << 64:
         raise bad_flag(f"--seed {opts.seed}: at most 2^64 - 1")
+    if opts.temp is not None and not 0.0 <= opts.temp <= 100.0:
+        raise bad_flag(f"--temp {opts.temp}: expects a number between 0 and 100")
+
+
+def engine_args(opts: argparse.Namespace, env: Mapping[str, str] | None = None) -> EngineArgs:
+    """The frozen options: the flags checked, with what they point at read and the environment's say."""
+    env = os.environ if env is None else env
+    check_values(opts)
+    ubatch = opts.ubatch_size
+    if ubatch > opts.batch_size:
+        log.info("-ub %d is larger than -b %d: using -ub %d", ubatch, opts.batch_size, opts.batch_size)
+        ubatch = opts.batch_size
+    return EngineArgs.from_namespace(opts, chat_template=chat_template(opts), preempt_mode=preempt_mode(env),
+                                     api_key=read_api_key(opts, env), ubatch_size=ubatch)
+
+
+def chat_template(opts: argparse.Namespace) -> str | None:
+    """The text of --chat-template-file, else of the named built-in (or the name's own source)."""
     if opts.chat_template_file:
         try:
             with open(opts.chat_template_file, encoding="utf-8") as f:
-                opts.chat_template = f.read()
+                return f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise bad_flag(f"--chat-template-file {opts.chat_template_file}: cannot be read ({e})") from e
-    elif opts.chat_template_name:
-        opts.chat_template = builtin_or_source(opts.chat_template_name)
-    else:
-        opts.chat_template = None
-    if opts.temp is not None and not 0.0 <= opts.temp <= 100.0:
-        raise bad_flag(f"--temp {opts.temp}: expects a number between 0 and 100")
-    opts.preempt_mode = preempt_mode()
+    if opts.chat_template_name:
+        return builtin_or_source(opts.chat_template_name)
+    return None
 
 
 def preempt_mode(environ: Mapping[str, str] | None = None) -> str:
@@ -192,23 +208,23 @@ def preempt_mode(environ: Mapping[str, str] | None = None) -> str:
     return mode
 
 
-def read_api_key(opts: argparse.Namespace, env=os.environ) -> None:
+def read_api_key(opts: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     """--api-key, else the first line of --api-key-file, else LLAMA_API_KEY."""
     if opts.api_key and opts.api_key_file:
         raise bad_flag("--api-key and --api-key-file are exclusive")
     if opts.api_key_file:
         try:
             with open(opts.api_key_file, encoding="utf-8") as f:
-                opts.api_key = f.readline().strip()
+                key = f.readline().strip()
         except (OSError, UnicodeDecodeError) as e:
             raise bad_flag(f"--api-key-file {opts.api_key_file}: cannot be read ({e})") from e
-        if not opts.api_key:
+        if not key:
             raise bad_flag(f"--api-key-file {opts.api_key_file}: the first line is empty")
-    elif not opts.api_key:
-        opts.api_key = env.get(ENV_API_KEY) or None
+        return key
+    return opts.api_key or env.get(ENV_API_KEY) or None
 
 
-def check_supported(opts: argparse.Namespace, backend: str) -> None:
+def check_supported(opts: EngineArgs, backend: str) -> None:
     """Flags accepted for compatibility whose feature does not exist yet: an explicit error, never ignored."""
     if opts.spec_type == "ngram" and opts.spec_draft_n_max < 1:
         raise bad_flag("--spec-type ngram needs --spec-draft-n-max >= 1")
@@ -238,12 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             from engine.generate import run_generate
 
             return run_generate(build_generate_parser().parse_args(argv[1:]))
-        opts = build_parser().parse_args(argv)
-        check_values(opts)
-        read_api_key(opts)
+        args = engine_args(build_parser().parse_args(argv))
         from engine.server.startup import serve
 
-        return serve(opts)
+        return serve(args)
     except Fatal as e:
         sys.stderr.flush()
         print(e.line, file=sys.stderr, flush=True)

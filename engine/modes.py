@@ -8,3 +8,5 @@ from typing import Literal, get_args
 # host's available memory; recompute: never use host memory (drop the KV, recompute it later)
 PreemptMode = Literal["auto", "park", "recompute"]
 PREEMPT_MODES: tuple[str, ...] = get_args(PreemptMode)
+# which logits rows of a step entry reach the sampler: its last row, every row (draft verification), none
+LogitRows = Literal["last", "all", "none"]

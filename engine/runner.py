@@ -10,6 +10,7 @@ import numpy as np
 from engine.kv_cache import PagePool, pages_for
 from engine.loader import LoadedModel
 from engine.models.build import model_class
+from engine.modes import LogitRows
 from kernels.base import PAGE_SIZE, Ops, PagedRows, RecurrentRows
 
 
@@ -23,7 +24,7 @@ class StepEntry:
     pages: list[int]
     tokens: list[int]
     start: int
-    logits: str = "last"  # "last", "all" or "none"
+    logits: LogitRows = "last"
     full_rows: bool = True
     # hybrid models: the sequence's recurrent state (Runner.new_state), whether these tokens are
     # prompt tokens (advanced in fixed chunks) or generated ones, the chunk ends to snapshot there;

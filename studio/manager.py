@@ -16,7 +16,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from settings import (
     EXACT_MODES,
@@ -49,6 +49,7 @@ from studio.launcher import (
 from studio.stats import engine_stats
 
 # Failures the user's settings or machine cause (422), as opposed to the engine breaking (500).
+LoadState = Literal["stopped", "loading", "ready", "failed"]
 _SETTINGS_FAILURES = {"exact_refusal", "out_of_memory", "no_cuda", "bad_model", "bad_flags"}
 # Load warnings that are certain refusals under exact_concurrency on: known before any child starts.
 _EXACT_ON_REFUSALS = {"exact_kv_quantized", "exact_flash_attn_off"}
@@ -94,7 +95,7 @@ class LoadManager:
         self.engine_cmd = tuple(engine_cmd)
         self._fixed_catalog = catalog is not None
         self._catalog = catalog if catalog is not None else Catalog()
-        self.state = "stopped"
+        self.state: LoadState = "stopped"
         self.loaded: Loaded | None = None
         self.error: dict[str, Any] | None = None
         self._lock = asyncio.Lock()

@@ -1,17 +1,15 @@
 """While the model loads the port already answers: /health and every other endpoint say 503."""
 
-import argparse
-
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine.cli import build_parser
+from engine.cli import build_parser, engine_args
 from engine.exact import ExactStatus
 from engine.server.app import build_app
 from engine.server.state import EngineState
 
 
 def loading_state(*extra: str) -> EngineState:
-    opts: argparse.Namespace = build_parser().parse_args(["-m", "/models/x", *extra])
+    opts = engine_args(build_parser().parse_args(["-m", "/models/x", *extra]), env={})
     return EngineState(opts, ExactStatus(False, False, "not requested", "cpu"), "cpu")
 
 

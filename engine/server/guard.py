@@ -9,13 +9,13 @@ or one given with --cors-origins is refused, and an allowed Origin is reflected 
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import socket
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from engine.args import EngineArgs
 from engine.server.errors import error_response
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -40,7 +40,7 @@ def _is_ip(name: str) -> bool:
 
 
 class Policy:
-    def __init__(self, opts: argparse.Namespace):
+    def __init__(self, opts: EngineArgs):
         configured = opts.host.strip().lower().strip("[]")
         self.hosts = set(LOOPBACK) | {configured}
         # Bound to every interface, the engine is reached by its addresses (a rebinding needs a name) and
@@ -103,6 +103,6 @@ async def cors_headers(request: web.Request, response: web.StreamResponse) -> No
         response.headers["Vary"] = "Origin"
 
 
-def install(app: web.Application, opts: argparse.Namespace) -> None:
+def install(app: web.Application, opts: EngineArgs) -> None:
     app[POLICY] = Policy(opts)
     app.on_response_prepare.append(cors_headers)

@@ -6,7 +6,6 @@ and then 200, and learns at once when the port is taken.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -14,9 +13,11 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 
 from aiohttp import web
 
+from engine.args import EngineArgs
 from engine.cli import check_supported
 from engine.device import resolve_device
 from engine.exact import ExactStatus, check_launch, check_model, disable_inexact_features, exact_requested
@@ -42,12 +43,12 @@ FORCED_EXIT_SECONDS = 5.0  # a shutdown still running then ends the process rega
 GIL_SWITCH_S = 0.001
 
 
-def serve(opts: argparse.Namespace) -> int:
+def serve(opts: EngineArgs) -> int:
     sys.setswitchinterval(GIL_SWITCH_S)
     return asyncio.run(_serve(opts))
 
 
-def resolve_backend(opts: argparse.Namespace) -> str:
+def resolve_backend(opts: EngineArgs) -> str:
     if opts.n_gpu_layers == 0:
         if opts.device == "cuda":
             raise bad_flag("--device cuda with -ngl 0 puts no layer on the GPU; use -ngl all, or --device cpu")
@@ -56,26 +57,23 @@ def resolve_backend(opts: argparse.Namespace) -> str:
     return resolve_device(opts.device)
 
 
-def resolve_exact(opts: argparse.Namespace, backend: str) -> ExactStatus:
+def resolve_exact(opts: EngineArgs, backend: str) -> tuple[ExactStatus, EngineArgs]:
+    """Exact mode's status, and the options with the features it turns off turned off."""
     if not exact_requested(opts.exact_concurrency):
-        return ExactStatus(False, False, "not requested", backend)
+        return ExactStatus(False, False, "not requested", backend), opts
     check_launch(cache_type_k=opts.cache_type_k, cache_type_v=opts.cache_type_v, flash_attn=opts.flash_attn,
                  no_kv_offload=opts.no_kv_offload, backend=backend)
-    opts.context_shift, opts.cache_reuse = disable_inexact_features(context_shift=opts.context_shift,
-                                                                    cache_reuse=opts.cache_reuse)
-    return ExactStatus(True, True, None, backend)
+    shift, reuse = disable_inexact_features(context_shift=opts.context_shift, cache_reuse=opts.cache_reuse)
+    return ExactStatus(True, True, None, backend), replace(opts, context_shift=shift, cache_reuse=reuse)
 
 
-async def _serve(opts: argparse.Namespace) -> int:
+async def _serve(opts: EngineArgs) -> int:
     backend = resolve_backend(opts)
-    exact = resolve_exact(opts, backend)
+    exact, opts = resolve_exact(opts, backend)
     check_supported(opts, backend)
     if opts.cache_type_k != opts.cache_type_v and backend == "cuda":
         raise bad_flag(f"-ctk {opts.cache_type_k} with -ctv {opts.cache_type_v}: different K and V cache types "
                        "are not supported on CUDA yet")
-    if opts.ubatch_size > opts.batch_size:
-        log.info("-ub %d is larger than -b %d: using -ub %d", opts.ubatch_size, opts.batch_size, opts.batch_size)
-        opts.ubatch_size = opts.batch_size
     state = EngineState(opts, exact, backend)
     log.info(exact.log_line())
     runner = GuardedRunner(build_app(state), opts.max_connections, handler_cancellation=True, access_log=None,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from engine.args import EngineArgs
 from engine.exact import ExactStatus
 from engine.loader import LoadedModel
 from engine.sampler import SamplingParams
@@ -49,7 +49,7 @@ class Served:
 
 @dataclass
 class EngineState:
-    opts: argparse.Namespace
+    opts: EngineArgs
     exact: ExactStatus
     backend: str
     loaded: LoadedModel | None = None

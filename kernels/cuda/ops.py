@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import cupy as cp
 import cupyx
@@ -35,6 +35,9 @@ from kernels.cuda.weights import (
     rope_tile_order,
 )
 from kernels.weights import RowStack, Weight, concat_rows
+
+# which shared-memory matmul families wide batches may take (see CudaOps.tiled)
+Tiling = Literal[True, "wide", "tile", False]
 
 log = logging.getLogger("kernels.cuda")
 
@@ -103,7 +106,7 @@ class CudaOps:
         self._attn_counters = cp.zeros(ATTN_COUNTERS, dtype=cp.int32)
         # Which shared-memory kernels wide batches may take: True (all), "wide" (not mm_wgmma), "tile"
         # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
-        self.tiled: bool | str = True
+        self.tiled: Tiling = True
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
 
     # --- data movement
