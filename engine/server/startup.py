@@ -212,7 +212,7 @@ def max_token_bytes(tokenizer) -> int:
     return max((len(piece.encode("utf-8", "surrogatepass")) for piece in tokenizer.tok.get_vocab()), default=1)
 
 
-def _cap_slot_context(scheduler: Scheduler, opts: argparse.Namespace, config) -> None:
+def _cap_slot_context(scheduler: Scheduler, opts: EngineArgs, config) -> None:
     """A slot gets what llama-server would give it, -c / -np, never the extra that rounding the pool up to
     whole pages left; below one page per slot the launch is refused, naming the flags."""
     if opts.kv_unified:
