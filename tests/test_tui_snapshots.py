@@ -1,4 +1,4 @@
-"""SVG snapshots of the studio's screens at 120x40, over a scripted manager so every run renders alike.
+"""SVG snapshots of the studio's screens at 120x40 (and 80x24, where nothing may be cut), over a scripted manager so every run renders alike.
 
 The manager here answers with fixed figures (no engine, no clock, no ports or paths that vary); the
 Pilot tests in test_tui_pilot.py drive the real engine. Update after a deliberate change with
@@ -19,6 +19,7 @@ from studio.tui.app import LockstepApp
 from studio.tui.messages import LoadOutcome
 
 SIZE = (120, 40)
+SMALL = (80, 24)  # the smallest terminal a screen must fit without cutting text
 BUNDLED = Path("/opt/lockstep/assets/models")
 
 MODELS = [
@@ -203,24 +204,25 @@ def test_status_screen_no_model(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("f3"))
 
 
-def test_chat_screen(snap_compare):
+async def chat_before(pilot):
     from studio.tui.widgets.chat_message import ChatMessage
 
-    async def run_before(pilot):
-        await settle(pilot)
-        await pilot.press("f4")
-        pilot.app.screen.query_one("#prompt").cursor_blink = False  # a blinking cursor made the SVG vary
-        await settle(pilot)
-        transcript = pilot.app.screen.query_one("#transcript")
-        await transcript.mount(ChatMessage("user", "def fibonacci(n):"))
-        reply = ChatMessage("assistant", title="lockstep-pycode-13m")
-        await transcript.mount(reply)
-        reply.append("    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n")
-        reply.finish("23 tokens · 61.3 tokens/s · first token 0.04 s · 0.4 s · seed 1234 · stop")
-        pilot.app.screen.query_one("#system").value = "You are a terse Python tutor."
-        await pilot.pause()
+    await settle(pilot)
+    await pilot.press("f4")
+    pilot.app.screen.query_one("#prompt").cursor_blink = False  # a blinking cursor made the SVG vary
+    await settle(pilot)
+    transcript = pilot.app.screen.query_one("#transcript")
+    await transcript.mount(ChatMessage("user", "def fibonacci(n):"))
+    reply = ChatMessage("assistant", title="lockstep-pycode-13m")
+    await transcript.mount(reply)
+    reply.append("    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n")
+    reply.finish("23 tokens · 61.3 tokens/s · first token 0.04 s · seed 1234 · stop")
+    pilot.app.screen.query_one("#system").value = "You are a terse Python tutor."
+    await pilot.pause()
 
-    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=run_before)
+
+def test_chat_screen(snap_compare):
+    assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=chat_before)
 
 
 def test_exactness_screen_report(snap_compare):
@@ -249,3 +251,12 @@ def test_logs_screen(snap_compare):
 
 def test_settings_screen(snap_compare):
     assert snap_compare(make_app(READY), terminal_size=SIZE, run_before=on_screen("f7"))
+
+
+@pytest.mark.parametrize("key", ["f1", "f2", "f3", "f7"])
+def test_screens_at_80x24(snap_compare, key):
+    assert snap_compare(make_app(READY), terminal_size=SMALL, run_before=on_screen(key))
+
+
+def test_chat_screen_at_80x24(snap_compare):
+    assert snap_compare(make_app(READY), terminal_size=SMALL, run_before=chat_before)

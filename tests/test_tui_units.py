@@ -324,3 +324,22 @@ def test_tui_defaults_are_one_slot_at_the_native_context_unless_defaults_are_sto
     stored = LoadDefaults(parallel=2, ctx_size=8192)
     assert (effective_defaults(stored, 1024).parallel, effective_defaults(stored, 1024).ctx_size) == (2, 1024)
     assert effective_defaults(LoadDefaults(parallel=2, ctx_size=512), 1024).ctx_size == 512
+
+
+def test_status_rate_is_what_runs_now_not_the_last_finished_request():
+    from studio.tui.screens.status import live_rate, rate_text, running
+
+    slots_a = [{"task": 7, "is_processing": True, "generated": 10}, {"task": -1, "is_processing": False}]
+    slots_b = [{"task": 7, "is_processing": True, "generated": 40}, {"task": -1, "is_processing": False}]
+    rate = live_rate((1.0, running(slots_a)), (2.0, running(slots_b)))
+    assert rate == 30.0
+    busy = {"slots": slots_b, "tokens_per_second": 812.4}
+    assert rate_text(busy, rate) == "generating 30.0 tokens/s"
+    assert rate_text({"slots": [], "tokens_per_second": 812.4}, None) == "idle (last requests 812.4 tokens/s)"
+
+
+def test_the_exactness_verdict_says_when_the_loaded_engine_is_not_exact():
+    from studio.tui.screens.exactness import loaded_note
+
+    assert "runs EXACT OFF" in loaded_note({"state": "ready", "exact_concurrency": "off"})
+    assert loaded_note({"state": "ready", "exact_concurrency": "on"}) == ""

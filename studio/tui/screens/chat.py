@@ -157,7 +157,7 @@ class ChatScreen(StudioScreen):
             # The turn failed: it is not part of the conversation, but ctrl+r can send it again.
             self._failed, self._pending = self._pending, None
             return
-        parts = [speed_text(message.tokens, message.seconds, message.ttft), f"{message.seconds:.1f} s"]
+        parts = [speed_text(message.tokens, message.seconds, message.ttft)]
         if message.seed is not None:
             parts.append(f"seed {message.seed}")
         if message.finish_reason:

@@ -40,6 +40,16 @@ def result_cell(identical: bool, first_diff: int | None, first_token_diff: int |
     return Content.from_markup("[b $error]✖ differs at token $at[/]$detail", at=str(first_diff), detail=detail)
 
 
+def loaded_note(status: dict) -> str:
+    """What the verdict means for the engine that serves chats: the check never tests that one."""
+    exact = status.get("exact_concurrency")
+    if status.get("state") != "ready" or exact == "on":
+        return ""
+    shown = "EXACT OFF" if exact == "off" else "EXACT UNAVAILABLE"
+    return (f" The loaded engine runs {shown}: its replies can change with their neighbours; "
+            "load with exact concurrency on for that.")
+
+
 class ExactnessScreen(StudioScreen):
     MODE = "exactness"
     BINDINGS = [
@@ -147,10 +157,12 @@ class ExactnessScreen(StudioScreen):
         bar.display = True
         same = sum(c.identical for c in report.cells)
         if report.all_identical:
-            text = f"All {same} cells identical: exact concurrency holds on this model ({report.seconds:.0f} s)."
+            text = (f"All {same} cells identical: exact concurrency holds on this model, on the check's own "
+                    f"engines started with it on ({report.seconds:.0f} s).")
         else:
             text = (f"{len(report.cells) - same} of {len(report.cells)} cells differ: "
                     "the first differing token is shown per cell.")
+        text += loaded_note(self.studio.status)
         self._set_summary(text, report.all_identical)
 
     def _set_summary(self, text: str, good: bool | None) -> None:

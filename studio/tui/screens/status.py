@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from typing import Any
 
 from textual.app import ComposeResult
@@ -63,6 +64,30 @@ def slot_row(slot: dict[str, Any]) -> tuple[str, ...]:
             number(slot.get("n_restore")))
 
 
+def live_rate(before: tuple[float, dict[Any, int]] | None, now: tuple[float, dict[Any, int]]) -> float | None:
+    """Tokens/s generated between two polls by the requests running in both ({task id: generated})."""
+    if before is None or now[0] <= before[0]:
+        return None
+    common = before[1].keys() & now[1].keys()
+    if not common:
+        return None
+    return sum(max(0, now[1][t] - before[1][t]) for t in common) / (now[0] - before[0])
+
+
+def running(slots: list[dict[str, Any]] | None) -> dict[Any, int]:
+    """{request: tokens generated so far} of the busy slots; a request is its task id (else its slot)."""
+    return {s.get("task", ("slot", s.get("id"))): int(s.get("generated") or 0)
+            for s in slots or [] if s.get("is_processing")}
+
+
+def rate_text(status: dict[str, Any], live: float | None) -> str:
+    """The rate of what runs now; the engine's figure (finished requests) only when nothing runs."""
+    if running(status.get("slots")):
+        return f"generating {number(live, 1)} tokens/s" if live is not None else "generating…"
+    last = status.get("tokens_per_second")
+    return f"idle (last requests {number(last, 1)} tokens/s)" if last else "idle"
+
+
 class StatusScreen(StudioScreen):
     MODE = "status"
     BINDINGS = [
@@ -91,6 +116,7 @@ class StatusScreen(StudioScreen):
             yield Static("", id="api-note")
 
     def on_mount(self) -> None:
+        self._last_sample: tuple[float, dict[Any, int]] | None = None
         self.query_one("#engine-info").border_title = "Engine"
         table = self.query_one("#slots-table", DataTable)
         for column in SLOT_COLUMNS:
@@ -139,10 +165,12 @@ class StatusScreen(StudioScreen):
         else:
             pages = "KV pages —"
         self.query_one("#pages-label", Static).update(pages)
-        rate = status.get("tokens_per_second")
+        sample = (time.monotonic(), running(status.get("slots")))
+        live = live_rate(self._last_sample, sample)
+        self._last_sample = sample
         self.query_one("#counters", Static).update(
             f"parks {number(status.get('parks'))}   restores {number(status.get('restores'))}   "
-            f"tokens/s {number(rate, 1) if rate is not None else '—'}")
+            f"{rate_text(status, live)}")
 
         table = self.query_one("#slots-table", DataTable)
         table.clear()

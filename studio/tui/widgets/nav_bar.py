@@ -13,7 +13,7 @@ from studio.tui.navigation import PLACES
 
 
 def nav_content(current: str) -> Content:
-    parts: list[Content] = [Content.from_markup("[b]Lockstep[/b] ")]
+    parts: list[Content] = []
     for place in PLACES:
         style = "reverse b" if place.mode == current else ""
         label = Content.from_markup(" [b]$key[/b] $title ", key=place.key_label, title=place.title)
@@ -44,6 +44,7 @@ class NavBar(Horizontal):
         self.current = current
 
     def compose(self) -> ComposeResult:
+        yield Static("Lockstep", id="nav-brand")
         yield Static(nav_content(self.current), id="nav-places")
         yield Static("", id="nav-summary")
 
