@@ -84,7 +84,7 @@ class SettingsScreen(StudioScreen):
                 yield Button("Revert", id="settings-revert")
             yield Static(Content.from_markup(
                 "Load defaults (context, slots, cache types, extra args…) are saved from the "
-                "[b]Load[/b] screen (2) with [b]ctrl+s[/b]."), id="settings-note")
+                "[b]Load[/b] screen (F2) with [b]ctrl+s[/b]."), id="settings-note")
 
     def on_mount(self) -> None:
         self.action_revert()
