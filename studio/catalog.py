@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from studio.resources import asset
+
 # A safetensors header beyond this is not a header we should trust (the format caps it at 100 MB).
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 SCAN_DEPTH = 3
@@ -36,8 +38,7 @@ class ModelInfo(BaseModel):
 
 
 def bundled_models_dir() -> Path:
-    # assets/ sits beside the studio package in the source tree and in an editable install.
-    return Path(__file__).resolve().parent.parent / "assets" / "models"
+    return asset("models")
 
 
 def read_gguf(path: Path) -> ModelInfo:

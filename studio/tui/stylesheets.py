@@ -1,10 +1,13 @@
-"""Where the TUI's stylesheets live: assets/tui beside the studio package (source tree or editable install)."""
+"""Where the TUI's stylesheets live: the `assets` package data (a wheel, an editable install or the
+source tree all find it through importlib.resources)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-STYLE_DIR = Path(__file__).resolve().parents[2] / "assets" / "tui"
+from studio.resources import asset
+
+STYLE_DIR = asset("tui")
 
 
 def stylesheet(name: str) -> Path:
