@@ -42,6 +42,7 @@ class SamplingParams:
     # (token id, bias) pairs added to the logits before sampling; -inf bans a token (ignore_eos bans the EOGs)
     logit_bias: tuple[tuple[int, float], ...] = ()
     post_sampling_probs: bool = False  # report probabilities after the samplers' filters, not log-softmax
+    grammar: str = ""  # GBNF the answer must follow (engine.constraints masks the logits to it)
 
     @property
     def greedy(self) -> bool:
@@ -51,7 +52,7 @@ class SamplingParams:
 def needs_logits(p: SamplingParams, logprobs: int) -> bool:
     """False when the row's argmax alone decides the token: greedy, no penalties, no logprobs."""
     penalized = p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-    return not p.greedy or penalized or logprobs >= 0 or bool(p.logit_bias)
+    return not p.greedy or penalized or logprobs >= 0 or bool(p.logit_bias) or bool(p.grammar)
 
 
 def _bias(logits: np.ndarray, p: SamplingParams) -> np.ndarray:

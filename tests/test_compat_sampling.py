@@ -116,3 +116,42 @@ async def test_timings_rate_excludes_first_token(eng):
     t = many["timings"]
     assert t["predicted_n"] == 6 and math.isclose(t["predicted_per_second"], 5 * 1000 / t["predicted_ms"])
     assert t["prompt_per_token_ms"] > 0 and math.isclose(t["prompt_per_token_ms"], t["prompt_ms"] / t["prompt_n"])
+
+
+@pytest.mark.parametrize("body,check,ends", [
+    ({"grammar": 'root ::= "ab"{3,3}'}, lambda text: text == "ababab", "eos"),
+    ({"json_schema": {"const": "42"}}, lambda text: text.strip() == '"42"', None),
+    # whitespace may follow the object until the limit: the answer still parses
+    ({"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
+     lambda text: isinstance(json.loads(text)["n"], int), None),
+])
+async def test_grammar_and_schema_constrain_the_answer(eng, body, check, ends):
+    req = {"prompt": PROMPT, "n_predict": 24, "temperature": 0.8, "seed": 5, "return_tokens": True, **body}
+    status, out = await post(eng, "/completion", req)
+    assert status == 200, out
+    assert check(out["content"]), out["content"]
+    assert ends is None or out["stop_type"] == ends  # the grammar completed: only the end of generation was left
+    assert (await post(eng, "/completion", req))[1]["tokens"] == out["tokens"]  # a function of the request
+
+
+async def test_response_format_on_chat(eng):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 40, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["yes", "no"]}}}}
+    status, out = await post(eng, "/v1/chat/completions", body)
+    assert status == 200 and json.loads(out["choices"][0]["message"]["content"]) in ("yes", "no")
+
+
+def test_gbnf_forms():
+    from engine.grammar import Grammar, GrammarError
+
+    def accepts(g, text):
+        st = g.start()
+        for ch in text:
+            st = g.step(st, ch)
+        return () in st
+
+    g = Grammar('root ::= item ("," item)*\nitem ::= [a-c]+ | "x" [0-9]{1,2} # comment\n')
+    assert accepts(g, "ab,x1,c") and accepts(g, "x12") and not accepts(g, "x123") and not accepts(g, "ab,")
+    for bad in ('root ::= "a" (', "root ::= undefined", 'other ::= "a"', "root ::= root \"a\""):
+        with pytest.raises(GrammarError):
+            Grammar(bad)

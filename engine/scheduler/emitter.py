@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from engine import constraints
 from engine.requests import DoneEvent, Event, ProgressEvent, Row, TokenEvent
 from engine.runner import RowsOut
 from engine.sampler import log_softmax, post_sampling_logprobs, sample, top_logprobs
@@ -84,6 +85,11 @@ class Emitter:
         if seq.generated == 0:
             seq.t_first = time.perf_counter()
         logits, best = row
+        if seq.params.grammar:
+            logits = constraints.mask(seq, self.tokenizer, logits)
+            if logits is None:  # the grammar allows nothing more: the answer is complete
+                self.finish(seq, "stop")
+                return -1
         tok = best if logits is None else sample(logits, seq.params, seq.tokens, seq.generated)
         lp = top = None
         if seq.req.logprobs >= 0 and seq.params.post_sampling_probs:
@@ -96,6 +102,8 @@ class Emitter:
             self.finish(seq, "stop")
             return tok
         seq.tokens.append(tok)
+        if seq.params.grammar:
+            constraints.advance(seq, self.tokenizer, tok)
         seq.generated += 1
         self.ctx.counters["tokens_predicted_total"] += 1
         self.outbox.append((seq.on_event, TokenEvent(seq.index, tok, lp, top)))

@@ -57,9 +57,6 @@ def _common(state: EngineState, f: Fields, prompt: list[int], logprobs: int) -> 
     reject_unsupported(f)
     if f.raw("functions"):
         raise bad_request("'functions' (the legacy form) is not supported; use 'tools'")
-    fmt = f.obj("response_format").raw("type", "text")
-    if fmt != "text":
-        raise bad_request(f"'response_format' type {fmt!r} is not supported yet (only 'text')")
     req = Request(
         prompt=prompt,
         params=sampling(f, state.defaults, state.opts.seed, state.tokenizer),

@@ -13,6 +13,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from engine.grammar import GrammarError, compile_grammar
+from engine.json_schema import JSON_OBJECT, SchemaError, schema_grammar
 from engine.sampler import SamplingParams, random_seed
 from engine.server.errors import ApiError, bad_request
 from engine.server.state import EngineState, state_of
@@ -210,7 +212,7 @@ def sampling(f: Fields, defaults: SamplingParams, server_seed: int, tokenizer=No
     seed = f.int("seed", -1, -1, MAX_SEED)
     if seed == -1:
         seed = server_seed if server_seed >= 0 else random_seed()
-    p = replace(p, seed=seed, post_sampling_probs=f.bool("post_sampling_probs", False))
+    p = replace(p, seed=seed, post_sampling_probs=f.bool("post_sampling_probs", False), grammar=grammar_of(f))
     if tokenizer is not None:
         bias = logit_bias(f.raw("logit_bias", []), tokenizer)
         if f.bool("ignore_eos", False):  # llama-server turns it into a ban on every end-of-generation token
@@ -261,8 +263,6 @@ def logit_bias(value: Any, tokenizer) -> list[tuple[int, float]]:
 # Sampling features clients know from llama-server or OpenAI that the engine does not have. A request
 # that sets one to anything but its neutral value is refused, so its output never silently differs.
 _NEUTRAL = {
-    "grammar": ("",),
-    "json_schema": ({},),
     "mirostat": (0,),
     "typical_p": (1, 1.0),
     "dynatemp_range": (0, 0.0),
@@ -346,3 +346,28 @@ async def prompt_tokens(value: Any, state: EngineState, name: str = "prompt") ->
     if not ids:
         raise bad_request(f"'{name}' is empty")
     return ids
+
+
+def grammar_of(f: Fields) -> str:
+    """The GBNF a request's answer must follow: `grammar`, `json_schema` (llama-server) or `response_format`
+    json_object / json_schema (OpenAI); checked here, so a bad one is a 400 naming it."""
+    fmt = f.obj("response_format")
+    kind = fmt.raw("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise bad_request(f"'response_format' type {kind!r} is not supported (text, json_object or json_schema)")
+    try:
+        if f.str("grammar"):
+            source = f.str("grammar")
+        elif f.has("json_schema"):
+            source = schema_grammar(f.raw("json_schema"))
+        elif kind == "json_schema":
+            spec = fmt.obj("json_schema")
+            source = schema_grammar(spec.raw("schema", {}))
+        elif kind == "json_object":
+            source = schema_grammar(fmt.raw("schema")) if fmt.has("schema") else JSON_OBJECT
+        else:
+            return ""
+        compile_grammar(source)
+    except (GrammarError, SchemaError) as e:
+        raise bad_request(f"the request's grammar or JSON schema: {e}") from None
+    return source
