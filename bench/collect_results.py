@@ -1,4 +1,5 @@
-"""Files a device call brought back (bench/gpu_all.sh) into bench/results/, tables regenerated.
+"""Files a device call brought back (bench/gpu_all.sh), tables regenerated: the product's evidence
+(exactness, throughput, soak, speculation reports) into bench/evidence/, the rest into docs/lab/results/.
 
     python bench/collect_results.py /work/.device/N
 """
@@ -18,7 +19,9 @@ from throughput import markdown  # noqa: E402
 
 from studio.evidence import Cell, Report  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+EVIDENCE = ROOT / "bench" / "evidence"
+LAB = ROOT / "docs" / "lab" / "results"
+EVIDENCE_KINDS = ("exactness-", "throughput-", "soak-", "speculation-")
 RENAME = {"throughput-1b.json": "throughput-1b-h200.json", "throughput-8b.json": "throughput-8b-h200.json"}
 
 
@@ -35,7 +38,8 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     for src in sorted(Path(argv[0]).glob("*.json")):
-        dst = RESULTS / RENAME.get(src.name, src.name)
+        name = RENAME.get(src.name, src.name)
+        dst = (EVIDENCE if name.startswith(EVIDENCE_KINDS) else LAB) / name
         shutil.copyfile(src, dst)
         dst.chmod(0o644)
         if dst.name.startswith("throughput-"):

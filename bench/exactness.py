@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--parks-every", type=int, default=0, metavar="N",
                     help="add cells parked every N tokens beside 7 neighbours, at -ub 512, 16 and 24")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "exactness-cpu"),
+    ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "exactness-cpu"),
                     help="report path without extension (.json and .md are written)")
     args = ap.parse_args(argv)
     extra = []

@@ -1,7 +1,7 @@
 """Soak test: many clients, random requests and disconnects against a real engine; nothing may be lost.
 
     python bench/soak.py                       # builds the tiny test model, CPU backend
-    python bench/soak.py --model DIR --device cuda --out bench/results/soak-cuda.json
+    python bench/soak.py --model DIR --device cuda --out bench/evidence/soak-cuda.json
     python bench/soak.py --hostile --out bench/evidence/soak-hostile-cpu.json   # with issue 25's hostile cases
 
 With --hostile, bench/hostile.py's clients (oversized and compressed bodies, lone surrogates, slow and
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exact", choices=("on", "off"), default="on")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--request-timeout", type=float, default=300)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak-cpu.json")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "evidence" / "soak-cpu.json")
     p.add_argument("--hostile", action="store_true", help="also run bench/hostile.py's clients and probes")
     p.add_argument("--hostile-rounds", type=int, default=3)
     args = p.parse_args(argv)

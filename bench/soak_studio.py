@@ -6,7 +6,7 @@ Pass: no 5xx, every hostile request answered 4xx, each writer's last acknowledge
 disk (no write lost between the two studios), the file parses, nothing set aside, /api/status p99 <
 100 ms. No engine is loaded: this is the studio's own surface.
 
-  python bench/soak_studio.py --seconds 30 --out bench/results/soak-studio-cpu.json
+  python bench/soak_studio.py --seconds 30 --out bench/evidence/soak-studio-cpu.json
 """
 
 from __future__ import annotations

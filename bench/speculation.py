@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speculation"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "speculation"))
     args = ap.parse_args(argv)
     result = asyncio.run(run(args))
     Path(args.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

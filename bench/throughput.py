@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "throughput"))
     args = ap.parse_args(argv)
     result = asyncio.run(run(args))
     out = Path(args.out)

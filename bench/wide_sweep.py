@@ -3,7 +3,7 @@
     python bench/wide_sweep.py --out wide-sweep.json
 
 Each variant is the same kernel compiled with other WIDE_STAGES / WIDE_KC; every variant must give
-the default's bits. (bench/results/wide-sweep-h200.json also holds two diagnostic builds, one
+the default's bits. (docs/lab/results/wide-sweep-h200.json also holds two diagnostic builds, one
 without the MMAs and one without the pipeline's loads, made with build flags since removed.)
 """
 

@@ -12,7 +12,7 @@ Changes (the alternative to the plan):
   full_tiles     mm_wgmma's 128-row tiles even where they are few (with --prefill; 1B 7.03 -> 7.30 ms
                  with 64-row ones kept, 8B 24.9 ms against 26.2 when it took them too:
                  half-tiles-prefill-ab-h200.json)
-Changes measured once and removed with their kernel code (bench/results/mm-prefetch-ab-h200.json,
+Changes measured once and removed with their kernel code (docs/lab/results/mm-prefetch-ab-h200.json,
 attn-prefetch-ab-h200.json): weights asked into L2 two batches ahead of their loads, attention's
 key and value rows asked into L2 before its wait; a chunk's keys copied into shared memory
 (attn-staged*-ab-h200.json, K_SMEM of b3bf2f3); attention's latency build loading its first batch

@@ -221,8 +221,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     if (PRO == PRO_NORM) inv = rms_inv(x, K, eps, norm_scratch);
     // One chunk into the accumulators from its activations' 16-bit pairs (b: k 8t .. 8t+3, then
     // 8t+4 .. 8t+7, per token tile). No branch on the token tiles (a tile past M multiplies zeros
-    // into accumulators nobody stores), so the compiler may issue a batch's activation loads together
-    // (at 16 rows: 12.5 against 15.2 us for an 8B q or o matmul, 37.9 against 53.7 us for gate).
+    // into accumulators nobody stores), so the compiler may issue a batch's activation loads together.
     auto chunk_mma = [&](int u, const unsigned (&b)[TM][4]) {
         unsigned a1[4], a2[4];
         a_frags<WT>(wa[u], wb[u], a1, a2);
@@ -247,8 +246,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // One row: lane l loads and packs activations k0 + 4l .. k0 + 4l + 3 of the batch (chunk c0 +
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
-    // chunk, each chunk's activations waited behind the previous chunk's MMAs: H200, 8B, one row,
-    // gate|up 65.7 -> 60.1 us, down 31.1 -> 28.9, decode step 4.50-4.57 -> 4.14 ms.
+    // chunk, each chunk's activations waited behind the previous chunk's MMAs.
     static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U == 4), "one warp load covers four chunks");
     if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
@@ -316,8 +314,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         if (c0 != c_begin) load_weights(c0);
         // A whole batch's activation loads issued with its weights' before any MMA: one round trip a
         // batch. Left to the compiler (a branch on `vec` in each load), the next chunk's loads went
-        // out only after the previous chunk's MMAs had waited for the weights (H200, 8 rows, 8B
-        // gate|up 69.2 -> 60.1 us, down 33.3 -> 29.3; at 16 rows the 64 registers forbid it).
+        // out only after the previous chunk's MMAs had waited for the weights (at 16 rows the 64
+        // registers forbid it).
         if (vec && c0 + U <= c_end) {
             float xv[U][TM][8];
 #pragma unroll

@@ -98,8 +98,7 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
 def reads_16bit(m: int, n: int, k: int, sm_count: int) -> bool:
     """Whether a normalised input of m rows reaches the streaming kernel rounded to 16 bits already
     (rms_norm_16, the pairs the MMAs take): the 9-16-row kernel, whose float32 rows with a batch's
-    loads in flight do not fit its 64 registers (H200, 8B at 16 rows: gate|up 72.9 -> 64.4 us, q|k|v
-    19.6 -> 17.2; bench/results/batch-loads-mm-h200.json)."""
+    loads in flight do not fit its 64 registers (kernels/cuda/DECISIONS.md)."""
     return m > 1 and matmul_launch("f16", m, n, k, sm_count).token_tiles == 2
 
 
@@ -109,16 +108,14 @@ NORM_PROLOGUE_BYTES = 8 << 20  # L2 reads of a matmul whose every block normalis
 def norm_prologue(n: int, k: int) -> bool:
     """Whether a one-row matmul normalises its input row itself (kernel mm_*_norm) instead of after a
     separate rms_norm launch. Every block reads the whole row: past ~8 MB in all that burst costs
-    more than the launch saves (H200: 8B gate|up 69.6 us fused against 61.6 + 3.6 us apart; 1B
-    gate|up, 8 MB, 21.3 against 20.9 + 2.4; q|k|v of both shapes gained 1.5-2 us)."""
+    more than the launch saves."""
     return ceil_div(n, ROW_TILE) * k * 4 <= NORM_PROLOGUE_BYTES
 
 
 TILE_N = 64  # weight rows per block of the tiled kernel (mm_tile_*)
 TILE_M = 64  # token rows per block of the tiled kernel
 TILE_MIN_ROWS = 33  # from this many rows the tiled kernel can beat the streaming one (same bits)
-TILE_MIN_BLOCKS_PER_SM = 0.75  # fewer tiles than this leave the device idle: stream instead (H200: 64
-# rows x 2048x2048 took 57 us tiled over 32 blocks, 21 us streaming; 14336x4096 122 us vs 275 us)
+TILE_MIN_BLOCKS_PER_SM = 0.75  # fewer tiles than this leave the device idle: stream instead
 
 
 def tile_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
@@ -154,8 +151,8 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
                         WIDE_M // TOKEN_TILE)
 
 
-WGMMA_STAGES = 4  # H200, 8B shapes at 512 rows: 4 stages 339-435 TFLOP/s, 5 or 6 stages 296-371
-WGMMA_MIN_BLOCKS_PER_SM = 0.45  # H200, 512 rows: 1B down in 64 blocks 113 TFLOP/s, tiled 74
+WGMMA_STAGES = 4  # more stages cost more shared memory than their latency hiding returns
+WGMMA_MIN_BLOCKS_PER_SM = 0.45  # fewer tiles than this: the tiled kernels do better
 WGMMA_HALF_TILES_BELOW = 0.75  # 128-row tiles per SM below which blocks take 64 weight rows (1B, not 8B)
 
 
@@ -174,8 +171,7 @@ def wgmma_rows(launch: MatmulLaunch) -> int:
 def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
     """The launch of mm_wgmma_tma (sm_90 only; 16-bit weights) for long prefills, or None where the
     batch is too short or its tiles too few. Under WGMMA_HALF_TILES_BELOW 128-row tiles an SM: 64-row
-    tiles, two blocks an SM (H200, 1B prompt of 512 tokens 7.30 -> 7.03 ms; 8B o and down, 0.97
-    tiles an SM, slower: half-tiles-prefill-ab-h200.json)."""
+    tiles, two blocks an SM (faster for 1B-sized weights, slower for 8B's)."""
     blocks = ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M)
     if dtype not in ("f16", "bf16") or m < WIDE_MIN_ROWS or blocks < WGMMA_MIN_BLOCKS_PER_SM * sm_count:
         return None
@@ -207,22 +203,20 @@ class AttentionLaunch:
     build: tuple[tuple[str, int], ...]  # register budget of attn_partial (bits do not depend on it)
 
 
-# Blocks (x 128 / head_dim) below which a block takes fewer query heads of its group (H200, context
-# 640, 1 row: head dim 128 13.5 -> 10.3 us at 1 head a block, head dim 64 10.1 -> 8.9 at 2; from 4
-# rows 4 heads a block are as fast or faster: bench/results/attention-groups-h200.json).
+# Blocks (x 128 / head_dim) below which a block takes fewer query heads of its group: with few rows
+# more blocks keep more SMs busy; from 4 rows, 4 heads a block are as fast or faster.
 ATTN_SPREAD = 32
 ATTN_LATENCY_PAIRS = 0.25  # (row, head group) pairs per SM up to which attention is built for latency
 LATENCY_BUILD = (("MIN_BLOCKS", 1), ("K_EARLY_OK", 1), ("VBATCH", 16))
 THROUGHPUT_BUILD = (("MIN_BLOCKS", 3), ("K_EARLY_OK", 0), ("VBATCH", 8))
 # Key rows of up to 64 dims fit in registers whole beside the throughput build's other state: loaded
-# before the scores, the values after them (H200, 1B decode step at 16 rows 1.257 -> 1.223 ms, 8 rows
-# 1.105 -> 1.083). At 128 dims that build is slower (8B 16 rows 5.32 -> 5.43 ms; late-values-ab-h200.json).
+# before the scores, the values after them. At 128 dims that build is slower.
 LATE_VALUES_BUILD = THROUGHPUT_BUILD + (("V_LATE", 1),)
 
 
 def attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int) -> AttentionLaunch:
     """Few (row, head group) pairs: every load of a chunk in flight at once, one block per SM
-    (H200, 8B shape, 1 row: 11.9 against 19.0 us), and query heads spread over more blocks. Many:
+    and query heads spread over more blocks. Many:
     three blocks per SM, values in batches, so that a whole batch's blocks are resident."""
     group = n_heads // n_kv
     per_row = n_heads * width * (head_dim + 2) * 4

@@ -1,10 +1,10 @@
 // The exact prefill matmul on Hopper's warpgroup MMA (wgmma, sm_90a), fed by the Tensor Memory
 // Accelerator: mm_tc's sums, element for element (tests/test_cuda_ops.py checks it against every
-// other matmul kernel; how it got its shape: kernels/cuda/NOTES.md).
+// other matmul kernel; why it has this shape: kernels/cuda/DECISIONS.md).
 //
 // mm_tc's arithmetic (matmul.cu): K in chunks of 32; in each chunk one MMA takes the k set {0-3,
 // 8-11, 16-19, 24-27}, the next {4-7, 12-15, 20-23, 28-31} (which order inside one instruction
-// changes no bits, and wgmma rounds as mma.sync does: bench/results/wgmma-bits-h200.json); chunks
+// changes no bits, and wgmma rounds as mma.sync does: both checked on the device); chunks
 // ascending inside each of S slices (bounds s * C / S), slices joined in order.
 //
 // A block's two consumer warpgroups compute 128 weight rows x 128 tokens (WG_GROUPS 1: one
