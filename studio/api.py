@@ -25,7 +25,7 @@ from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
 from studio.errors import StudioError
 from studio.guard import Guard
 from studio.manager import LoadManager
-from studio.openai_front import model_list, prepare_body
+from studio.openai_front import RequestRecord, model_list, prepare_body
 from studio.proxy import forward, upstream_path
 from studio.pull_api import stream_pull
 from studio.settings_api import check_load_args, check_settings_patch
@@ -213,7 +213,14 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     manager = _manager(request)
     child = await manager.engine()
     body = prepare_body(manager, path, await request.read())
-    return await forward(request, path, child, request.app[CLIENT], body, error_response)
+    record = RequestRecord(path)
+    status: int | str = "cancelled (the client left)"
+    try:
+        response = await forward(request, path, child, request.app[CLIENT], body, error_response, tap=record.feed)
+        status = response.status
+        return response
+    finally:
+        manager.log.info(record.line(status))
 
 
 def build_app(manager: LoadManager, *, api_key: str | None = None, host: str | None = None,

@@ -9,6 +9,8 @@ path is a 404 that names the loaded model, as Ollama answers for a model it does
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 from studio.errors import StudioError
@@ -68,3 +70,30 @@ def prepare_body(manager: LoadManager, path: str, raw: bytes) -> bytes:
     child = loaded.child if loaded is not None else None
     body["max_tokens"] = default_max_tokens(child.props if child is not None else {})
     return json.dumps(body).encode()
+
+
+_ID = re.compile(rb'"id"\s*:\s*"([^"]{1,80})"')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+class RequestRecord:
+    """What the studio log says of one proxied request: its id, tokens, time and status."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.start = time.monotonic()
+        self.id: str | None = None
+        self.events = 0  # streamed token events, when the engine reports no usage
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if self.id is None and (m := _ID.search(chunk)):
+            self.id = m.group(1).decode(errors="replace")
+        self.events += chunk.count(b'"delta"') + chunk.count(b'"text"')
+        self.tail = (self.tail + chunk)[-4096:]
+
+    def line(self, status: int | str) -> str:
+        usage = _COMPLETION_TOKENS.findall(self.tail)
+        tokens = f"tokens {int(usage[-1])}" if usage else f"events {self.events}"
+        ms = (time.monotonic() - self.start) * 1000
+        return f"request {self.id or '-'} {self.path}: {tokens}, {ms:.0f} ms, status {status}"

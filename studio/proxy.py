@@ -34,8 +34,10 @@ def upstream_path(tail: str) -> str | None:
 
 
 async def forward(request: web.Request, path: str, child, session: aiohttp.ClientSession, body: bytes,
-                  error: Callable[..., web.Response]) -> web.StreamResponse:
-    """Relay `request` to `path` (from upstream_path) on the engine `child`, with `body`."""
+                  error: Callable[..., web.Response], tap: Callable[[bytes], None] | None = None
+                  ) -> web.StreamResponse:
+    """Relay `request` to `path` (from upstream_path) on the engine `child`, with `body`; `tap` sees each
+    chunk of the answer as it is relayed."""
     query = request.rel_url.raw_query_string
     url = URL(child.base_url + path + ("?" + query if query else ""), encoded=True)
     # The studio answers for origins (the engine would judge the studio's own clients by its own policy).
@@ -53,6 +55,8 @@ async def forward(request: web.Request, path: str, child, session: aiohttp.Clien
                     response.headers.add(key, value)
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
+                if tap is not None:
+                    tap(chunk)
                 await response.write(chunk)
             await response.write_eof()
             return response

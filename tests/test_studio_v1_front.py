@@ -60,3 +60,13 @@ async def test_a_context_beyond_the_native_one_is_refused_before_launching(clien
     assert (resp.status, err["type"]) == (400, "context_beyond_native")
     assert "2048 tokens a chat" in err["message"]
     assert standin.calls() == []
+
+
+async def test_each_proxied_request_gets_a_line_in_the_studio_log(client, tmp_path):
+    await load(client)
+    resp = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user",
+                                                                                          "content": "hi"}]})
+    assert resp.status == 200
+    await resp.read()
+    log = (tmp_path / "logs" / "studio.log").read_text()
+    assert "request c /v1/chat/completions:" in log and "ms, status 200" in log

@@ -343,3 +343,21 @@ def test_the_exactness_verdict_says_when_the_loaded_engine_is_not_exact():
 
     assert "runs EXACT OFF" in loaded_note({"state": "ready", "exact_concurrency": "off"})
     assert loaded_note({"state": "ready", "exact_concurrency": "on"}) == ""
+
+
+async def test_each_studio_logs_to_its_own_folder_and_the_logs_screen_names_it(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("LOCKSTEP_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("LOCKSTEP_CONFIG_DIR", str(tmp_path / "config"))
+    app = LockstepApp(api=False)
+    folder = app.manager.log_dir
+    assert folder.parent == tmp_path / "logs" and folder.name.endswith(f"-{os.getpid()}")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f6")
+        assert str(folder) in str(app.screen.query_one("#log-folder").render())
+        log = app.screen.query_one("#log-text")
+        log.clear()
+        log.write("x" * 500)  # a long engine line wraps onto several lines instead of being cut
+        await pilot.pause()
+        assert len(log.lines) >= 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.worker import Worker
 
-from settings import EnvOverrideError, LoadRequest, SettingsStore, resolve_exact
+from settings import EnvOverrideError, LoadRequest, SettingsStore, log_dir, resolve_exact
 from studio.catalog import ModelInfo, bundled_models_dir
 from studio.errors import StudioError
 from studio.manager import LoadManager
@@ -46,6 +47,11 @@ class LoadProgress:
     model: str
     exact: str
     started: float
+
+
+def instance_log_dir() -> Path:
+    """This studio's own folder under the log folder, so two studios never show each other's logs."""
+    return log_dir() / f"studio-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def order_models(models: Iterable[ModelInfo]) -> list[ModelInfo]:
@@ -80,7 +86,7 @@ class LockstepApp(App[int]):
     def __init__(self, manager: LoadManager | None = None, *, api: bool = True, api_host: str | None = None,
                  api_port: int | None = None, poll_interval: float = POLL_INTERVAL_S) -> None:
         super().__init__()
-        self.manager = manager if manager is not None else LoadManager(SettingsStore())
+        self.manager = manager if manager is not None else LoadManager(SettingsStore(), logs=instance_log_dir())
         self._want_api = api
         self._api_host, self._api_port = api_host, api_port
         self._poll_interval = poll_interval

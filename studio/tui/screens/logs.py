@@ -9,7 +9,8 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import Log, OptionList
+from textual.content import Content
+from textual.widgets import OptionList, RichLog, Static
 from textual.widgets.option_list import Option
 
 from studio.tui.messages import LogsRead
@@ -29,9 +30,12 @@ class LogsScreen(StudioScreen):
     BINDINGS = [Binding("r", "refresh", "Refresh")]
 
     def compose_body(self) -> ComposeResult:
+        yield Static(Content.from_markup("[dim]this studio's logs:[/dim] $d", d=str(self.studio.manager.log_dir)),
+                     id="log-folder")
         with Horizontal(id="logs-body"):
             yield OptionList(id="log-list")
-            yield Log(id="log-text", auto_scroll=True)
+            # Long lines (an argv, a traceback) wrap at the pane's width (min_width: RichLog's 78 would cut them)
+            yield RichLog(id="log-text", wrap=True, min_width=20, markup=False, highlight=False, auto_scroll=True)
 
     def on_mount(self) -> None:
         self._logs: dict[str, Any] = {"attempts": [], "studio": ""}
@@ -77,6 +81,6 @@ class LogsScreen(StudioScreen):
         else:
             attempt = self._logs["attempts"][int(option_id.split("-")[1])]
             text = attempt.get("text") or "(no output)"
-        log = self.query_one(Log)
+        log = self.query_one(RichLog)
         log.clear()
         log.write(text)
