@@ -96,6 +96,11 @@ class Ops(Protocol):
     # --- math; x is [T, D] float32 unless stated
     def embedding(self, table: Any, ids: Any) -> Any: ...
     def rms_norm(self, x: Any, weight: Any, eps: float) -> Any: ...
+    def matmul_family(self, t: int, w: Any) -> str:
+        """Which kernel family `matmul` runs t rows of w on; exact mode promises every family the
+        same bits for a row (kernels.selfcheck checks it on the device)."""
+        return "matmul"
+
     def matmul(self, x: Any, w: Any, bias: Any | None = None, residual: Any | None = None) -> Any:
         """x [T, K] @ w[N, K]^T (+ bias) -> [T, N], float32 accumulation; with `residual` [T, N],
         residual + that (the bits of add(residual, matmul(x, w, bias)))."""

@@ -25,6 +25,7 @@ from engine.exits import CANNOT_BIND, Fatal, bad_flag
 from engine.kv_cache import pages_for, seq_context
 from engine.launch import build_runner, gpu_layers, pool_pages, read_model
 from engine.scheduler import Scheduler
+from engine.selfcheck import self_check
 from engine.server.app import build_app
 from engine.server.errors import ApiError
 from engine.server.generation import loop_dispatch
@@ -182,6 +183,8 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
                           opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel)
+    if state.exact.granted:
+        self_check(runner.ops, runner.model, opts.ubatch_size)
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
     if spec_n and runner.recurrent:
         log.warning("speculative drafting is off for %s: a rejected draft would need the recurrent state rolled "

@@ -139,6 +139,9 @@ class CpuOps(CpuMoeOps):
         inv = (np.float32(1.0) / np.sqrt(ms + np.float32(eps))).astype(np.float32)
         return (x * inv[..., None]) * weight
 
+    def matmul_family(self, t: int, w: Weight) -> str:
+        return "rows_gemv" if self.exact else "blas"  # exact: one fixed-order reduction per row
+
     def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
                residual: np.ndarray | None = None) -> np.ndarray:
         if isinstance(w, GateUp):

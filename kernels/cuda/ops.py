@@ -263,6 +263,15 @@ class CudaOps:
             return "tile", tiled
         return None, None
 
+    def matmul_family(self, t: int, w: CudaWeight) -> str:
+        """The kernel family `matmul` runs t rows of w on (the exactness self-check probes each)."""
+        if self._to_cublas(t, w):
+            return "cublas"
+        if w.dtype == "f32":
+            return "mm_f32"
+        kind, _ = self._shared_memory_launch(t, w)
+        return {"wgmma": "mm_wgmma_tma", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
+
     def _to_cublas(self, t: int, w: CudaWeight) -> bool:
         return not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
 
