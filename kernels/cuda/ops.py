@@ -1,6 +1,6 @@
 """CUDA backend: the op interface of kernels/base.py on CuPy arrays, kernels from the `.cu` sources.
 
-Exact mode keeps every rule of shared/DESIGN.md "How: row invariance": matmuls sum each output
+Exact mode keeps every rule of docs/ARCHITECTURE.md "The exactness contract": matmuls sum each output
 element in an order fixed by the weight shape (plan.split_k), attention walks a row's pages in
 logical order and merges chunks ascending, row reductions use one fixed thread layout. Exact mode
 off sends wide matmuls (prefill) to cuBLAS, which picks its kernels by batch width; narrower ones
