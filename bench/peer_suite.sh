@@ -69,6 +69,7 @@ set +e
   "${SELECT[@]}"
 rc=$?
 set -e
+cp "$JUNIT" "$CACHE/last-junit.xml"  # the run's own copy goes with $RUN; report.py --junit reads it again
 "$LOCKSTEP_PYTHON" "$ROOT/bench/peer/report.py" --junit "$JUNIT" --out "$OUT/${PEER_REPORT:-peer-suite-cpu}" \
   --version "$VERSION" --drop-unknown "${PEER_DROP_UNKNOWN:-0}"
 echo "pytest exit $rc; report: $OUT/peer-suite-cpu.md"

@@ -65,6 +65,7 @@ class EngineArgs:
     cache_ram: int | None
     swa_full: bool
     spec_draft_n_min: int
+    backend_sampling: bool
     chat_template: str | None  # the text of --chat-template-file or of the named built-in
     preempt_mode: PreemptMode  # LOCKSTEP_PREEMPT_MODE
 

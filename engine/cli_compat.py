@@ -101,6 +101,8 @@ def add_compat_flags(p: argparse.ArgumentParser) -> None:
         help="accepted: prompt caches live in the KV pool with their slots; 0 matches (no host-memory cache)")
     add("--swa-full", action="store_true", help="accepted: the KV cache always keeps every position")
     add("--spec-draft-n-min", type=int, default=0, metavar="N", help="accepted: drafts stop at --spec-draft-n-max")
+    add("--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",
+        help="accepted: tokens are sampled from each row on the host, the same with or without it")
 
 
 def builtin_or_source(name: str) -> str:

@@ -116,6 +116,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--cache-ram",), True, _int(-1)),
     Flag(("--swa-full",), False),
     Flag(("--spec-draft-n-min",), True, _int(0)),
+    Flag(("--backend-sampling", "--backend_sampling"), False),
 )
 BY_NAME: dict[str, Flag] = {name: flag for flag in FLAGS for name in flag.names}
 OWNED_FLAGS: tuple[str, ...] = tuple(n for f in FLAGS if f.owned_by for n in f.names)

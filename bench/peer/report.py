@@ -35,7 +35,40 @@ OUT_OF_SCOPE = {
 PARAMETRIZED = {"test_security.py::test_local_media_file": 5}  # deselected ids that stand for several tests
 
 # test (file::name, parameters dropped) -> what of llama.cpp's test model it asserts
-MODEL_SPECIFIC: dict[str, str] = {}
+_TEXT = "asserts the text that llama.cpp's tinyllama test model writes"
+_COUNT = "asserts token counts of llama.cpp's tinyllama tokenizer"
+_DRAFT = "downloads llama.cpp's stories15M draft model (no network here) for draft-model speculation (-md)"
+MODEL_SPECIFIC: dict[str, str] = {
+    "test_basic.py::test_server_props": "asserts the model file is a .gguf (the bundled model is safetensors)",
+    "test_basic.py::test_load_split_model": "downloads llama.cpp's split stories15M GGUF and asserts its text",
+    "test_tokenize.py::test_tokenize_with_bos": "asserts BOS is token 1 (the bundled model's is 0)",
+    "test_chat_completion.py::test_chat_completion": _TEXT + " and " + _COUNT,
+    "test_chat_completion.py::test_chat_completion_cached_tokens": _COUNT,
+    "test_chat_completion.py::test_chat_completion_stream": _TEXT + " and " + _COUNT,
+    "test_chat_completion.py::test_chat_completion_with_openai_library": _TEXT,
+    "test_chat_completion.py::test_chat_template": "asserts tinyllama's detokenized BOS '<s> ' in the prompt",
+    "test_chat_completion.py::test_return_progress": "asserts the number of prompt batches of tinyllama's tokens",
+    "test_completion.py::test_completion": _TEXT + " and " + _COUNT,
+    "test_completion.py::test_completion_stream": _TEXT + " and " + _COUNT,
+    "test_completion.py::test_completion_with_openai_library": _TEXT,
+    "test_completion.py::test_completion_stream_with_openai_library": _TEXT,
+    "test_completion.py::test_completion_prompt_cache": _COUNT + " ((40 + r) * 5 + 2 prompt tokens)",
+    "test_completion.py::test_completion_response_fields[I believe the meaning of life is-32-response_fields1]":
+        "asserts tinyllama's detokenized BOS '<s> ' before the prompt",
+    "test_compat_oai_responses.py::test_responses_with_openai_library": _TEXT,
+    "test_compat_oai_responses.py::test_responses_stream_with_openai_library": _TEXT,
+    "test_ctx_shift.py::test_ctx_shift_enabled": _COUNT + " (a 226-token prompt)",
+    "test_ctx_shift.py::test_ctx_shift_disabled_short_prompt": _COUNT + " (8 prompt + 248 generated)",
+    "test_infill.py::test_infill_without_input_extra": "needs a model with FIM tokens; " + _TEXT,
+    "test_infill.py::test_infill_with_input_extra": "needs a model with FIM tokens; " + _TEXT,
+    "test_slot_save.py::test_slot_save_restore": _TEXT + " and " + _COUNT + " (n_saved 84)",
+    "test_slot_save.py::test_slot_restore_legacy_token_list": "rewrites llama.cpp's own slot file format; " + _COUNT,
+    "test_slot_save.py::test_slot_erase": _TEXT + " and " + _COUNT,
+    **{f"test_speculative.py::{t}": _DRAFT for t in (
+        "test_with_and_without_draft", "test_different_draft_min_draft_max", "test_synth_is_deterministic",
+        "test_synth_ignores_target_tokens", "test_slot_ctx_not_exceeded", "test_with_ctx_shift",
+        "test_multi_requests_parallel")},
+}
 
 
 def _base(test_id: str) -> str:
@@ -66,7 +99,7 @@ def summarize(cases: list[dict]) -> dict:
     failures, model_specific = [], []
     for c in cases:
         f = files[c["file"]]
-        why = MODEL_SPECIFIC.get(_base(c["id"]))
+        why = MODEL_SPECIFIC.get(c["id"]) or MODEL_SPECIFIC.get(_base(c["id"]))
         if why:
             f["model_specific"] += 1
             f["model_specific_passed"] += c["outcome"] == "passed"
