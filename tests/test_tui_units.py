@@ -361,3 +361,16 @@ async def test_each_studio_logs_to_its_own_folder_and_the_logs_screen_names_it(t
         log.write("x" * 500)  # a long engine line wraps onto several lines instead of being cut
         await pilot.pause()
         assert len(log.lines) >= 3
+
+
+def test_the_load_banner_shows_the_engines_memory_plan_and_latest_line(tmp_path):
+    from studio.tui.widgets.load_banner import engine_progress
+
+    log = tmp_path / "engine-attempt1.log"
+    log.write_text("# lockstep attempt 1 of at most 4\n"
+                   "INFO engine.launch: memory: needs 0.05 GiB (weights 0.02, kv 0.03), 20.00 GiB free\n"
+                   "INFO engine.server: listening on http://127.0.0.1:4242 (loading /m) [x]\n")
+    text = engine_progress(str(log))
+    assert text.splitlines()[0] == "memory: needs 0.05 GiB (weights 0.02, kv 0.03), 20.00 GiB free"
+    assert text.splitlines()[1].startswith("engine: INFO engine.server: listening")
+    assert engine_progress(str(tmp_path / "missing.log")) == ""
