@@ -1,26 +1,34 @@
-"""Export SVG screenshots of the Status and Chat screens for the README, from a real load and chat.
+"""Export SVG screenshots of the Models, Chat and Status screens for the README, from real work.
 
     python scripts/screenshots.py [--model ID] [--out docs/screenshots]   (from the repository root)
 
-Runs the TUI headless at 120x40 with throwaway settings and logs (the user's are not touched),
-loads the model (default: the first in the catalog, the bundled one) with exact concurrency on,
-asks it to continue a line of Python, then saves status.svg and chat.svg.
+Runs the TUI headless at 120x40 with throwaway settings and logs (the user's are not touched).
+models.svg: a pull in progress, from a local server in the Hub's layout (tests/hub_server.py, this
+machine has no internet) serving the bundled model, held half way. Then it loads the model (default:
+the first in the catalog, the bundled one) with exact concurrency on, asks it to continue a line of
+Python under a system prompt (chat.svg), and takes status.svg while a second reply streams.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from settings import LoadRequest, SettingsStore
-from studio.manager import LoadManager
-from studio.tui.app import LockstepApp
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from settings import LoadRequest, SettingsStore  # noqa: E402
+from studio.catalog import bundled_models_dir  # noqa: E402
+from studio.manager import LoadManager  # noqa: E402
+from studio.tui.app import LockstepApp  # noqa: E402
+from tests.hub_server import Hub  # noqa: E402
 
 SIZE = (120, 40)
+SYSTEM = "You complete Python code."
 PROMPT = "def fibonacci(n):"
 BUSY_PROMPT = "class Stack:"
 
@@ -43,10 +51,12 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
             if not app.models:
                 raise SystemExit("no models found: install the bundled model or set LOCKSTEP_MODEL_DIRS")
             target = model or app.models[0].id
+            shots = [await _pull_shot(app, pilot, out, Path(tmp))]
             app.start_load(LoadRequest(model=target, exact_concurrency="on"), origin="models")
             await _until(pilot, lambda: app.status.get("state") == "ready" and app.loading is None, 300, "the load")
-            await pilot.press("4")
+            await pilot.press("f4")
             chat = app.screen
+            chat.query_one("#system").value = SYSTEM
             chat.query_one("#opt-temperature").value = "0"
             chat.query_one("#opt-seed").value = "1234"
             chat.query_one("#opt-max-tokens").value = str(max_tokens)
@@ -56,13 +66,13 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
             await _until(pilot, lambda: not chat.streaming, 600, "the reply")
             app.clear_notifications()
             await pilot.pause(0.2)
-            shots = [Path(app.save_screenshot("chat.svg", str(out)))]
+            shots.append(Path(app.save_screenshot("chat.svg", str(out))))
             # The Status shot is taken while a second reply streams, so a slot is busy and tokens/s moves.
             chat.query_one("#opt-max-tokens").value = str(max_tokens * 3)
-            await pilot.press(*BUSY_PROMPT, "enter", "tab", "3")
+            await pilot.press(*BUSY_PROMPT, "enter", "f3")
 
             def busy() -> bool:
-                return any(s.get("is_processing") for s in app.status.get("slots") or [])
+                return any(s.get("is_processing") and s.get("generated") for s in app.status.get("slots") or [])
 
             await _until(pilot, busy, 60, "a busy slot")
             await pilot.pause(2.5)  # two more polls: the rate reflects the running reply
@@ -72,6 +82,33 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
             if len(chat.conversation) != 4:
                 raise RuntimeError("the reply streamed while the Chat screen was not shown did not complete")
         return shots
+
+
+async def _pull_shot(app: LockstepApp, pilot, out: Path, tmp: Path) -> Path:
+    """models.svg with a real pull half way: the local Hub holds the weights file until the shot is taken."""
+    bundled = next(p for p in bundled_models_dir().iterdir() if p.is_dir())
+    hub = Hub({f"lockstep/{bundled.name}": bundled})
+    weights = max(bundled.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    hub.hold_after = weights.stat().st_size // 2
+    await hub.server.start_server()
+    os.environ["HF_ENDPOINT"] = hub.url
+    app.manager.store.update({"model_folders": [str(tmp / "models")]})
+    try:
+        app.start_pull(f"lockstep/{bundled.name}", None)
+
+        def half_way() -> bool:
+            p = app.pull_progress
+            return p is not None and p.file == weights.name and p.completed >= hub.hold_after // 2
+
+        await _until(pilot, half_way, 120, "the pull to get half way")
+        await pilot.pause(0.3)
+        app.clear_notifications()
+        shot = Path(app.save_screenshot("models.svg", str(out)))
+        hub.release.set()
+        await _until(pilot, lambda: app.pull_progress.status in ("success", "error"), 120, "the pull to end")
+    finally:
+        await hub.server.close()
+    return shot
 
 
 def main(argv: list[str] | None = None) -> int:
