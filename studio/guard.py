@@ -15,24 +15,15 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+from contract.hosts import LOOPBACK, WILDCARD, host_name
+from contract.hosts import is_ip as _is_ip
+
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
 CORS_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, X-Api-Key"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Refuse = Callable[[int, str, str], web.StreamResponse]
-
-
-def host_name(header: str) -> str:
-    """The name in a Host header without its port: 'localhost:8765' -> 'localhost', '[::1]:80' -> '::1'."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
-    if header.count(":") == 1:
-        return header.split(":", 1)[0]
-    return header
 
 
 def is_loopback(host: str) -> bool:
@@ -46,20 +37,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
 class Guard:
     def __init__(self, host: str, origins: Iterable[str] = ()) -> None:
         configured = host.strip().lower().strip("[]")
-        self.hosts = {*LOOPBACK_NAMES, configured}
+        self.hosts = {*LOOPBACK, configured}
         # Listening on every address: any IP literal names this machine (rebinding needs a host name).
-        self.any_ip = configured in WILDCARD_HOSTS
+        self.any_ip = configured in WILDCARD
         self.origins = {o.rstrip("/") for o in origins}
 
     def host_allowed(self, header: str | None) -> bool:

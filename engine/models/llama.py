@@ -76,6 +76,13 @@ class _Layer:
     moe: MoeBlock | None = None  # a sparse layer's FFN (w_gate_up and w_down are None then)
 
 
+def final_logits(ops: Ops, x: Any, logit_rows, norm: Any, eps: float, lm_head: Any) -> Any:
+    """The final norm and lm_head over the rows asked for (all rows when `logit_rows` is None)."""
+    if logit_rows is not None:
+        x = x[logit_rows]
+    return ops.norm_matmul(x, norm, eps, lm_head)
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, Weight], ops: Ops, max_positions: int):
         check_weights(config, weights)
@@ -138,9 +145,7 @@ class LlamaModel:
                 x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
             else:
                 x = layer.moe(ops.rms_norm(x, layer.ffn_norm, c.rms_eps), residual=x)
-        if logit_rows is not None:
-            x = x[logit_rows]
-        return ops.norm_matmul(x, self.norm, c.rms_eps, self.lm_head)
+        return final_logits(ops, x, logit_rows, self.norm, c.rms_eps, self.lm_head)
 
     def _qk_norm_rope_write(self, qkv, layer: _Layer, rows: PagedRows, cache) -> Any:
         """Qwen3: q and k are normalised per head before RoPE, so the fused write does not apply."""

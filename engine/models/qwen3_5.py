@@ -147,9 +147,7 @@ class Qwen35Model:
                 x = ops.ffn(x, layer.ffn_norm, c.rms_eps, *layer.ffn)
             else:
                 x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, c.rms_eps), residual=x)
-        if logit_rows is not None:
-            x = x[logit_rows]
-        return ops.norm_matmul(x, self.norm, c.rms_eps, self.lm_head)
+        return llama.final_logits(ops, x, logit_rows, self.norm, c.rms_eps, self.lm_head)
 
     def _attention(self, x, layer: _Layer, rows: PagedRows, cache) -> Any:
         c, ops, at = self.config, self.ops, layer.mixer

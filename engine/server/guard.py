@@ -9,34 +9,15 @@ or one given with --cors-origins is refused, and an allowed Origin is reflected 
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from contract.hosts import LOOPBACK, WILDCARD, host_name
+from contract.hosts import is_ip as _is_ip
 from engine.args import EngineArgs
 from engine.server.errors import error_response
-
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-WILDCARD = frozenset({"0.0.0.0", "::", ""})
-
-
-def host_name(header: str) -> str:
-    """The name in a Host header, without the port: `[::1]:8080` -> `::1`, `localhost:80` -> `localhost`."""
-    h = header.strip().lower()
-    if h.startswith("["):
-        end = h.find("]")
-        return h[1:end] if end > 0 else h
-    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
-
-
-def _is_ip(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 class Policy:

@@ -158,19 +158,17 @@ class Fields:
         return value
 
     def bool(self, name: str, default: bool) -> bool:
-        value = self.raw(name, _MISSING)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, bool):
-            raise bad_request(f"'{name}' must be true or false, not {kind_of(value)}")
-        return value
+        return self._typed(name, default, bool, "true or false")
 
     def str(self, name: str, default: str | None = None) -> str | None:
+        return self._typed(name, default, str, "a string")
+
+    def _typed(self, name: str, default, kind: type, words: str):
         value = self.raw(name, _MISSING)
         if value is _MISSING:
             return default
-        if not isinstance(value, str):
-            raise bad_request(f"'{name}' must be a string, not {kind_of(value)}")
+        if not isinstance(value, kind):
+            raise bad_request(f"'{name}' must be {words}, not {kind_of(value)}")
         return value
 
     def obj(self, name: str) -> Fields:
