@@ -3,6 +3,8 @@
     python bench/throughput.py --shape 1b --device cuda      # on a GPU machine
     python bench/throughput.py --shape tiny --device cpu --cells 1,2 --gen 16   # plumbing check
     python bench/throughput.py --shape 8b --quant q4_k_m --device cuda   # the Q4_K_M-like file
+    python bench/throughput.py -m assets/models/lockstep-pycode-13m --vocab 8192 --device cpu --cells 1,4 \
+        --prompt 128 --threads 1   # the bundled model on the CPU backend
     (speculation has its own benchmark: bench/speculation.py)
 
 Each cell sends C streamed /completion requests at once (random 512-token prompts, greedy, no prompt
@@ -117,7 +119,7 @@ async def run(args) -> dict:
     cells = [int(c) for c in args.cells.split(",")]
     ctx = max(cells) * (args.prompt + args.gen + 256)
     base = ["--parallel", str(max(cells)), "--ctx-size", str(ctx), "--kv-unified", "--device", args.device,
-            "--metrics"]
+            "--metrics", *(["--threads", str(args.threads)] if args.threads else [])]
     servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
     rng = random.Random(args.seed)
     vocab = SHAPES[args.shape]["vocab"] if not args.model else args.vocab
@@ -182,14 +184,17 @@ def summarize(args, raw, peak, servers) -> dict:
             row["on_over_off_decode_cached"] = round(row["on"]["decode_tps_cached"] / row["off"]["decode_tps_cached"], 3)
             row["on_over_off_prefill"] = round(row["on"]["prefill_tps"] / row["off"]["prefill_tps"], 3)
         table.append(row)
-    out = {"shape": args.shape, "quant": args.quant, "device": args.device, "prompt": args.prompt, "generated": args.gen,
+    out = {"shape": args.shape, "model": args.model, "threads": args.threads or None, "quant": args.quant,
+           "device": args.device, "prompt": args.prompt, "generated": args.gen,
            "repeats": args.repeats, "weight_bytes": wbytes, "peak_gpu_mib": peak, "cells": table,
            "servers": servers}
     return out
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Throughput: {r['shape']} shape ({r.get('quant', 'f16')}) on {r['device']} ({r['prompt']}-token prompts, "
+    what = f"{Path(r['model']).name}" if r.get("model") else f"{r['shape']} shape ({r.get('quant', 'f16')})"
+    threads = f", -t {r['threads']}" if r.get("threads") else ""
+    lines = [f"# Throughput: {what} on {r['device']}{threads} ({r['prompt']}-token prompts, "
              f"{r['generated']} generated, median of {r['repeats']})", "",
              "Decode tok/s: the sum of the chats' own rates, other chats' prompts processed in between; "
              "'cached': the same prompts cached first, so the chats only decode.", "",
@@ -221,6 +226,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="the engines' -t (default: theirs)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "throughput"))
     args = ap.parse_args(argv)
     result = asyncio.run(run(args))

@@ -17,6 +17,7 @@ from engine.args import EngineArgs
 from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unknown
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
+from engine.threads import DEFAULT_THREADS, THREADS_HELP, configure_threads
 from kernels.base import KV_TYPES, PAGE_SIZE
 
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
@@ -125,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_threads(add) -> None:
+    """-t for `generate` (the server's comes with the llama-server flags: engine/cli_compat.py)."""
+    add("-t", "--threads", type=_int_at_least(1), default=DEFAULT_THREADS, metavar="N", help=THREADS_HELP)
+
+
 def _add_client_limits(p: argparse.ArgumentParser) -> None:
     """What a client (or a web page) may do to the server: sizes, times, connections, origins."""
     g = p.add_argument_group("client limits")
@@ -153,6 +159,7 @@ def build_generate_parser() -> argparse.ArgumentParser:
         help="context in tokens; 0 = the model's native context (default: %(default)s)")
     add("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute backend (default: %(default)s)")
     add("--exact-concurrency", choices=("on", "off"), default=None, help="use the row-invariant kernels")
+    _add_threads(add)
     return p
 
 
@@ -167,6 +174,8 @@ def check_values(opts: argparse.Namespace) -> None:
         raise bad_flag(f"--parallel {opts.parallel}: at most {MAX_SLOTS} slots")
     if opts.port > 65535:
         raise bad_flag(f"--port {opts.port}: not a port number")
+    if opts.threads is not None and opts.threads < 1:
+        raise bad_flag(f"-t/--threads {opts.threads}: expects at least 1")
     if opts.seed >= 1 << 64:
         raise bad_flag(f"--seed {opts.seed}: at most 2^64 - 1")
     if opts.temp is not None and not 0.0 <= opts.temp <= 100.0:
@@ -253,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["generate"]:
             from engine.generate import run_generate
 
-            return run_generate(build_generate_parser().parse_args(argv[1:]))
+            gen_opts = build_generate_parser().parse_args(argv[1:])
+            configure_threads(gen_opts.threads)
+            return run_generate(gen_opts)
         args = engine_args(build_parser().parse_args(argv))
+        configure_threads(args.threads or DEFAULT_THREADS)
         from engine.server.startup import serve
 
         return serve(args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from engine.threads import THREADS_HELP
+
 # llama-server flags without an equivalent here: an unrecognized one is named with its reason.
 LACKING = {
     "--lora": "LoRA adapters are not supported",
@@ -74,9 +76,9 @@ def add_compat_flags(p: argparse.ArgumentParser) -> None:
         help="default temperature for requests that give none (default: 0.8)")
     add("-n", "--n-predict", type=int, default=-1, metavar="N",
         help="most tokens a request generates; a request's own limit is capped by it; -1 = no cap (default)")
-    add("-t", "--threads", type=int, default=None, metavar="N",
-        help="accepted: the CPU backend's threads are NumPy's (set OMP_NUM_THREADS before start)")
-    add("-tb", "--threads-batch", type=int, default=None, metavar="N", help="accepted, as --threads")
+    add("-t", "--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+    add("-tb", "--threads-batch", type=int, default=None, metavar="N",
+        help="accepted: prompt processing uses the --threads pools")
     add("-cb", "--cont-batching", action="store_true", help="accepted: batching is always continuous")
     slots = g.add_mutually_exclusive_group()
     slots.add_argument("--slots", dest="slots_endpoint", action="store_true", default=True,

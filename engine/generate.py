@@ -27,7 +27,8 @@ def run_generate(opts: argparse.Namespace) -> int:
     exact = exact_requested(opts.exact_concurrency)
     loaded = read_model(opts.model, None)
     n_pages = pool_pages(opts.ctx_size, loaded.config)
-    runner = build_runner(loaded, device, exact, n_pages, "f32" if device == "cpu" else "f16", n_pages)
+    runner = build_runner(loaded, device, exact, n_pages, "f32" if device == "cpu" else "f16", n_pages,
+                          threads=opts.threads)
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=1, n_ctx=n_pages * PAGE_SIZE, n_batch=2048,
                           n_ubatch=512, kv_unified=True, preempt_ram_bytes=0)
     tok = loaded.tokenizer

@@ -70,7 +70,8 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
 
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
-                 max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None, n_seqs: int = 1) -> Runner:
+                 max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None, n_seqs: int = 1,
+                 threads: int = 1) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
     before anything is uploaded."""
     if backend == "cuda" and hybrid_spec(loaded.config):
@@ -87,7 +88,7 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if need > free:
         raise out_of_memory(need, free)
     try:
-        return Runner(loaded, make_ops(backend, exact), n_pages, kv_type, max_pages_per_seq, v_type)
+        return Runner(loaded, make_ops(backend, exact, threads), n_pages, kv_type, max_pages_per_seq, v_type)
     except Exception as e:
         if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError
             raise out_of_memory(need, free_memory(backend)) from None

@@ -230,11 +230,11 @@ class Runner:
         return out
 
 
-def make_ops(device: str, exact: bool) -> Ops:
+def make_ops(device: str, exact: bool, threads: int = 1) -> Ops:
     if device == "cpu":
         from kernels.cpu.ops import CpuOps
 
-        return CpuOps(exact=exact)
+        return CpuOps(exact=exact, threads=threads)
     from kernels.cuda.ops import CudaOps  # imported only here: CuPy is optional
 
     return CudaOps(exact=exact)

@@ -147,16 +147,19 @@ def test_attention_matches_dense_softmax():
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_small_models_keep_float32_copies_large_ones_their_stored_form():
+def test_16_bit_weights_stay_stored_unless_float32_copies_are_asked_for():
+    """The compiled kernel widens 16-bit rows as it reads them, with the values of a float32 copy."""
     w = Weight.from_f32(_rand(64, 32), "f16")
-    small = CpuOps(exact=True)
-    small.plan_weights([w])
-    large = CpuOps(exact=True, f32_copy_limit=64 * 32 * 4 - 1)
-    large.plan_weights([w])
-    assert small.upload(w).dtype == "f32" and large.upload(w).dtype == "f16"
+    stored = CpuOps(exact=True)
+    stored.plan_weights([w])
+    copied = CpuOps(exact=True, f32_copy_limit=1 << 30)
+    copied.plan_weights([w])
+    assert stored.upload(w).dtype == "f16" and copied.upload(w).dtype == "f32"
     x = _rand(3, 32)
-    assert small.matmul(x, small.upload(w)).tobytes() == small.matmul(x, small.upload(w)).tobytes()
-    np.testing.assert_allclose(small.matmul(x, small.upload(w)), large.matmul(x, large.upload(w)), rtol=1e-6)
+    assert stored.matmul(x, stored.upload(w)).tobytes() == stored.matmul(x, stored.upload(w)).tobytes()
+    np.testing.assert_allclose(stored.matmul(x, stored.upload(w)), copied.matmul(x, copied.upload(w)), rtol=1e-6)
+    ref = x.astype(np.float64) @ w.to_f32().T.astype(np.float64)
+    np.testing.assert_allclose(stored.matmul(x, w), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_k_and_v_may_have_different_types():
@@ -175,3 +178,95 @@ def test_k_and_v_may_have_different_types():
     ops.kv_write_pages(moved, [1, 0], ops.kv_read_pages(mixed, [0, 1]))
     rows_moved = PagedRows(np.array([299]), np.zeros(1, np.int32), np.asarray([[1, 0]], np.int32), None)
     assert ops.attention(q, moved, rows_moved, 0.2).tobytes() == exact_v.tobytes()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_compiled_matmul_row_invariant_over_random_batches(threads, dtype):
+    """The compiled row kernel, on one thread and split across threads: a row alone and inside random
+    batches of 1..40 rows, with a bias and a residual, bit for bit; and the split does not matter."""
+    from kernels.cpu.ops import PARALLEL_VALUES
+
+    ops = CpuOps(exact=True, threads=threads)
+    w = Weight.from_f32(_rand(PARALLEL_VALUES // 128 + 37, 128), dtype)  # large enough to be split
+    bias, row = _rand(w.shape[0]), _rand(128)
+    res_row = _rand(w.shape[0])
+    for b in [1, 3, 16, 17, 40]:
+        x, res = _rand(b, 128), _rand(b, w.shape[0])
+        i = int(RNG.integers(b))
+        x[i], res[i] = row, res_row
+        inside = ops.matmul(x, w, bias, residual=res)[i]
+        alone = ops.matmul(row[None], w, bias, residual=res_row[None])[0]
+        assert alone.tobytes() == inside.tobytes(), f"batch {b}"
+    one = CpuOps(exact=True, threads=1).matmul(row[None], w)
+    assert one.tobytes() == ops.matmul(row[None], w).tobytes()
+
+
+def test_strided_inputs_take_the_same_kernel():
+    """A strided view and its contiguous copy give the same bits (the kernels see C-contiguous arrays
+    only, so numba compiles one specialisation whose vectorised reductions cannot differ)."""
+    ops = CpuOps(exact=True)
+    w = Weight.from_f32(_rand(48, 32), "f32")
+    wide = _rand(5, 64)
+    view = wide[:, ::2]
+    assert ops.matmul(view, w).tobytes() == ops.matmul(np.ascontiguousarray(view), w).tobytes()
+    norm_w = _rand(32)
+    assert ops.rms_norm(view, norm_w, 1e-6).tobytes() == ops.rms_norm(view.copy(), norm_w, 1e-6).tobytes()
+
+
+def test_gated_product_is_silu_mul_of_the_stacked_product():
+    """upload_gate_up's contract: its product has the bits of silu_mul over the two halves, for a row
+    alone and inside a batch."""
+    ops = CpuOps(exact=True)
+    gate, up = Weight.from_f32(_rand(40, 32), "f16"), Weight.from_f32(_rand(40, 32), "f16")
+    gu = ops.upload_gate_up(gate, up)
+    row = _rand(32)
+    for b in [1, 5, 19]:
+        x = _rand(b, 32)
+        i = int(RNG.integers(b))
+        x[i] = row
+        y = ops.matmul(x, gu.stacked)
+        got = ops.matmul(x, gu)
+        assert got.tobytes() == ops.silu_mul(y[:, :40], y[:, 40:]).tobytes()
+        assert got[i].tobytes() == ops.matmul(row[None], gu)[0].tobytes()
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_attention_row_alone_and_among_random_sequences(kv_type):
+    """A decode row of one sequence, alone and in random batches of other sequences' rows at random
+    positions (some across page boundaries), bit for bit."""
+    ops = CpuOps(exact=True)
+    n_seq, n_pages = 4, 3
+    layer = ops.kv_alloc(n_seq * n_pages, 2, 32, kv_type)
+    tables = np.arange(n_seq * n_pages, dtype=np.int32)[RNG.permutation(n_seq * n_pages)].reshape(n_seq, n_pages)
+    length = n_pages * PAGE_SIZE
+    for s in range(n_seq):
+        pos = np.arange(length)
+        ops.kv_write(layer, _rand(length, 2, 32), _rand(length, 2, 32),
+                     tables[s][pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE)
+    q, p = _rand(1, 4, 32), PAGE_SIZE + 41
+    alone = ops.attention(q, layer, PagedRows(np.array([p]), np.zeros(1, np.int32), tables, None), 0.125)
+    for b in [2, 7, 12]:
+        qs = _rand(b, 4, 32)
+        seqs = RNG.integers(0, n_seq, size=b).astype(np.int32)
+        positions = RNG.integers(0, length, size=b)
+        i = int(RNG.integers(b))
+        qs[i], seqs[i], positions[i] = q[0], 0, p
+        inside = ops.attention(qs, layer, PagedRows(positions, seqs, tables, None), 0.125)
+        assert inside[i].tobytes() == alone[0].tobytes(), f"batch {b}"
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "bf16"])
+def test_attention_widens_16_bit_pages_exactly(kv_type):
+    """The kernel reads 16-bit pages as stored: the bits of attention over float32 pages holding the
+    same (rounded) values."""
+    ops = CpuOps(exact=True)
+    n = PAGE_SIZE + 20
+    k, v, q = _rand(n, 2, 32), _rand(n, 2, 32), _rand(3, 4, 32)
+    narrow, wide = ops.kv_alloc(2, 2, 32, kv_type), ops.kv_alloc(2, 2, 32, "f32")
+    pos = np.arange(n)
+    ops.kv_write(narrow, k, v, pos)
+    k16, v16 = ops._page(narrow, 0, PAGE_SIZE), ops._page(narrow, 1, n - PAGE_SIZE)
+    ops.kv_write(wide, np.concatenate([k16[0], v16[0]]), np.concatenate([k16[1], v16[1]]), pos)
+    rows = PagedRows(np.array([5, PAGE_SIZE, n - 1]), np.zeros(3, np.int32), np.asarray([[0, 1]], np.int32), None)
+    assert ops.attention(q, narrow, rows, 0.2).tobytes() == ops.attention(q, wide, rows, 0.2).tobytes()

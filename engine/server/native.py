@@ -57,6 +57,8 @@ async def props(request: web.Request) -> web.Response:
         "lockstep_build": state.build_info,
         "is_sleeping": False,
         "exact_concurrency": state.exact.as_dict(),
+        "n_threads": opts.threads or DEFAULT_THREADS,
+        "cpu_threads": state.cpu_threads,
     })
 
 

@@ -31,6 +31,7 @@ from engine.server.errors import ApiError
 from engine.server.generation import loop_dispatch
 from engine.server.protocol import GuardedRunner
 from engine.server.state import EngineState
+from engine.threads import DEFAULT_THREADS, threads_report
 from kernels.base import PAGE_SIZE
 from kernels.weights import QK8_0
 
@@ -182,7 +183,8 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     n_pages = pool_pages(opts.ctx_size, config)
     seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
-                          opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel)
+                          opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel,
+                          threads=opts.threads or DEFAULT_THREADS)
     if state.exact.granted:
         self_check(runner.ops, runner.model, opts.ubatch_size)
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
@@ -204,6 +206,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     if opts.chat_template_file:
         loaded.tokenizer.template.origin = f"the chat template from --chat-template-file {opts.chat_template_file}"
     state.max_token_bytes = max_token_bytes(loaded.tokenizer)
+    state.cpu_threads = threads_report()
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on

@@ -55,6 +55,7 @@ class EngineState:
     loaded: LoadedModel | None = None
     scheduler: Scheduler | None = None
     n_ctx: int = 0  # the pool's size in tokens
+    cpu_threads: dict = field(default_factory=dict)  # engine.threads.threads_report() after the load
     defaults: SamplingParams = field(default_factory=SamplingParams)
     served: Served = field(default_factory=Served)
     started: float = field(default_factory=time.time)

@@ -13,15 +13,24 @@ import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
 from kernels.cpu import deltanet
+from kernels.cpu import compiled
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.quant_matmul import f32_tiles
 from kernels.weights import QK8_0, RowStack, Weight, bf16_to_f32, concat_rows, f32_to_bf16
 
-BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time (bounds the scratch memory)
-# Small models keep float32 copies of their 16-bit weights: converting every weight at every step would
-# dominate a decode step. Larger ones stay in their stored form, converted block by block. The limit
-# is fixed (not taken from free memory) so that one model always takes one path, restart after restart.
-F32_COPY_LIMIT = 1 << 30
+BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time for BLAS (bounds the scratch memory)
+# 16-bit weights stay as stored: the compiled row kernel widens each weight row as it reads it, which
+# reads half the bytes of a float32 copy. A caller may still ask for float32 copies of models up to
+# this size (fixed, not taken from free memory, so that one model always takes one path).
+F32_COPY_LIMIT = 0
+# Exact mode off multiplies up to this many rows with the compiled row kernel (it reads each weight row
+# once for all of them); BLAS gemm is faster for more.
+KERNEL_ROWS = 16
+PARALLEL_VALUES = 1 << 16  # weights of at least this many values are split across threads
+
+
+_WIDE_KINDS = {"f16": 1, "bf16": 2}  # 16-bit types the compiled kernels widen as they read them
+_KERNEL_KV = {"f32": (np.float32, 0), "f16": (np.uint16, 1), "bf16": (np.uint16, 2)}  # as attend_rows reads KV
 
 
 @dataclass
@@ -86,11 +95,14 @@ class CpuOps(CpuMoeOps):
     gated_rms_norm = staticmethod(deltanet.gated_rms_norm)
     sigmoid_mul = staticmethod(deltanet.sigmoid_mul)
 
-    def __init__(self, exact: bool = False, f32_copy_limit: int = F32_COPY_LIMIT):
+    def __init__(self, exact: bool = False, f32_copy_limit: int = F32_COPY_LIMIT, threads: int = 1):
+        """`threads`: how many the compiled kernels split a large weight across (BLAS's own threads are
+        set by the process: engine/threads.py)."""
         self.exact = exact
         self.f32_copy_limit = f32_copy_limit
         self._copy_f32 = False
-        self._scratch: dict[int, np.ndarray] = {}
+        self.threads = compiled.usable_threads(threads)
+        compiled.warm_up()
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
         return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
@@ -135,48 +147,53 @@ class CpuOps(CpuMoeOps):
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        ms = np.add.reduce(x * x, axis=-1) / np.float32(x.shape[-1])
-        inv = (np.float32(1.0) / np.sqrt(ms + np.float32(eps))).astype(np.float32)
-        return (x * inv[..., None]) * weight
+        flat = x.reshape(-1, x.shape[-1])
+        out = np.empty_like(flat)
+        compiled.rms_norm_rows(flat, np.ascontiguousarray(weight, dtype=np.float32), np.float32(eps), out)
+        return out.reshape(x.shape)
 
     def matmul_family(self, t: int, w: Weight) -> str:
-        return "rows_gemv" if self.exact else "blas"  # exact: one fixed-order reduction per row
+        # the compiled row kernel (one fixed-order reduction per row) in exact mode, and for few rows off
+        return "rows_gemv" if self.exact or t <= KERNEL_ROWS else "blas"
 
     def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
                residual: np.ndarray | None = None) -> np.ndarray:
         if isinstance(w, GateUp):
             if bias is not None or residual is not None:
                 raise ValueError("a gated product takes no bias or residual")
-            y = self.matmul(x, w.stacked)
-            f = y.shape[1] // 2
-            return self.silu_mul(y[:, :f], y[:, f:])
+            return self._silu_mul_stacked(self.matmul(x, w.stacked))
         x = np.ascontiguousarray(x, dtype=np.float32)
         t, k = x.shape
         n = w.shape[0]
         if w.shape[1] != k:
             raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
         out = np.empty((t, n), dtype=np.float32)
+        if w.dtype in _WIDE_KINDS and (self.exact or t <= KERNEL_ROWS):
+            data = np.ascontiguousarray(w.data).view(np.uint16)
+            if self.threads > 1 and data.size >= PARALLEL_VALUES:
+                compiled.in_threads(self.threads, compiled.rows_matvec_16_parallel, x, data, _WIDE_KINDS[w.dtype],
+                                    out, 0)
+            else:
+                compiled.rows_matvec_16(x, data, _WIDE_KINDS[w.dtype], out, 0)
+            return self._bias_residual(out, bias, residual)
         for n0, block in f32_tiles(w, n if w.dtype == "f32" else BLOCK_N):
-            if self.exact:
-                self._rows_gemv(x, block, out[:, n0 : n0 + block.shape[0]])
+            if self.exact or t <= KERNEL_ROWS:
+                block = np.ascontiguousarray(block, dtype=np.float32)
+                if self.threads > 1 and block.size >= PARALLEL_VALUES:
+                    compiled.in_threads(self.threads, compiled.rows_matvec_parallel, x, block, out, n0)
+                else:
+                    compiled.rows_matvec(x, block, out, n0)
             else:
                 out[:, n0 : n0 + block.shape[0]] = x @ block.T
+        return self._bias_residual(out, bias, residual)
+
+    @staticmethod
+    def _bias_residual(out: np.ndarray, bias, residual) -> np.ndarray:
         if bias is not None:
             out += bias
         if residual is not None:
             out = residual + out
         return out
-
-    def _rows_gemv(self, x: np.ndarray, block: np.ndarray, out: np.ndarray) -> None:
-        k = x.shape[1]
-        buf = self._scratch.get(k)
-        if buf is None:
-            buf = self._scratch[k] = np.empty(k, dtype=np.float32)
-        res = np.empty(block.shape[0], dtype=np.float32)
-        for r in range(x.shape[0]):
-            buf[:] = x[r]
-            np.dot(block, buf, out=res)
-            out[r] = res
 
     def rope(self, x: np.ndarray, positions, table: RopeTable) -> np.ndarray:
         cos = table.cos[positions][:, None, :]
@@ -198,7 +215,15 @@ class CpuOps(CpuMoeOps):
         return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return gate / (np.float32(1.0) + np.exp(-gate)) * up
+        return self._silu_mul_stacked(np.concatenate([gate, up], axis=-1, dtype=np.float32))
+
+    @staticmethod
+    def _silu_mul_stacked(y: np.ndarray) -> np.ndarray:
+        """y [T, 2F] = gate | up (the layout of a GateUp product) -> silu(gate) * up [T, F]."""
+        f = y.shape[1] // 2
+        out = np.empty((y.shape[0], f), dtype=np.float32)
+        compiled.silu_mul_rows(np.ascontiguousarray(y), f, out)
+        return out
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
@@ -245,25 +270,28 @@ class CpuOps(CpuMoeOps):
         t, n_heads, hd = q.shape
         n_kv = layer.k.shape[2]
         group = n_heads // n_kv
-        qs = (np.asarray(q, dtype=np.float32) * np.float32(scale)).reshape(t, n_kv, group, hd)
+        qs = np.ascontiguousarray((np.asarray(q, dtype=np.float32) * np.float32(scale)).reshape(t, n_kv, group, hd))
         out = np.empty((t, n_kv, group, hd), dtype=np.float32)
         positions, seqs, tables = rows.positions, rows.seq, rows.block_tables
-        for r in range(t):
-            out[r] = self._attend_row(qs[r], layer, int(positions[r]), tables[int(seqs[r])])
+        if layer.kv_type == layer.v_type and layer.kv_type in _KERNEL_KV:
+            view, kind = _KERNEL_KV[layer.kv_type]
+            index = [np.ascontiguousarray(a, dtype=np.int64) for a in (positions, seqs, tables)]
+            compiled.attend_rows(qs, layer.k.view(view), layer.v.view(view), kind, *index, PAGE_SIZE, out)
+        else:  # q8_0, or K and V of different types: each row's pages decoded to float32
+            for r in range(t):
+                out[r] = self._attend_row(qs[r], layer, int(positions[r]), tables[int(seqs[r])])
         return out.reshape(t, n_heads * hd)
 
     def _attend_row(self, q: np.ndarray, layer: CpuKVLayer, pos: int, table) -> np.ndarray:
-        # Keys 0..pos in page-sized chunks, logical order; chunks merged in ascending order.
+        # attend_rows' order: keys 0..pos in page-sized chunks, logical order, merged in ascending order
         m = l_sum = acc = None
         last = pos // PAGE_SIZE
         for c in range(last + 1):
             n = PAGE_SIZE if c < last else pos % PAGE_SIZE + 1
             k, v = self._page(layer, int(table[c]), n)
-            s = np.add.reduce(k[:, :, None, :] * q[None], axis=-1)  # [n, kv, group]
-            m_c = s.max(axis=0)
-            p = np.exp(s - m_c)
-            l_c = np.add.reduce(p, axis=0)
-            o_c = np.add.reduce(p[..., None] * v[:, :, None, :], axis=0)
+            o_c = np.empty_like(q)
+            m_c, l_c = compiled.attend_chunk(q, np.ascontiguousarray(k, dtype=np.float32),
+                                             np.ascontiguousarray(v, dtype=np.float32), 0, o_c)
             if m is None:
                 m, l_sum, acc = m_c, l_c, o_c
                 continue

@@ -3,7 +3,7 @@ multiplied, and dropped; no float32 copy of a quantized weight outlives its prod
 
 A tile's row count is a function of the weight's shape alone, and each output element is one
 dot product over the whole of K within its tile, so the reduction order never depends on how many
-token rows share the call (exact mode multiplies each token row on its own, ops.CpuOps._rows_gemv).
+token rows share the call (exact mode multiplies each token row on its own, compiled.rows_matvec).
 """
 
 from __future__ import annotations

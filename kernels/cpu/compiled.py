@@ -1,0 +1,245 @@
+"""Numba kernels of the NumPy backend, for the ops where NumPy's per-call overhead or BLAS's choice of
+kernel by row count would dominate or break row invariance.
+
+Each output element's reduction is one compiled loop over the whole of K, the same machine code for
+every token row: the rows loop sits outside it, so a row's bits cannot depend on how many rows share
+the call. Every caller passes C-contiguous float32 arrays only, so each kernel has one specialisation
+(numba compiles another for other layouts, which could vectorise a reduction differently).
+`fastmath` lets LLVM split a reduction into vector lanes; the split is fixed at compile time by K.
+16-bit weights and KV pages are widened as they are read (LLVM fpext: one vcvtph2ps per vector).
+Compiled code is cached on disk (cache=True) and `warm_up` pays for loading it before a request does.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+# fastmath without nnan/ninf: attention starts its running max at -inf
+_FLAGS = {"cache": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}, "nogil": True,
+          "error_model": "numpy", "boundscheck": False}
+
+
+@njit(**_FLAGS)
+def _dot(x, w, k):
+    acc = np.float32(0.0)
+    for i in range(k):
+        acc += x[i] * w[i]
+    return acc
+
+
+@intrinsic
+def _f16(typingctx, h):
+    """f16 bits (uint16) -> float32: LLVM's fpext, a vcvtph2ps in vectorised loops (exact)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _bf16(typingctx, h):
+    """bf16 bits (uint16) -> float32: the bits shifted into the high half (exact)."""
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@njit(**_FLAGS)
+def _widen(src, kind, dst, n):
+    """n 16-bit values (kind 1: f16, 2: bf16; stored as uint16) into dst[:n] as float32."""
+    if kind == 1:
+        for i in range(n):
+            dst[i] = _f16(src[i])
+    else:
+        for i in range(n):
+            dst[i] = _bf16(src[i])
+
+
+@njit(**_FLAGS)
+def rows_matvec(x, w, out, n0):
+    """out[r, n0 + j] = x[r] . w[j] for every row r: each weight row is read once for all token rows."""
+    t, k = x.shape
+    for j in range(w.shape[0]):
+        wj = w[j]
+        for r in range(t):
+            out[r, n0 + j] = _dot(x[r], wj, k)
+
+
+@njit(parallel=True, **_FLAGS)
+def rows_matvec_parallel(x, w, out, n0):
+    """rows_matvec with the weight rows split across threads: whichever thread computes an output
+    runs the same loop over K, so the split cannot change a bit."""
+    t, k = x.shape
+    n = w.shape[0]
+    step = 64
+    for c in prange((n + step - 1) // step):
+        for j in range(c * step, min(n, c * step + step)):
+            wj = w[j]
+            for r in range(t):
+                out[r, n0 + j] = _dot(x[r], wj, k)
+
+
+@njit(**_FLAGS)
+def _rows_matvec_16(x, w, kind, out, n0, j0, j1):
+    t, k = x.shape
+    for j in range(j0, j1):
+        wj = w[j]
+        for r in range(t):
+            xr = x[r]
+            acc = np.float32(0.0)
+            if kind == 1:
+                for i in range(k):
+                    acc += xr[i] * _f16(wj[i])
+            else:
+                for i in range(k):
+                    acc += xr[i] * _bf16(wj[i])
+            out[r, n0 + j] = acc
+
+
+@njit(**_FLAGS)
+def rows_matvec_16(x, w, kind, out, n0):
+    """rows_matvec over a 16-bit weight (kind 1 f16, 2 bf16, as uint16), widened as it is read: half
+    the bytes of a float32 copy."""
+    _rows_matvec_16(x, w, kind, out, n0, 0, w.shape[0])
+
+
+@njit(parallel=True, **_FLAGS)
+def rows_matvec_16_parallel(x, w, kind, out, n0):
+    n = w.shape[0]
+    step = 64
+    for c in prange((n + step - 1) // step):
+        _rows_matvec_16(x, w, kind, out, n0, c * step, min(n, c * step + step))
+
+
+@njit(**_FLAGS)
+def rms_norm_rows(x, weight, eps, out):
+    t, d = x.shape
+    for r in range(t):
+        xr = x[r]
+        ss = np.float32(0.0)
+        for i in range(d):
+            ss += xr[i] * xr[i]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(d) + eps)
+        for i in range(d):
+            out[r, i] = (xr[i] * inv) * weight[i]
+
+
+@njit(**_FLAGS)
+def silu_mul_rows(y, f, out):
+    """y [T, 2F] holds gate | up: out = silu(gate) * up."""
+    for r in range(y.shape[0]):
+        for i in range(f):
+            g = y[r, i]
+            out[r, i] = g / (np.float32(1.0) + np.exp(-g)) * y[r, f + i]
+
+
+@njit(**_FLAGS)
+def attend_chunk(q, k, v, kind, out):
+    """One query row over the keys of one chunk. q [kv, group, hd] (scaled); k, v [n, kv, hd] float32
+    (kind 0) or 16-bit (kind 1 f16, 2 bf16, as uint16). Writes the chunk's unnormalised sum of values
+    into out [kv, group, hd]; returns its score max and exp-sum per [kv, group] (the caller merges
+    chunks in ascending order)."""
+    n, n_kv, hd = k.shape
+    group = q.shape[1]
+    m = np.empty((n_kv, group), np.float32)
+    lsum = np.empty((n_kv, group), np.float32)
+    s = np.empty((group, n), np.float32)
+    row = np.empty(hd, np.float32)
+    for h in range(n_kv):
+        for p in range(n):
+            if kind == 0:
+                row[:] = k[p, h]
+            else:
+                _widen(k[p, h], kind, row, hd)
+            for g in range(group):
+                s[g, p] = _dot(row, q[h, g], hd)
+        for g in range(group):
+            mx = np.float32(-np.inf)
+            for p in range(n):
+                mx = max(mx, s[g, p])
+            tot = np.float32(0.0)
+            for p in range(n):
+                s[g, p] = np.exp(s[g, p] - mx)
+                tot += s[g, p]
+            m[h, g] = mx
+            lsum[h, g] = tot
+            out[h, g] = 0.0
+        for p in range(n):
+            if kind == 0:
+                row[:] = v[p, h]
+            else:
+                _widen(v[p, h], kind, row, hd)
+            for g in range(group):
+                e = s[g, p]
+                o = out[h, g]
+                for i in range(hd):
+                    o[i] += e * row[i]
+    return m, lsum
+
+
+@njit(**_FLAGS)
+def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
+    """Every query row over keys 0..its position, in page-size chunks in logical order, the chunks merged
+    in ascending order (the page table gives each chunk's physical page, so placement cannot matter).
+    q, out [T, kv, group, hd]; k_pages, v_pages [pages, page_size, kv, hd] as attend_chunk takes them."""
+    o_c = np.empty(q.shape[1:], np.float32)
+    for r in range(q.shape[0]):
+        pos = positions[r]
+        table = tables[seqs[r]]
+        last = pos // page_size
+        acc = out[r]
+        m, lsum = attend_chunk(q[r], k_pages[table[0], : (page_size if last > 0 else pos + 1)],
+                               v_pages[table[0], : (page_size if last > 0 else pos + 1)], kind, acc)
+        for c in range(1, last + 1):
+            n = page_size if c < last else pos % page_size + 1
+            m_c, l_c = attend_chunk(q[r], k_pages[table[c], :n], v_pages[table[c], :n], kind, o_c)
+            for h in range(m.shape[0]):
+                for g in range(m.shape[1]):
+                    m_new = max(m[h, g], m_c[h, g])
+                    a, b = np.exp(m[h, g] - m_new), np.exp(m_c[h, g] - m_new)
+                    lsum[h, g] = lsum[h, g] * a + l_c[h, g] * b
+                    for i in range(acc.shape[2]):
+                        acc[h, g, i] = acc[h, g, i] * a + o_c[h, g, i] * b
+                    m[h, g] = m_new
+        for h in range(m.shape[0]):
+            for g in range(m.shape[1]):
+                for i in range(acc.shape[2]):
+                    acc[h, g, i] = acc[h, g, i] / lsum[h, g]
+
+
+def usable_threads(n: int) -> int:
+    """At most the pool numba started with (NUMBA_NUM_THREADS, fixed once numba is imported)."""
+    return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def in_threads(n: int, kernel, *args) -> None:
+    """Runs a parallel kernel over n threads. numba's thread count is per calling thread, and the
+    engine computes on its own thread, so it is set where the kernel is called."""
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+    kernel(*args)
+
+
+def warm_up() -> None:
+    """Compiles (first run) or loads (later runs) every kernel for each signature it is called with:
+    weights come writable or read-only (memory-mapped files), a distinct type to numba."""
+    x = np.ones((2, 32), np.float32)
+    out = np.empty((2, 8), np.float32)
+    for writable in (True, False):
+        w, w16 = np.ones((4, 32), np.float32), np.ones((4, 32), np.uint16)
+        w.flags.writeable = w16.flags.writeable = writable
+        rows_matvec(x, w, out, 4)
+        rows_matvec_parallel(x, w, out, 4)
+        rows_matvec_16(x, w16, 1, out, 4)
+        rows_matvec_16_parallel(x, w16, 1, out, 4)
+    rms_norm_rows(x, x[0].copy(), np.float32(1e-5), x.copy())
+    silu_mul_rows(x, 16, x[:, :16].copy())
+    q = np.ones((2, 2, 32), np.float32)
+    rows, table = np.zeros(2, np.int64), np.zeros((1, 1), np.int64)
+    for kv in (np.ones((1, 4, 2, 32), np.float32), np.ones((1, 4, 2, 32), np.uint16)):
+        attend_rows(q[None].repeat(2, 0), kv, kv, 0 if kv.dtype == np.float32 else 1, rows, rows, table, 4,
+                    np.empty((2, *q.shape), np.float32))
