@@ -17,6 +17,7 @@ from engine.server.offload import json_list
 from engine.server.params import Fields, read_json, token_ids
 from engine.server.pieces import piece_json
 from engine.server.state import EngineState, state_of
+from engine.threads import DEFAULT_THREADS
 
 SLOTS_WAIT_S = 0.02
 # A million tokens' list costs the GIL about 0.1 s to build and free, during which nothing else runs: the

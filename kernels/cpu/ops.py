@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
-from kernels.cpu import deltanet
-from kernels.cpu import compiled
+from kernels.cpu import compiled, deltanet
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.quant_matmul import f32_tiles
 from kernels.weights import QK8_0, RowStack, Weight, bf16_to_f32, concat_rows, f32_to_bf16
