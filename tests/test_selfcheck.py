@@ -39,7 +39,7 @@ def runner(tiny_llama):
 
 
 def test_the_cpu_backend_passes_with_its_one_family(runner):
-    mismatch, info = check_matmuls(runner.ops, model_matmuls(runner.model), 512)
+    mismatch, info = check_matmuls(runner.ops, model_matmuls(runner.model) + [("lm_head", runner.model.lm_head)], 512)
     assert mismatch is None
     assert info["families"] and all(f == {"rows_gemv": 1} for f in info["families"].values())
     # one weight per shape: the tiny model's o and down are both 64x128
@@ -65,3 +65,18 @@ def test_a_family_that_changes_bits_refuses_exact_mode_naming_it(runner):
 
 def test_a_batch_too_small_to_pick_the_family_passes(runner):
     self_check(FaultyFamilyOps(runner.ops), runner.model, 8)  # the faulty family is never chosen
+
+
+def test_lm_head_is_checked_only_up_to_the_rows_it_sees(runner):
+    class HeadOnly(FaultyFamilyOps):
+        def matmul_family(self, t, w):
+            return "fake_wide" if t >= self.from_rows and w is runner.model.lm_head else self.ops.matmul_family(t, w)
+
+        def matmul(self, x, w, bias=None, residual=None):
+            if w is runner.model.lm_head:
+                return super().matmul(x, w, bias, residual)
+            return self.ops.matmul(x, w, bias, residual)
+
+    self_check(HeadOnly(runner.ops), runner.model, 512, head_rows=4)  # 4 sequences: lm_head sees 4 rows
+    with pytest.raises(Fatal, match="weight lm_head"):
+        self_check(HeadOnly(runner.ops), runner.model, 512, head_rows=16)

@@ -185,9 +185,9 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
                           opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel,
                           threads=opts.threads or DEFAULT_THREADS)
-    if state.exact.granted:
-        self_check(runner.ops, runner.model, opts.ubatch_size)
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
+    if state.exact.granted:
+        self_check(runner.ops, runner.model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1))
     if spec_n and runner.recurrent:
         log.warning("speculative drafting is off for %s: a rejected draft would need the recurrent state rolled "
                     "back", config.arch)
