@@ -66,6 +66,12 @@ class EngineArgs:
     swa_full: bool
     spec_draft_n_min: int
     backend_sampling: bool
+    # several GPUs (engine.parallel): tp and tp_split are resolved from --tp, --split-mode and -ts
+    split_mode: Literal["none", "layer", "row"] | None
+    tensor_split: tuple[float, ...] | None
+    main_gpu: int
+    tp: int
+    tp_split: tuple[float, ...]  # one normalised-or-not proportion per rank
     chat_template: str | None  # the text of --chat-template-file or of the named built-in
     preempt_mode: PreemptMode  # LOCKSTEP_PREEMPT_MODE
 

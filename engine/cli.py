@@ -123,12 +123,38 @@ def build_parser() -> argparse.ArgumentParser:
              "environment variable LOCKSTEP_EXACT=1 turns it on (default: off)")
     _add_client_limits(p)
     add_compat_flags(p)
+    _add_multi_gpu(p)
     return p
 
 
 def _add_threads(add) -> None:
     """-t for `generate` (the server's comes with the llama-server flags: engine/cli_compat.py)."""
     add("-t", "--threads", type=_int_at_least(1), default=DEFAULT_THREADS, metavar="N", help=THREADS_HELP)
+
+
+def _tensor_split(text: str) -> tuple[float, ...]:
+    from engine.parallel.plan import PlanError, parse_tensor_split
+
+    try:
+        return parse_tensor_split(text)
+    except PlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_multi_gpu(p: argparse.ArgumentParser) -> None:
+    """Tensor parallelism over several GPUs (llama-server's row split), engine/parallel."""
+    g = p.add_argument_group("several GPUs")
+    g.add_argument("-sm", "--split-mode", choices=("none", "layer", "row"), default=None,
+                   help="none: one GPU; row: tensor parallelism, each GPU holds its share of every layer's heads and "
+                        "FFN columns; layer (llama-server's default) is not supported yet (default: row with --tp > 1)")
+    g.add_argument("-ts", "--tensor-split", type=_tensor_split, default=None, metavar="N0,N1,...",
+                   help="proportions of the heads and FFN columns per GPU, e.g. 3,1; a 0 leaves a GPU out "
+                        "(default: even)")
+    g.add_argument("-mg", "--main-gpu", type=_int_at_least(0), default=0, metavar="INDEX",
+                   help="the GPU of rank 0, which also holds the logits (default: %(default)s)")
+    g.add_argument("--tp", type=_int_at_least(1), default=None, metavar="N",
+                   help="tensor-parallel ranks, one per GPU (default: the non-zero -ts entries with "
+                        "--split-mode row, else 1)")
 
 
 def _add_client_limits(p: argparse.ArgumentParser) -> None:
@@ -190,8 +216,14 @@ def engine_args(opts: argparse.Namespace, env: Mapping[str, str] | None = None) 
     if ubatch > opts.batch_size:
         log.info("-ub %d is larger than -b %d: using -ub %d", ubatch, opts.batch_size, opts.batch_size)
         ubatch = opts.batch_size
+    from engine.parallel.plan import PlanError, resolve_tp
+
+    try:
+        tp, tp_split = resolve_tp(opts.tp, opts.split_mode, opts.tensor_split)
+    except PlanError as e:
+        raise bad_flag(str(e)) from None
     return EngineArgs.from_namespace(opts, chat_template=chat_template(opts), preempt_mode=preempt_mode(env),
-                                     api_key=read_api_key(opts, env), ubatch_size=ubatch)
+                                     api_key=read_api_key(opts, env), ubatch_size=ubatch, tp=tp, tp_split=tp_split)
 
 
 def chat_template(opts: argparse.Namespace) -> str | None:

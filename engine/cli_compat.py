@@ -30,10 +30,6 @@ LACKING = {
     "--rope-scaling": "rope scaling comes from the model's config",
     "--rope-freq-base": "rope settings come from the model's config",
     "--mlock": "the CPU backend memory-maps weights; locking is not supported",
-    "-sm": "multi-GPU split is not supported",
-    "--split-mode": "multi-GPU split is not supported",
-    "-ts": "multi-GPU split is not supported",
-    "--tensor-split": "multi-GPU split is not supported",
     "--sleep-idle-seconds": "unloading weights after idle time is not supported yet",
 }
 

@@ -71,9 +71,9 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
                  max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None, n_seqs: int = 1,
-                 threads: int = 1) -> Runner:
+                 threads: int = 1, plan=None) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
-    before anything is uploaded."""
+    before anything is uploaded. `plan`: an engine.parallel.plan.TPPlan for a tensor-parallel load."""
     if backend == "cuda" and hybrid_spec(loaded.config):
         raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: gated DeltaNet layers are not "
                                 "supported on the CUDA backend yet; use --device cpu")
@@ -81,6 +81,8 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
         raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: mixture-of-experts layers are "
                                 "not supported on the CUDA backend yet; use --device cpu")
     parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type, n_seqs)
+    if plan is not None:
+        parts = rank_share(parts, loaded, plan.tp, backend)
     need = sum(parts.values())
     free = free_memory(backend)
     log.info("memory: needs %.2f GiB (%s), %.2f GiB free", need / 2**30,
@@ -88,11 +90,28 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if need > free:
         raise out_of_memory(need, free)
     try:
+        if plan is not None:
+            from engine.parallel.setup import build_ranks
+
+            ranks = build_ranks(plan, backend, exact, threads)
+            return Runner(loaded, ranks.ops[0], n_pages, kv_type, max_pages_per_seq, v_type, parallel=ranks)
         return Runner(loaded, make_ops(backend, exact, threads), n_pages, kv_type, max_pages_per_seq, v_type)
     except Exception as e:
         if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError
             raise out_of_memory(need, free_memory(backend)) from None
         raise
+
+
+def rank_share(parts: dict[str, int], loaded: LoadedModel, tp: int, backend: str) -> dict[str, int]:
+    """One rank's part of a tensor-parallel load (each GPU is checked against the first one's free
+    memory): the KV pool and the split weights divided by the ranks, the embedding and lm_head whole."""
+    out = dict(parts, kv=parts["kv"] // tp)
+    if "weights" in parts:
+        from kernels.cuda.weights import device_bytes
+
+        whole = sum(device_bytes(w) for n, w in loaded.weights.items() if not n.startswith("model.layers."))
+        out["weights"] = whole + (parts["weights"] - whole) // tp
+    return out
 
 
 def gpu_layers(ngl: int | str, n_layers: int) -> str:

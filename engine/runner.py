@@ -62,16 +62,24 @@ class Pending:
 
 class Runner:
     def __init__(self, loaded: LoadedModel, ops: Ops, n_pages: int, kv_type: str, max_pages_per_seq: int = 0,
-                 v_type: str | None = None):
+                 v_type: str | None = None, parallel=None):
+        """`parallel`: an engine.parallel.setup.TPSetup for a tensor-parallel model (`ops` is then its rank 0's)."""
         c = loaded.config
         self.ops, self.config = ops, c
         self.max_positions = n_pages * PAGE_SIZE
-        self.model = model_class(c)(c, loaded.weights, ops, self.max_positions)
-        self.pool = PagePool(ops, getattr(self.model, "n_kv_layers", c.n_layers), n_pages, c.n_kv_heads, c.head_dim,
-                             kv_type, v_type)
+        if parallel is not None and parallel.plan.tp > 1:
+            from engine.parallel.model import ShardedPagePool, TensorParallelModel
+
+            self.model = TensorParallelModel(c, loaded.weights, parallel.plan, parallel.ops, parallel.coll,
+                                             self.max_positions)
+            self.pool = ShardedPagePool(parallel.ops, parallel.plan, c.n_layers, n_pages, c.head_dim, kv_type, v_type)
+        else:
+            self.model = model_class(c)(c, loaded.weights, ops, self.max_positions)
+            self.pool = PagePool(ops, getattr(self.model, "n_kv_layers", c.n_layers), n_pages, c.n_kv_heads,
+                                 c.head_dim, kv_type, v_type)
         self.recurrent = hasattr(self.model, "state_shape")
-        self.graphs = None
-        if hasattr(ops, "decode_graphs") and max_pages_per_seq and not self.recurrent:
+        self.graphs = None  # decode graphs of a tensor-parallel step: not built yet
+        if hasattr(ops, "decode_graphs") and max_pages_per_seq and not self.recurrent and parallel is None:
             # decode steps (one token per sequence) replay a captured graph per batch bucket
             self.graphs = ops.decode_graphs(
                 lambda ids, rows, lr: self.model.forward(ids, rows, self.pool.layers, lr),

@@ -134,18 +134,22 @@ class LlamaModel:
         c, ops = self.config, self.ops
         x = ops.embedding(self.embed, tokens)
         for layer, cache in zip(self.layers, kv, strict=True):
-            if layer.q_norm is None:
-                q = ops.norm_qkv_rope_write(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv, rows, self.rope,
-                                            cache, c.n_heads, c.n_kv_heads)
-            else:
-                qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
-                q = self._qk_norm_rope_write(qkv, layer, rows, cache)
+            q = self.attention_q(x, layer, rows, cache)
             x = ops.attention_out(q, cache, rows, self.scale, layer.wo, x)
             if layer.moe is None:
                 x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
             else:
                 x = layer.moe(ops.rms_norm(x, layer.ffn_norm, c.rms_eps), residual=x)
         return final_logits(ops, x, logit_rows, self.norm, c.rms_eps, self.lm_head)
+
+    def attention_q(self, x, layer: _Layer, rows: PagedRows, cache) -> Any:
+        """The layer's rotated queries [T, heads, head_dim]; its keys and values written to `cache`."""
+        c, ops = self.config, self.ops
+        if layer.q_norm is None:
+            return ops.norm_qkv_rope_write(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv, rows, self.rope,
+                                           cache, c.n_heads, c.n_kv_heads)
+        qkv = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv)
+        return self._qk_norm_rope_write(qkv, layer, rows, cache)
 
     def _qk_norm_rope_write(self, qkv, layer: _Layer, rows: PagedRows, cache) -> Any:
         """Qwen3: q and k are normalised per head before RoPE, so the fused write does not apply."""

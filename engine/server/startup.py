@@ -182,12 +182,14 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                            f"{config.head_dim} (use {flag} f16)")
     n_pages = pool_pages(opts.ctx_size, config)
     seq_pages = pages_for(seq_context(n_pages * PAGE_SIZE, opts.parallel, opts.kv_unified, n_pages * PAGE_SIZE))
+    plan = parallel_plan(opts, loaded, state.backend)
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
                           opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel,
-                          threads=opts.threads or DEFAULT_THREADS)
+                          threads=opts.threads or DEFAULT_THREADS, plan=plan)
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
-    if state.exact.granted:
-        self_check(runner.ops, runner.model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1))
+    if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
+        for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
+            self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1))
     if spec_n and runner.recurrent:
         log.warning("speculative drafting is off for %s: a rejected draft would need the recurrent state rolled "
                     "back", config.arch)
@@ -210,6 +212,23 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on
+
+
+def parallel_plan(opts: EngineArgs, loaded, backend: str):
+    """The tensor-parallel plan of --tp/-ts/-mg for this model, or None for one rank."""
+    if opts.tp <= 1:
+        return None
+    from engine.parallel.plan import PlanError
+    from engine.parallel.setup import tp_plan
+
+    try:
+        plan = tp_plan(loaded.config, loaded.weights, backend, opts.tp, opts.tp_split, opts.main_gpu)
+    except PlanError as e:
+        raise bad_flag(str(e)) from None
+    log.info("tensor parallel: %d ranks on %s, KV heads per rank %s, FFN columns per rank %s", plan.tp,
+             "devices " + ",".join(map(str, plan.devices)) if backend == "cuda" else "the CPU",
+             [s.n_kv_heads for s in plan.ranks], [s.ffn for s in plan.ranks])
+    return plan
 
 
 def max_token_bytes(tokenizer) -> int:
