@@ -11,6 +11,9 @@ ExactMode = Literal["auto", "off", "on"]
 PreemptMode = Literal["auto", "park", "recompute"]
 FlashAttn = Literal["auto", "on", "off"]
 SpecType = Literal["none", "ngram"]
+SplitMode = Literal["none", "layer", "row"]
+# -ts: up to 8 proportions, e.g. "1,1" or "3/1" (llama-server's two spellings)
+TENSOR_SPLIT = r"^\d+(\.\d+)?([,/]\d+(\.\d+)?){0,7}$"
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 EXACT_MODES: tuple[str, ...] = get_args(ExactMode)
@@ -41,6 +44,10 @@ class LoadDefaults(BaseModel):
     spec_type: SpecType = "none"
     spec_draft_n_max: int = Field(16, ge=0, le=256)
     extra_args: list[str] = Field(default_factory=list)
+    # tensor parallelism; None leaves the engine's default (one GPU)
+    tp: int | None = Field(None, ge=1, le=8)
+    tensor_split: str | None = Field(None, pattern=TENSOR_SPLIT)
+    split_mode: SplitMode | None = None
 
 
 class ApiSettings(BaseModel):
@@ -90,6 +97,9 @@ class LoadRequest(BaseModel):
     extra_args: list[str] | None = None
     exact_concurrency: ExactMode | None = None
     preempt_mode: PreemptMode | None = None
+    tp: int | None = Field(None, ge=1, le=8)
+    tensor_split: str | None = Field(None, pattern=TENSOR_SPLIT)
+    split_mode: SplitMode | None = None
 
     def with_defaults(self, defaults: LoadDefaults) -> LoadDefaults:
         given = {k: v for k, v in self.model_dump(exclude={"model", "exact_concurrency", "preempt_mode"}).items()

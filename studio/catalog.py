@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -267,3 +268,12 @@ def beyond_native(ctx_size: int | None, parallel: int, native_context: int | Non
         return None
     return (f"context {ctx_size} is beyond the model's native context: {native_context} tokens a chat, "
             f"{native_context * parallel} for {parallel} slot{'s' if parallel != 1 else ''}")
+
+
+def weights_per_gpu(size_bytes: int, tp: int | None = None, tensor_split: str | None = None) -> int:
+    """The weights' share of the most loaded GPU: the size on disk divided by the split (by the
+    largest -ts proportion when given; the engine's replicated embedding makes it a lower bound)."""
+    shares = [float(p) for p in re.split("[,/]", tensor_split) if float(p) > 0] if tensor_split else []
+    if shares and (tp or len(shares)) == len(shares):
+        return int(size_bytes * max(shares) / sum(shares))
+    return size_bytes // max(1, tp or 1)

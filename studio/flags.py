@@ -11,7 +11,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from settings import CACHE_TYPES, EXACT_CACHE_TYPES, LoadDefaults
+from settings import CACHE_TYPES, EXACT_CACHE_TYPES, TENSOR_SPLIT, LoadDefaults
 
 MAX_EXTRA_ARGS = 64
 MAX_ARG_CHARS = 4096
@@ -49,6 +49,12 @@ def _gpu_layers(value: str) -> str | None:
 
 def _number(value: str) -> str | None:
     return None if re.fullmatch(r"\d{1,6}(\.\d{1,12})?", value) else f"expects a number >= 0, got {value!r}"
+
+
+def _split(value: str) -> str | None:
+    if re.fullmatch(TENSOR_SPLIT, value) is None or not any(float(p) for p in re.split("[,/]", value)):
+        return f"expects proportions per GPU like 1,1 or 3,1, got {value!r}"
+    return None
 
 
 def _nonempty(value: str) -> str | None:
@@ -117,6 +123,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--swa-full",), False),
     Flag(("--spec-draft-n-min",), True, _int(0)),
     Flag(("--backend-sampling", "--backend_sampling"), False),
+    # several GPUs (engine/parallel)
+    Flag(("--tp",), True, _int(1)),
+    Flag(("--tensor-split", "-ts"), True, _split),
+    Flag(("--split-mode", "-sm"), True, _choice("none", "layer", "row")),
+    Flag(("--main-gpu", "-mg"), True, _int(0)),
 )
 BY_NAME: dict[str, Flag] = {name: flag for flag in FLAGS for name in flag.names}
 OWNED_FLAGS: tuple[str, ...] = tuple(n for f in FLAGS if f.owned_by for n in f.names)
@@ -210,6 +221,9 @@ def options_from_settings(load: LoadDefaults) -> Options:
         options["--spec-draft-n-max"] = str(load.spec_draft_n_max)
     if load.n_gpu_layers is not None:
         options["--n-gpu-layers"] = str(load.n_gpu_layers)
+    for flag, value in (("--tp", load.tp), ("--tensor-split", load.tensor_split), ("--split-mode", load.split_mode)):
+        if value is not None:
+            options[flag] = str(value)
     options.update(parse_extra_args(load.extra_args))
     return options
 

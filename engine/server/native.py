@@ -60,6 +60,7 @@ async def props(request: web.Request) -> web.Response:
         "exact_concurrency": state.exact.as_dict(),
         "n_threads": opts.threads or DEFAULT_THREADS,
         "cpu_threads": state.cpu_threads,
+        "tensor_parallel": state.parallel,
     })
 
 

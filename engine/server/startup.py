@@ -190,6 +190,9 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
             self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1))
+    if plan is not None:
+        state.parallel = {"tp": plan.tp, "split_mode": "row", "split": list(plan.split),
+                          "kv_heads": [s.n_kv_heads for s in plan.ranks], "devices": list(plan.devices)}
     if spec_n and runner.recurrent:
         log.warning("speculative drafting is off for %s: a rejected draft would need the recurrent state rolled "
                     "back", config.arch)

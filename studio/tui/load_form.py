@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from settings import EnvOverrideError, LoadDefaults, LoadRequest, Resolved, resolve_exact
-from studio.catalog import beyond_native
+from studio.catalog import beyond_native, weights_per_gpu
 from studio.flags import ExtraArgsError, exact_contradictions, options_from_settings
 
-INT_FIELDS = ("ctx_size", "parallel", "batch_size", "ubatch_size", "n_gpu_layers", "spec_draft_n_max")
+INT_FIELDS = ("ctx_size", "parallel", "batch_size", "ubatch_size", "n_gpu_layers", "spec_draft_n_max", "tp")
+TEXT_FIELDS = ("tensor_split",)
 CHOICE_FIELDS = ("flash_attn", "cache_type_k", "cache_type_v", "spec_type")
 DEFAULT = "default"  # the exact selector's "take the stored setting" choice
 
@@ -35,6 +36,7 @@ class FormCheck:
     errors: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     exact: Resolved | None = None
+    per_gpu: int | None = None  # the weights' bytes on the most loaded GPU (catalog.weights_per_gpu)
 
     @property
     def ok(self) -> bool:
@@ -66,12 +68,13 @@ def form_values(load: LoadDefaults) -> dict[str, str]:
     """The form's text for stored load defaults."""
     values = {name: "" if getattr(load, name) is None else str(getattr(load, name)) for name in INT_FIELDS}
     values.update({name: getattr(load, name) for name in CHOICE_FIELDS})
+    values.update({name: getattr(load, name) or "" for name in TEXT_FIELDS})
     values["extra_args"] = shlex.join(load.extra_args)
     return values
 
 
 def check_load_form(values: Mapping[str, str | None], *, defaults: LoadDefaults, stored_exact: str | None,
-                    env: Mapping[str, str], native_context: int | None = None) -> FormCheck:
+                    env: Mapping[str, str], native_context: int | None = None, size_bytes: int = 0) -> FormCheck:
     errors: dict[str, str] = {}
     body: dict[str, object] = {}
     model = (values.get("model") or "").strip()
@@ -89,6 +92,9 @@ def check_load_form(values: Mapping[str, str | None], *, defaults: LoadDefaults,
     for name in CHOICE_FIELDS:
         if values.get(name):
             body[name] = values[name]
+    for name in TEXT_FIELDS:
+        if text := (values.get(name) or "").strip():
+            body[name] = text
     try:
         body["extra_args"] = shlex.split(values.get("extra_args") or "")
     except ValueError as exc:
@@ -123,6 +129,8 @@ def check_load_form(values: Mapping[str, str | None], *, defaults: LoadDefaults,
         if options is not None and check.exact.value != "off":
             check.warnings += [w.message for w in exact_contradictions(options)]
     full = request.with_defaults(defaults)
+    if size_bytes:
+        check.per_gpu = weights_per_gpu(size_bytes, full.tp, full.tensor_split)
     ctx = full.ctx_size
     if problem := beyond_native(request.ctx_size, full.parallel, native_context):
         errors["ctx_size"] = problem

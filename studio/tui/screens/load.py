@@ -11,6 +11,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from settings import CACHE_TYPES
 from studio.catalog import ModelInfo
+from studio.tui.format import size
 from studio.tui.load_form import DEFAULT, check_load_form, effective_defaults, form_values
 from studio.tui.messages import SettingsSaved
 from studio.tui.screens.base import StudioScreen
@@ -24,6 +25,8 @@ TEXT_FIELDS = {
     "ubatch_size": ("Micro-batch size", "physical batch (-ub)"),
     "n_gpu_layers": ("GPU layers", "blank = every layer on the GPU (-ngl)"),
     "spec_draft_n_max": ("Draft tokens", "most draft tokens per step (--spec-draft-n-max)"),
+    "tp": ("GPUs (--tp)", "tensor parallel; blank = 1"),
+    "tensor_split": ("Tensor split", "proportions per GPU, e.g. 3,1 (-ts); blank = even"),
     "extra_args": ("Extra args", "engine flags, e.g. --seed 7"),
 }
 CHOICES = {
@@ -37,7 +40,7 @@ CHOICES = {
                   "with exact on, drafts change speed, never tokens"),
 }
 ORDER = ("exact", "ctx_size", "parallel", "batch_size", "ubatch_size", "flash_attn", "n_gpu_layers",
-         "cache_type_k", "cache_type_v", "spec_type", "spec_draft_n_max", "extra_args")
+         "cache_type_k", "cache_type_v", "spec_type", "spec_draft_n_max", "tp", "tensor_split", "extra_args")
 
 
 class LoadScreen(StudioScreen):
@@ -152,7 +155,8 @@ class LoadScreen(StudioScreen):
         info = next((m for m in self.studio.models or [] if m.id == values.get("model")), None)
         return check_load_form(values, defaults=manager.store.settings.load,
                                stored_exact=manager.store.settings.exact_concurrency, env=manager.env,
-                               native_context=info.native_context if info else None)
+                               native_context=info.native_context if info else None,
+                               size_bytes=info.size_bytes if info else 0)
 
     def revalidate(self) -> None:
         settings = self.studio.manager.store.settings
@@ -167,6 +171,8 @@ class LoadScreen(StudioScreen):
                 default = CHOICES[name][2]
             else:
                 default = TEXT_FIELDS[name][1]
+            if name == "tp" and result.per_gpu:
+                default += f"; weights {size(result.per_gpu)} per GPU"
             help_widget.update(error or default)
             help_widget.set_class(error is not None, "-error")
             self.query_one(f"#field-{name}").set_class(error is not None, "-invalid")
