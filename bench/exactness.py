@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from studio.evidence import EvidenceError, run_matrix  # noqa: E402
+from studio.evidence import ENGINE_CMD, EvidenceError, run_matrix  # noqa: E402
 
 
 def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="add cells parked every N tokens beside 7 neighbours, at -ub 512, 16 and 24")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "exactness-cpu"),
                     help="report path without extension (.json and .md are written)")
+    ap.add_argument("--engine-args", default="", help="more engine flags for every server, e.g. '--tp 2'")
     args = ap.parse_args(argv)
     extra = []
     if args.parks_every:
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = asyncio.run(run_matrix(model, vocab=vocab, device=args.device, exact=args.exact == "on",
                                             n_predict=args.n_predict, prompt_len=args.prompt_len,
-                                            progress=lambda m: print(m, flush=True), extra_variants=extra))
+                                            progress=lambda m: print(m, flush=True), extra_variants=extra,
+                                            engine_cmd=[*ENGINE_CMD, *shlex.split(args.engine_args)]))
         except EvidenceError as e:
             print(f"exactness run failed: {e}", file=sys.stderr)
             return 1

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -119,7 +120,7 @@ async def run(args) -> dict:
     cells = [int(c) for c in args.cells.split(",")]
     ctx = max(cells) * (args.prompt + args.gen + 256)
     base = ["--parallel", str(max(cells)), "--ctx-size", str(ctx), "--kv-unified", "--device", args.device,
-            "--metrics", *(["--threads", str(args.threads)] if args.threads else [])]
+            "--metrics", *(["--threads", str(args.threads)] if args.threads else []), *shlex.split(args.engine_args)]
     servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
     rng = random.Random(args.seed)
     vocab = SHAPES[args.shape]["vocab"] if not args.model else args.vocab
@@ -228,6 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="the engines' -t (default: theirs)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "throughput"))
+    ap.add_argument("--engine-args", default="", help="more engine flags for both servers, e.g. '--tp 2'")
     args = ap.parse_args(argv)
     result = asyncio.run(run(args))
     out = Path(args.out)

@@ -9,6 +9,7 @@ TP=1 bits (the K reduction of o and down is cut in tp pieces), only close to the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from engine.config import ModelConfig
@@ -33,6 +34,15 @@ class TensorParallelModel:
     def rank_models(self) -> list[tuple[Ops, LlamaModel]]:
         return list(zip(self.ops, self.ranks, strict=True))
 
+    def _inputs(self, r: int, tokens, rows: PagedRows) -> tuple[Any, PagedRows]:
+        """The step's token ids and row placement where rank r computes: the runner made them with
+        rank 0's ops; on the CPU every rank reads them as they are."""
+        if r == 0 or self.ops[r].name == "cpu":
+            return tokens, rows
+        o, host = self.ops[r], self.ops[0].to_host
+        return o.tensor(host(tokens)), replace(rows, **{f: o.tensor(host(getattr(rows, f)))
+                                                        for f in ("positions", "seq", "block_tables", "slots")})
+
     def _reduce(self, parts: list[Any], xs: list[Any]) -> list[Any]:
         sums = reduce_partials(self.coll, parts, self.exact)
         return [o.add(x, s) for o, x, s in zip(self.ops, xs, sums, strict=True)]
@@ -42,13 +52,14 @@ class TensorParallelModel:
         Returns rank 0's logits (every rank's are the same)."""
         c, n = self.config, self.config.n_layers
         caches = [kv[r * n : (r + 1) * n] for r in range(self.plan.tp)]
-        xs = [o.embedding(m.embed, tokens) for o, m in zip(self.ops, self.ranks, strict=True)]
+        inputs = [self._inputs(r, tokens, rows) for r in range(self.plan.tp)]
+        xs = [o.embedding(m.embed, t) for o, m, (t, _) in zip(self.ops, self.ranks, inputs, strict=True)]
         for i in range(n):
             parts = []
-            for o, m, x, cache in zip(self.ops, self.ranks, xs, caches, strict=True):
+            for o, m, x, cache, (_, rr) in zip(self.ops, self.ranks, xs, caches, inputs, strict=True):
                 layer = m.layers[i]
-                q = m.attention_q(x, layer, rows, cache[i])
-                parts.append(o.matmul(o.attention(q, cache[i], rows, m.scale), layer.wo))
+                q = m.attention_q(x, layer, rr, cache[i])
+                parts.append(o.matmul(o.attention(q, cache[i], rr, m.scale), layer.wo))
             xs = self._reduce(parts, xs)
             parts = [o.matmul(o.norm_matmul(x, m.layers[i].ffn_norm, c.rms_eps, m.layers[i].w_gate_up),
                               m.layers[i].w_down)

@@ -85,9 +85,14 @@ def cuda_ranks(devices: tuple[int, ...], exact: bool) -> tuple[list[Any], NcclCo
     problem = nccl_available()
     if problem:
         raise RuntimeError(problem)
+    import cupy as cp
+
     from kernels.cuda.ops import CudaOps
 
-    return [OnDevice(CudaOps(exact=exact, device=d)) for d in devices], NcclCollective(devices)
+    ranks = [OnDevice(CudaOps(exact=exact, device=d)) for d in devices]  # each makes its device current
+    coll = NcclCollective(devices)
+    cp.cuda.Device(devices[0]).use()  # the runner's own arrays (inputs, logits) live on rank 0's GPU
+    return ranks, coll
 
 
 def device_count() -> int:
