@@ -120,7 +120,8 @@ async def run(args) -> dict:
     cells = [int(c) for c in args.cells.split(",")]
     ctx = max(cells) * (args.prompt + args.gen + 256)
     base = ["--parallel", str(max(cells)), "--ctx-size", str(ctx), "--kv-unified", "--device", args.device,
-            "--metrics", *(["--threads", str(args.threads)] if args.threads else []), *shlex.split(args.engine_args)]
+            "--metrics", *(["--threads", str(args.threads)] if args.threads else []),
+            *shlex.split(args.engine_args)]
     servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
     rng = random.Random(args.seed)
     vocab = SHAPES[args.shape]["vocab"] if not args.model else args.vocab
