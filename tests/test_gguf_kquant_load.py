@@ -155,7 +155,7 @@ def test_engine_child_generates_from_a_q4_k_m_file_as_from_its_f32_twin(q4km):
     prompt = [int(t) for t in np.random.default_rng(5).integers(4, 300, 20)]
     out = []
     for path in q4km:
-        engine = Engine(path, "--exact-concurrency", "on", "-ctk", "f32", "-ctv", "f32", "-c", "512")
+        engine = Engine(path, "--exact-concurrency", "on", "-ctk", "f32", "-ctv", "f32", "-c", "512", "-np", "2")
         try:
             engine.wait_ready()
             assert engine.get_json("/props")["exact_concurrency"]["granted"] is True
