@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -33,3 +34,11 @@ class Context:
 
     def tick(self) -> int:
         return next(self.clock)
+
+
+def available_host_bytes() -> int:
+    """Memory the host has free now (0 where the platform does not say)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -4,6 +4,7 @@ forks, and a sequence's end (its slot's prompt cache, its timings)."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from engine.runner import RowsOut
 from engine.sampler import log_softmax, post_sampling_logprobs, sample, top_logprobs
 from engine.scheduler.context import Context
 from engine.scheduler.memory import StateManager
-from engine.scheduler.slots import SlotTable
+from engine.scheduler.slots import SlotTable, Waiting
 from engine.sequences import Seq
 from engine.timings import timings as make_timings
 from engine.tokenizer import TextTokenizer
@@ -64,6 +65,22 @@ class Emitter:
         self.outbox.append((seq.on_event, DoneEvent(seq.index, reason, seq.n_prompt, seq.generated,
                                                      seq.cached_tokens, seq.parks, seq.restores, _timings(seq),
                                                      error)))
+
+    def abort(self, cancels: set[tuple[int, int | None]], waiting: Waiting) -> Waiting:
+        """Ends the cancelled requests (or single completions) that run or are parked, answers the
+        cancelled waiting ones; returns the waiting requests left."""
+        whole = {rid for rid, index in cancels if index is None}
+        for seq in self.mem.running + list(self.mem.parked):
+            if seq.req_id in whole or (seq.req_id, seq.index) in cancels:
+                self.finish(seq, "abort")
+        kept: Waiting = deque()
+        for rid, req, on_event in waiting:
+            if rid in whole:
+                for j in range(req.n):
+                    self.outbox.append((on_event, DoneEvent(j, "abort", len(req.prompt), 0, 0, 0, 0, {})))
+            else:
+                kept.append((rid, req, on_event))
+        return kept
 
     def _fork(self, seq: Seq) -> list[Seq]:
         """n > 1: each further completion gets a copy of the prompt's pages and its own slot."""

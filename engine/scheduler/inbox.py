@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from engine.requests import QueueFullError, Request
 
@@ -22,6 +23,7 @@ class Inbox:
         self.cv = threading.Condition()
         self._requests: deque[Arrival] = deque()
         self._cancels: set[tuple[int, int | None]] = set()
+        self._calls: list[tuple[Callable[[], object], Future]] = []
         self._ids = 0
         self.queued = 0  # submitted and not yet admitted or cancelled
         self.stopped = False
@@ -41,6 +43,14 @@ class Inbox:
             self._cancels.add((request_id, index))
             self.cv.notify_all()
 
+    def call(self, fn: Callable[[], object]) -> Future:
+        """fn() to be run on the compute thread between steps; the future holds its result."""
+        done: Future = Future()
+        with self.cv:
+            self._calls.append((fn, done))
+            self.cv.notify_all()
+        return done
+
     def stop(self) -> None:
         with self.cv:
             self.stopped = True
@@ -52,16 +62,24 @@ class Inbox:
 
     @property
     def pending(self) -> bool:
-        return bool(self._requests or self._cancels)
+        return bool(self._requests or self._cancels or self._calls)
 
-    def take(self) -> tuple[list[Arrival], set[tuple[int, int | None]]]:
-        """Everything that arrived since the last call (the caller holds `cv`)."""
+    def take(self) -> tuple[list[Arrival], set[tuple[int, int | None]], list[tuple[Callable, Future]]]:
+        """Everything that arrived since the last take (the caller holds `cv`)."""
         arrived, self._requests = list(self._requests), deque()
         cancels, self._cancels = self._cancels, set()
-        return arrived, cancels
+        calls, self._calls = self._calls, []
+        return arrived, cancels, calls
 
     def left_queue(self, n: int) -> None:
         """n requests were admitted or cancelled while waiting."""
         if n:
             with self.cv:
                 self.queued -= n
+
+
+def run_call(fn: Callable[[], object], done: Future) -> None:
+    try:
+        done.set_result(fn())
+    except Exception as e:  # handed to the caller, whose request it fails
+        done.set_exception(e)

@@ -25,11 +25,11 @@ from contract.env import PREEMPT_EVERY
 from engine.kv_cache import seq_context
 from engine.modes import PreemptMode
 from engine.recurrent_state import RecurrentStates
-from engine.requests import DoneEvent, Event, Request, call_each
+from engine.requests import Event, Request, call_each
 from engine.runner import Pending, Runner
-from engine.scheduler.context import Context
+from engine.scheduler.context import Context, available_host_bytes
 from engine.scheduler.emitter import Emitter
-from engine.scheduler.inbox import Inbox
+from engine.scheduler.inbox import Inbox, run_call
 from engine.scheduler.memory import SeqState, StateManager
 from engine.scheduler.planner import Plan, Planner
 from engine.scheduler.slots import SlotTable, Waiting
@@ -38,14 +38,6 @@ from engine.tokenizer import TextTokenizer
 from kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.scheduler")
-
-
-def available_host_bytes() -> int:
-    """Memory the host has free now (0 where the platform does not say)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 class Scheduler:
@@ -75,7 +67,6 @@ class Scheduler:
         self.emitter = Emitter(tokenizer, self.mem, self.slots_, self.ctx)
         self.dispatch = dispatch
         self.inbox = Inbox(max_queue)
-        self._calls: list[tuple[Callable, Future]] = []  # guarded by inbox.cv
         self._waiting: Waiting = deque()  # from here on, everything belongs to the compute thread
         self._thread: threading.Thread | None = None
         # a decode step launched before the previous step's tokens reached the host (Planner.plan_ahead)
@@ -118,11 +109,7 @@ class Scheduler:
 
     def call(self, fn: Callable[[Scheduler], object]) -> Future:
         """Runs fn(scheduler) on the compute thread between steps (slot files read and write its caches)."""
-        done: Future = Future()
-        with self.inbox.cv:
-            self._calls.append((lambda: fn(self), done))
-            self.inbox.cv.notify_all()
-        return done
+        return self.inbox.call(lambda: fn(self))
 
     def stats(self) -> dict:
         """Counters and pool figures as of the last step, without waiting for a running one."""
@@ -148,14 +135,16 @@ class Scheduler:
         while self._wait_for_work():
             t_busy = time.perf_counter()
             with self.inbox.cv:
-                arrived, cancels = self.inbox.take()
-                calls, self._calls = self._calls, []
+                arrived, cancels, calls = self.inbox.take()
             for fn, done in calls:
-                _run_call(fn, done)
+                run_call(fn, done)
             if calls:
                 self.snapshot.publish(rows=True)
             self._waiting.extend(arrived)
-            self._apply_cancels(cancels)
+            if cancels:
+                kept = self.emitter.abort(cancels, self._waiting)
+                self.inbox.left_queue(len(self._waiting) - len(kept))
+                self._waiting = kept
             self.mem.restore_parked()
             before = len(self._waiting)
             self.slots_.admit(self._waiting, self.mem)
@@ -184,7 +173,7 @@ class Scheduler:
             self.snapshot.publish(rows=True)
 
     def _has_work(self) -> bool:
-        return bool(self.inbox.pending or self._calls or self.mem.running or self.mem.parked or self._waiting or self._ahead)
+        return bool(self.inbox.pending or self.mem.running or self.mem.parked or self._waiting or self._ahead)
 
     def _flush(self) -> None:
         """Publishes the snapshot, then hands the events so far to the server: a client that reads
@@ -193,23 +182,6 @@ class Scheduler:
         batch, self.emitter.outbox = self.emitter.outbox, []
         if batch:
             self.dispatch(batch)
-
-    def _apply_cancels(self, cancels: set[tuple[int, int | None]]) -> None:
-        if not cancels:
-            return
-        whole = {rid for rid, index in cancels if index is None}
-        for seq in self.mem.running + list(self.mem.parked):
-            if seq.req_id in whole or (seq.req_id, seq.index) in cancels:
-                self.emitter.finish(seq, "abort")
-        kept = deque()
-        for rid, req, on_event in self._waiting:
-            if rid in whole:
-                for j in range(req.n):
-                    self.emitter.outbox.append((on_event, DoneEvent(j, "abort", len(req.prompt), 0, 0, 0, 0, {})))
-            else:
-                kept.append((rid, req, on_event))
-        self.inbox.left_queue(len(self._waiting) - len(kept))
-        self._waiting = kept
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -250,10 +222,3 @@ class Scheduler:
             self.emitter.progress(seq)
             if logits is not None and not seq.done:
                 self.emitter.on_logits(seq, logits.row(-1))
-
-
-def _run_call(fn: Callable, done: Future) -> None:
-    try:
-        done.set_result(fn())
-    except Exception as e:  # handed to the caller, whose request it fails
-        done.set_exception(e)
