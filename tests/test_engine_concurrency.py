@@ -85,7 +85,7 @@ async def test_short_pool_parks_and_every_request_completes(engine_factory, tiny
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
-async def test_client_that_disconnects_frees_its_pages_within_a_second(engine_factory, tiny_llama_noeos, stream):
+async def test_client_that_disconnects_frees_its_pages_promptly(engine_factory, tiny_llama_noeos, stream):
     eng = engine_factory(tiny_llama_noeos, "-np", "2", "--metrics")
     start = eng.metrics()["pages_free"]
     body = {"prompt": "The quick brown fox " * 40, "max_tokens": 100000, "temperature": 0, "stream": stream,
@@ -105,5 +105,7 @@ async def test_client_that_disconnects_frees_its_pages_within_a_second(engine_fa
             assert await wait_for(lambda: eng.metrics()["pages_free"] < start, 10), "never started"
             task.cancel()  # a plain request's client that gives up waiting
             await asyncio.gather(task, return_exceptions=True)
-        assert await wait_for(lambda: eng.metrics()["pages_free"] == start, 1.0), "pages not freed within 1 s"
+        # 5 s, not "at once": on a loaded 2-core runner a step plus the inbox hand-off can pass 1 s; a request
+        # that kept running would hold its pages for the rest of 100000 tokens.
+        assert await wait_for(lambda: eng.metrics()["pages_free"] == start, 5.0), "pages not freed within 5 s"
     assert not any(slot["is_processing"] for slot in eng.get_json("/slots"))
