@@ -374,3 +374,17 @@ def test_the_load_banner_shows_the_engines_memory_plan_and_latest_line(tmp_path)
     assert text.splitlines()[0] == "memory: needs 0.05 GiB (weights 0.02, kv 0.03), 20.00 GiB free"
     assert text.splitlines()[1].startswith("engine: INFO engine.server: listening")
     assert engine_progress(str(tmp_path / "missing.log")) == ""
+
+
+async def test_the_load_form_follows_an_exact_setting_saved_on_the_settings_screen(offline_app):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        assert "off (built-in default)" in str(offline_app.screen.query_one("#load-exact").render())
+        await pilot.press("f7")
+        offline_app.screen.query_one("#set-exact").value = "on"
+        await pilot.press("ctrl+s")
+        store = offline_app.manager.store
+        await wait(pilot, lambda: store.settings.exact_concurrency == "on", "the saved setting")
+        await pilot.press("f2")
+        text = str(offline_app.screen.query_one("#load-exact").render())
+        assert "requested as on (the default stored in Settings)" in text, text

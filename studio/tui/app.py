@@ -110,7 +110,9 @@ class LockstepApp(App[int]):
             self.notify(problem.message(), title="Settings file", severity="warning", timeout=15)
 
     async def on_unmount(self) -> None:
-        # The engine first: proxied requests then end at once instead of holding the API's shutdown.
+        # Our own requests (a streaming reply, a pull) end first, so the engine has none left to finish;
+        # then the engine and the API together: proxied requests end at once instead of holding its shutdown.
+        self.workers.cancel_all()
         await asyncio.gather(self.manager.shutdown(), self.api.stop() if self.api is not None else asyncio.sleep(0))
 
     def action_ask_quit(self) -> None:
@@ -118,7 +120,7 @@ class LockstepApp(App[int]):
         if model is None or self.manager.state not in ("ready", "loading"):
             self.exit()
             return
-        self.push_screen(QuitScreen(model), lambda yes: self.exit() if yes else None)
+        self.push_screen(QuitScreen(model))
 
     # the REST API --------------------------------------------------------------------------------
 

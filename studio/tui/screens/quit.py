@@ -28,4 +28,7 @@ class QuitScreen(ModalScreen[bool]):
                 id="quit-question")
 
     def action_answer(self, quit_: bool) -> None:
-        self.dismiss(quit_)
+        if quit_:
+            self.app.exit()  # at once: dismissing first would resume and repaint the screen underneath
+        else:
+            self.dismiss(False)
