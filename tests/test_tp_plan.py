@@ -133,3 +133,13 @@ def test_engine_refuses_a_split_the_model_cannot_take(tiny_llama):
     r = run_engine(["-m", str(tiny_llama), "--device", "cpu", "--port", "0", "--tp", "4"])
     assert r.returncode == 2, r.stderr
     assert last_line(r.stderr) == "error: --tp 4 does not divide the model's 2 KV heads"
+
+
+def test_main_gpu_with_one_rank_on_cuda_is_refused_by_name(tiny_llama):
+    """-mg only orders the ranks; with one GPU it would be ignored, so it is refused (the CUDA check runs
+    before any CUDA code, so a CPU machine tests it with the device probe reporting a working GPU)."""
+    from tests.test_engine_exact import AS_IF_CUDA, run_patched
+
+    r = run_patched(AS_IF_CUDA, ["-m", str(tiny_llama), "--device", "cuda", "-mg", "1", "--port", "0"])
+    assert r.returncode == 2, r.stderr
+    assert last_line(r.stderr).startswith("error: --main-gpu 1 with one GPU is not supported yet")

@@ -220,6 +220,9 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
 def parallel_plan(opts: EngineArgs, loaded, backend: str):
     """The tensor-parallel plan of --tp/-ts/-mg for this model, or None for one rank."""
     if opts.tp <= 1:
+        if opts.main_gpu and backend == "cuda":
+            raise bad_flag(f"--main-gpu {opts.main_gpu} with one GPU is not supported yet (it picks rank 0's GPU with "
+                           "--tp > 1); use CUDA_VISIBLE_DEVICES to pick the GPU")
         return None
     from engine.parallel.plan import PlanError
     from engine.parallel.setup import tp_plan
