@@ -12,13 +12,7 @@ OUT=${OUT:-/tmp/gpu-engine}
 work=/tmp/gpu-engine-work  # tables and logs; only the JSON reports go to $OUT (it takes 8 files)
 mkdir -p "$OUT" "$work"
 save() { cp "$work"/*.json "$OUT"/ 2>/dev/null; }  # after each step: a run cut short keeps what it did
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+source bench/gpu_env.sh
 start=$(date +%s)
 repeats=3; with_8b=0; rest=1
 for arg in "$@"; do

@@ -11,13 +11,7 @@ OUT=${OUT:-/tmp/gpu-tp}
 work=/tmp/gpu-tp-work
 mkdir -p "$OUT" "$work"
 save() { cp "$work"/*.json "$OUT"/ 2>/dev/null; }
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
+source bench/gpu_env.sh
 start=$(date +%s)
 repeats=3; quick=0
 for arg in "$@"; do case $arg in --quick) repeats=1; quick=1 ;; esac; done
