@@ -50,10 +50,19 @@ def test_all_gather_hands_every_rank_both_parts_and_all_reduce_sums(coll):
         np.testing.assert_allclose(cp.asnumpy(total), a + b, rtol=1e-6, atol=1e-6)
 
 
+def _add_on(device: int):
+    def add(a, b):
+        with cp.cuda.Device(device):
+            return a + b
+
+    return add
+
+
 def test_exact_reduction_of_a_row_is_the_same_alone_and_in_512(coll):
     rows = [RNG.standard_normal((512, 4096)).astype(np.float32) for _ in range(2)]
-    big = reduce_partials(coll, [_on(r, rows[r]) for r in range(2)], exact=True)
-    one = reduce_partials(coll, [_on(r, rows[r][300:301]) for r in range(2)], exact=True)
+    adds = [_add_on(0), _add_on(1)]
+    big = reduce_partials(coll, [_on(r, rows[r]) for r in range(2)], exact=True, adds=adds)
+    one = reduce_partials(coll, [_on(r, rows[r][300:301]) for r in range(2)], exact=True, adds=adds)
     for r in range(2):
         assert cp.asnumpy(one[r]).tobytes() == cp.asnumpy(big[r][300:301]).tobytes()
     assert cp.asnumpy(big[0]).tobytes() == cp.asnumpy(big[1]).tobytes()  # every rank the same bits

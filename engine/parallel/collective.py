@@ -8,6 +8,8 @@ all-gathers the partial sums instead and adds them on every rank in rank order, 
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,22 +27,25 @@ class Collective(Protocol):
         """Per rank, the sum of all ranks' arrays, in whatever order the transport picks."""
 
 
-def ordered_sum(parts: list[Any]) -> Any:
+def ordered_sum(parts: list[Any], add: Callable[[Any, Any], Any] = operator.add) -> Any:
     """The exact-mode combine: rank 0's part plus rank 1's, plus rank 2's... one add at a time."""
     acc = parts[0]
     for p in parts[1:]:
-        acc = acc + p
+        acc = add(acc, p)
     return acc
 
 
-def reduce_partials(coll: Collective, xs: list[Any], exact: bool) -> list[Any]:
+def reduce_partials(coll: Collective, xs: list[Any], exact: bool,
+                    adds: list[Callable[[Any, Any], Any]] | None = None) -> list[Any]:
     """Each rank's sum of the row-parallel partial products: gathered and added in rank order in
-    exact mode, the transport's all-reduce otherwise."""
+    exact mode (with adds[r], rank r's own add, so the sum runs on its device), the transport's
+    all-reduce otherwise."""
     if coll.tp == 1:
         return list(xs)
     if not exact:
         return coll.all_reduce(xs)
-    return [ordered_sum(parts) for parts in coll.all_gather(xs)]
+    adds = adds or [operator.add] * coll.tp
+    return [ordered_sum(parts, add) for parts, add in zip(coll.all_gather(xs), adds, strict=True)]
 
 
 class InProcessCollective:

@@ -44,7 +44,7 @@ class TensorParallelModel:
                                                         for f in ("positions", "seq", "block_tables", "slots")})
 
     def _reduce(self, parts: list[Any], xs: list[Any]) -> list[Any]:
-        sums = reduce_partials(self.coll, parts, self.exact)
+        sums = reduce_partials(self.coll, parts, self.exact, [o.add for o in self.ops])
         return [o.add(x, s) for o, x, s in zip(self.ops, xs, sums, strict=True)]
 
     def forward(self, tokens, rows: PagedRows, kv: list, logit_rows) -> Any:
