@@ -14,11 +14,12 @@ import time
 import cupy as cp
 import numpy as np
 
+from kernels.cuda import kquant, modules, plan
 from kernels.cuda import launch as kernel_launch
-from kernels.cuda import modules, plan
 from kernels.cuda.modules import kernel
 from kernels.cuda.ops import CudaOps, mm_tc_args
 from kernels.cuda.weights import CudaWeight
+from kernels.quants import BLOCK_TYPES
 
 SHAPES_1B = {"qo": (2048, 2048), "kv": (512, 2048), "gate_up": (8192, 2048), "down": (2048, 8192),
              "lm_head": (128256, 2048)}
@@ -95,12 +96,20 @@ def random_weight(n: int, k: int, dtype: str) -> CudaWeight:
         return CudaWeight("bf16", (n, k), (x.view(cp.uint32) >> 16).astype(cp.uint16))
     if dtype == "f32":
         return CudaWeight("f32", (n, k), x)
+    if dtype in kquant.KQUANT_TYPES:  # random blocks with small finite f16 block scales
+        size = BLOCK_TYPES[dtype].type_size
+        raw = cp.random.randint(0, 256, (n, k // 256, size), dtype=cp.uint8)
+        d = raw[..., size - 2 :] if dtype == "q6_k" else raw[..., :4]
+        d[..., 1::2] = 0x20  # high bytes: magnitudes near 2^-7
+        nib, aux = kquant.pack(raw.reshape(n, -1), dtype, cp)
+        return CudaWeight(dtype, (n, k), nib, aux)
     scales = (cp.abs(x).reshape(np_, kp // 32, 32).max(axis=2) / 127).astype(cp.float16)
     q = cp.rint(x / scales.astype(cp.float32).repeat(32, axis=1)).astype(cp.int8)
     return CudaWeight("q8_0", (n, k), q, scales.view(cp.uint16))
 
 
-def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | None = None) -> dict:
+def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | None = None,
+                 defines: tuple = ()) -> dict:
     w0 = random_weight(n, k, dtype)
     copies = max(1, min(16, ROTATE_BYTES // w0.nbytes))
     ws = [w0] + [random_weight(n, k, dtype) for _ in range(copies - 1)]
@@ -111,7 +120,7 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
                 ops.matmul(x, w)
     else:
         mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
-        fn = kernel("matmul.cu", mm.kernel)
+        fn = kernel("matmul.cu", mm.kernel, defines)
         out = cp.empty((m, n), cp.float32)
         def run():
             for w in ws:

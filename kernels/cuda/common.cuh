@@ -250,3 +250,80 @@ __device__ __forceinline__ void merge_coeffs(float m, float m_c, float& a, float
 __device__ __forceinline__ float merge_add(float x, float a, float y, float b) {
     return __fadd_rn(__fmul_rn(x, a), __fmul_rn(y, b));
 }
+
+// ---- K-quant planes (kernels/cuda/kquant.py): a Q4_K or Q6_K weight of `tiles` 16-row tiles and
+// C 32-value chunks, repacked so that a warp reads each plane whole. `w` is the low-nibble plane;
+// `aux` holds (Q6_K) the top-bit plane, the sub-block scales, the super-block scales.
+struct KqPlanes {
+    const unsigned char* nib;
+    const unsigned char* top;
+    const unsigned char* sc;
+    const unsigned char* d;
+};
+
+__device__ __forceinline__ KqPlanes kq_planes(const void* w, const void* aux, bool q6, int tiles, int C) {
+    const unsigned char* a = reinterpret_cast<const unsigned char*>(aux);
+    KqPlanes p;
+    p.nib = reinterpret_cast<const unsigned char*>(w);
+    p.top = a;
+    p.sc = a + (q6 ? (i64)tiles * C * 128 : 0);
+    p.d = p.sc + (i64)tiles * C * 32;
+    return p;
+}
+
+// Pair j (k 8t + 2j, 8t + 2j + 1) of a lane's word as an exact f16 pair: q (Q4_K), or q - 32 with the
+// top bits at `hs` in `top` (Q6_K): 1024 + q is an f16 whose low mantissa bits are q.
+__device__ __forceinline__ unsigned kq_pair(unsigned nib, unsigned top, int j, int hs, bool q6) {
+    unsigned v = ((nib >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
+    if (q6) v |= ((top >> (2 * j + hs)) << 4) & 0x00300030u;
+    unsigned r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(q6 ? 0x64206420u : 0x64006400u));
+    return r;
+}
+
+// One row's sub-block scales of a chunk as float32, as gguf scales them, from its scale bytes `s`
+// (low 16 bits) and its super-block scales `d` (Q4_K: d, dmin; Q6_K: d in the low 16 bits): Q4_K
+// (d * scale, dmin * min) of its 32 values; Q6_K (d * scale) of its two 16-value halves.
+__device__ __forceinline__ float2 kq_scale_pair(unsigned s, unsigned d, bool q6) {
+    if (q6) {
+        const float df = f16_to_f32((u16)(d & 0xffffu));
+        return make_float2(__fmul_rn(df, (float)(signed char)(s & 0xffu)),
+                           __fmul_rn(df, (float)(signed char)((s >> 8) & 0xffu)));
+    }
+    return make_float2(__fmul_rn(f16_to_f32((u16)(d & 0xffffu)), (float)(s & 0xffu)),
+                       __fmul_rn(f16_to_f32((u16)(d >> 16)), (float)((s >> 8) & 0xffu)));
+}
+
+// The scale words of rows g and g + 8 of a tile's chunk c: `s` (row g's bytes, then row g + 8's)
+// and the super-block scales (Q4_K: d.x row g, d.y row g + 8; Q6_K: d.x, row g's then row g + 8's).
+__device__ __forceinline__ void kq_scale_words(const KqPlanes& p, bool q6, i64 tile, int C, int c, int g,
+                                               unsigned& s, uint2& d) {
+    s = *reinterpret_cast<const unsigned*>(p.sc + ((tile * C + c) * 8 + g) * 4);
+    const i64 sb = tile * (C >> 3) + (c >> 3);
+    d = q6 ? make_uint2(*reinterpret_cast<const unsigned*>(p.d + (sb * 8 + g) * 4), 0u)
+           : *reinterpret_cast<const uint2*>(p.d + (sb * 8 + g) * 8);
+}
+
+// Row r (0..15) of the tile's scales at chunk c (kq_scale_pair).
+__device__ __forceinline__ float2 kq_scales(const KqPlanes& p, bool q6, i64 tile, int C, int c, int r) {
+    unsigned s;
+    uint2 d;
+    kq_scale_words(p, q6, tile, C, c, r & 7, s, d);
+    const int half = r >> 3;
+    return kq_scale_pair(s >> (16 * half), q6 ? d.x >> (16 * half) : (half ? d.y : d.x), q6);
+}
+
+// One value, as gguf dequantises it: Q4_K d*sc * q - dmin*m, Q6_K d*sc * (q - 32) (float32).
+__device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64 n, int k) {
+    const i64 tile = n >> 4;
+    const int r = (int)(n & 15), g = r & 7, half = r >> 3;
+    const int c = k >> 5, t = (k >> 3) & 3, i = k & 7;
+    const i64 lane = (tile * C + c) * 32 + 4 * g + t;
+    const unsigned nib = *reinterpret_cast<const unsigned*>(p.nib + lane * 8 + 4 * half);
+    int q = (nib >> (16 * (i & 1) + 4 * (i >> 1))) & 0xF;
+    const float2 s = kq_scales(p, q6, tile, C, c, r);
+    if (!q6) return __fsub_rn(__fmul_rn(s.x, (float)q), s.y);
+    const unsigned top = *reinterpret_cast<const unsigned*>(p.top + lane * 4);
+    q |= ((top >> (8 * half + 16 * (i & 1) + 2 * (i >> 1))) & 3u) << 4;
+    return __fmul_rn((t < 2) ? s.x : s.y, (float)(q - 32));
+}

@@ -19,6 +19,13 @@
 #define WT_F16 0
 #define WT_BF16 1
 #define WT_Q8 2
+// K-quants (kernels/cuda/kquant.py): the MMAs take the blocks' integers as exact f16 and each
+// chunk's sums are scaled apart, as Q8_0's are. Q4_K: d*sc * sum(q x) - dmin*m * sum(x), the second
+// sum from an MMA of ones; Q6_K: d*sc * sum((q - 32) x) per 16-value half, the halves as two MMAs
+// with the other half's lanes zeroed (lanes t = 0, 1 hold the first half, t = 2, 3 the second).
+#define WT_Q4K 3
+#define WT_Q6K 4
+#define KQ(WT) ((WT) == WT_Q4K || (WT) == WT_Q6K)
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                         unsigned b0, unsigned b1) {
@@ -76,11 +83,21 @@ __device__ __forceinline__ void load_x8(const float* __restrict__ x, int m, int 
 }
 
 // A fragments of a 16-row tile for one 32-k chunk: `wa` holds row g's lane-t group (k 8t .. 8t+7),
-// `wb` row g + 8's (16-bit weights: a uint4; int8: one byte each in .x and .y). a1 feeds the
-// first MMA (k 8t .. 8t+3), a2 the second (k 8t+4 .. 8t+7).
+// `wb` row g + 8's (16-bit weights: a uint4; int8: one byte each in .x and .y; K-quants: the low
+// nibbles in .x, Q6_K's top bits of both rows in wa.y). a1 feeds the first MMA (k 8t .. 8t+3), a2
+// the second (k 8t+4 .. 8t+7).
 template <int WT>
 __device__ __forceinline__ void a_frags(uint4 wa, uint4 wb, unsigned (&a1)[4], unsigned (&a2)[4]) {
-    if (WT == WT_Q8) {
+    if (KQ(WT)) {
+        const bool q6 = WT == WT_Q6K;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            a1[2 * j] = kq_pair(wa.x, wa.y, j, 0, q6);
+            a1[2 * j + 1] = kq_pair(wb.x, wa.y, j, 8, q6);
+            a2[2 * j] = kq_pair(wa.x, wa.y, j + 2, 0, q6);
+            a2[2 * j + 1] = kq_pair(wb.x, wa.y, j + 2, 8, q6);
+        }
+    } else if (WT == WT_Q8) {
         a1[0] = q8_pair(wa.x, 0);  a1[1] = q8_pair(wb.x, 0);
         a1[2] = q8_pair(wa.x, 16); a1[3] = q8_pair(wb.x, 16);
         a2[0] = q8_pair(wa.y, 0);  a2[1] = q8_pair(wb.y, 0);
@@ -102,11 +119,34 @@ __device__ __forceinline__ uint4 staged_group(const unsigned char* row, int t) {
 }
 
 // One chunk into an accumulator; b0, b1 (k 8t .. 8t+3) and b2, b3 (k 8t+4 .. 8t+7) are a token's
-// activation pairs. q8_0 sums the chunk apart and scales it by its rows' block scales da, db.
+// activation pairs. q8_0 sums the chunk apart and scales it by its rows' block scales da, db;
+// K-quants also take ea, eb (Q4_K: dmin*m; Q6_K: the second half's scales) of rows g, g + 8.
 template <int WT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[4], const unsigned (&a2)[4],
-                                          unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db) {
-    if (WT == WT_Q8) {
+                                          unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db,
+                                          float ea = 0.f, float eb = 0.f) {
+    if (KQ(WT)) {
+        float p[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+        if (WT == WT_Q4K) {
+            const unsigned one = 0x3c003c00u;
+            mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
+            mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
+            mma_f16(e, one, one, one, one, b0, b1);
+            mma_f16(e, one, one, one, one, b2, b3);
+            ea = -ea;
+            eb = -eb;
+        } else {
+            const unsigned lo = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, hi = ~lo;
+            mma_f16(p, a1[0] & lo, a1[1] & lo, a1[2] & lo, a1[3] & lo, b0, b1);
+            mma_f16(p, a2[0] & lo, a2[1] & lo, a2[2] & lo, a2[3] & lo, b2, b3);
+            mma_f16(e, a1[0] & hi, a1[1] & hi, a1[2] & hi, a1[3] & hi, b0, b1);
+            mma_f16(e, a2[0] & hi, a2[1] & hi, a2[2] & hi, a2[3] & hi, b2, b3);
+        }
+        acc[0] = __fmaf_rn(ea, e[0], __fmaf_rn(da, p[0], acc[0]));
+        acc[1] = __fmaf_rn(ea, e[1], __fmaf_rn(da, p[1], acc[1]));
+        acc[2] = __fmaf_rn(eb, e[2], __fmaf_rn(db, p[2], acc[2]));
+        acc[3] = __fmaf_rn(eb, e[3], __fmaf_rn(db, p[3], acc[3]));
+    } else if (WT == WT_Q8) {
         float p[4] = {0.f, 0.f, 0.f, 0.f};
         mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
         mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
@@ -191,12 +231,25 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const i64 row_a = (i64)(n0 + g) * Kp, row_b = (i64)(n0 + g + 8) * Kp;
     uint4 wa[U], wb[U];
     float da[U] = {}, db[U] = {};
+    const KqPlanes kq = kq_planes(w, scales, WT == WT_Q6K, (N + 15) >> 4, C);
     auto load_weights = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u;
             if (c >= c_end) continue;
-            if (WT == WT_Q8) {
+            if (KQ(WT)) {  // one 8-byte load a lane covers the tile's chunk: 256 bytes a warp
+                const i64 lane_at = ((i64)blockIdx.x * C + c) * 32 + lane;
+                const uint2 q = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
+                const unsigned top = WT == WT_Q6K ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
+                wa[u] = make_uint4(q.x, top, 0u, 0u);
+                wb[u] = make_uint4(q.y, 0u, 0u, 0u);
+                unsigned s;
+                uint2 d;  // scale words, converted where the chunk is multiplied (fewer registers in flight)
+                kq_scale_words(kq, WT == WT_Q6K, blockIdx.x, C, c, g, s, d);
+                wa[u].z = s;
+                wb[u].y = d.x;
+                wb[u].z = d.y;
+            } else if (WT == WT_Q8) {
                 const signed char* q = reinterpret_cast<const signed char*>(w);
                 uint2 qa = *reinterpret_cast<const uint2*>(q + row_a + c * 32 + 8 * t);
                 uint2 qb = *reinterpret_cast<const uint2*>(q + row_b + c * 32 + 8 * t);
@@ -222,12 +275,24 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // One chunk into the accumulators from its activations' 16-bit pairs (b: k 8t .. 8t+3, then
     // 8t+4 .. 8t+7, per token tile). No branch on the token tiles (a tile past M multiplies zeros
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together.
+    // A chunk's scales of rows g, g + 8 (Q8_0: da, db; K-quants: kq_scale_pair's pairs from the words).
+    auto chunk_scales = [&](int u, float& sa, float& sb, float& xa, float& xb) {
+        sa = da[u]; sb = db[u]; xa = xb = 0.f;
+        if (KQ(WT)) {
+            const bool q6 = WT == WT_Q6K;
+            const float2 pa = kq_scale_pair(wa[u].z, wb[u].y, q6);
+            const float2 pb = kq_scale_pair(wa[u].z >> 16, q6 ? wb[u].y >> 16 : wb[u].z, q6);
+            sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
+        }
+    };
     auto chunk_mma = [&](int u, const unsigned (&b)[TM][4]) {
         unsigned a1[4], a2[4];
         a_frags<WT>(wa[u], wb[u], a1, a2);
+        float sa, sb, xa, xb;
+        chunk_scales(u, sa, sb, xa, xb);
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm)
-            mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], da[u], db[u]);
+            mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
     };
     auto pack_chunk = [&](const float (&xv)[TM][8], unsigned (&b)[TM][4]) {
 #pragma unroll
@@ -247,38 +312,46 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
-    static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U == 4), "one warp load covers four chunks");
+    static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
     if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (c0 != c_begin) load_weights(c0);
-            const int k = c0 * 32 + 4 * lane;
-            float v[4] = {0.f, 0.f, 0.f, 0.f};
-            if (c0 + (lane >> 3) < c_end) {
-                if (vec && k + 3 < K) {
-                    const float4 f = *reinterpret_cast<const float4*>(x + k);
-                    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-                } else {
+            unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) v[i] = k + i < K ? x[k + i] : 0.f;
-                }
-                if (PRO == PRO_NORM) {
+            for (int h = 0; h < U / 4; ++h) {
+                const int k = (c0 + 4 * h) * 32 + 4 * lane;
+                float v[4] = {0.f, 0.f, 0.f, 0.f};
+                if (c0 + 4 * h + (lane >> 3) < c_end) {
+                    if (vec && k + 3 < K) {
+                        const float4 f = *reinterpret_cast<const float4*>(x + k);
+                        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+                    } else {
 #pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        if (k + i < K) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[k + i]);
+                        for (int i = 0; i < 4; ++i) v[i] = k + i < K ? x[k + i] : 0.f;
+                    }
+                    if (PRO == PRO_NORM) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            if (k + i < K) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[k + i]);
+                    }
                 }
+                p0[h] = pack_act<WT>(v[0], v[1]);
+                p1[h] = pack_act<WT>(v[2], v[3]);
             }
-            const unsigned p0 = pack_act<WT>(v[0], v[1]), p1 = pack_act<WT>(v[2], v[3]);
 #pragma unroll
             for (int u = 0; u < U; ++u)
                 if (c0 + u < c_end) {
-                    const int src = u * 8 + 2 * t;
-                    unsigned b[4] = {__shfl_sync(0xffffffffu, p0, src), __shfl_sync(0xffffffffu, p1, src),
-                                     __shfl_sync(0xffffffffu, p0, src + 1), __shfl_sync(0xffffffffu, p1, src + 1)};
+                    const int src = (u & 3) * 8 + 2 * t;
+                    const unsigned q0 = p0[u >> 2], q1 = p1[u >> 2];
+                    unsigned b[4] = {__shfl_sync(0xffffffffu, q0, src), __shfl_sync(0xffffffffu, q1, src),
+                                     __shfl_sync(0xffffffffu, q0, src + 1), __shfl_sync(0xffffffffu, q1, src + 1)};
 #pragma unroll
                     for (int i = 0; i < 4; ++i) b[i] = g == 0 ? b[i] : 0u;
                     unsigned a1[4], a2[4];
                     a_frags<WT>(wa[u], wb[u], a1, a2);
-                    mma_chunk<WT>(acc[0], a1, a2, b[0], b[1], b[2], b[3], da[u], db[u]);
+                    float sa, sb, xa, xb;
+                    chunk_scales(u, sa, sb, xa, xb);
+                    mma_chunk<WT>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
                 }
         }
     }
@@ -408,12 +481,19 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     }
 }
 
-// Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) so the bounds hold and the
-// accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row), PRO_X16 (16-bit
+// Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) (K-quants: 16, 8 at
+// TM = 8) so the bounds hold and the accumulators stay in registers. PRO is 0 (any rows), PRO_ONE or PRO_NORM (one row), PRO_X16 (16-bit
 // activations, 9-16 rows). kc .. kv: where EPI_ROPE stores (k and v caches, kv their type: 0 f32, 1 f16,
 // 2 bf16); unused otherwise.
+#ifndef KQ_BOUND
+#define KQ_BOUND 512  // threads of a K-quant block at 1-16 rows (plan.KQ_MAX_SPLIT warps)
+#endif
+#ifndef KQ_U_ONE
+#define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
+#endif
+#define MM_THREADS(WT, TM) (KQ(WT) ? ((TM) > 4 ? 256 : (TM) > 2 ? 512 : KQ_BOUND) : 1024 / ((TM) > 2 ? (TM) / 2 : 1))
 #define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
-    extern "C" __global__ void __launch_bounds__(1024 / (TM > 2 ? TM / 2 : 1)) NAME(                     \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
@@ -434,6 +514,19 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 MM_TC_ALL(f16, WT_F16)
 MM_TC_ALL(bf16, WT_BF16)
 MM_TC_ALL(q8, WT_Q8)
+// K-quants: more chunks a batch (8 bytes a lane a chunk against f16's 32), blocks of at most 16 warps
+// (plan.KQ_MAX_SPLIT) so that the registers they need are there.
+#define MM_TC_KQ(T, WT)                         \
+    MM_TC(mm_##T##_tm1, WT, 1, 4, 0)            \
+    MM_TC(mm_##T##_tm2, WT, 2, 4, 0)            \
+    MM_TC(mm_##T##_tm2h, WT, 2, 4, PRO_X16)     \
+    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)            \
+    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)            \
+    MM_TC(mm_##T##_one, WT, 1, KQ_U_ONE, PRO_ONE)     \
+    MM_TC(mm_##T##_norm, WT, 1, KQ_U_ONE, PRO_NORM)
+
+MM_TC_KQ(q4k, WT_Q4K)
+MM_TC_KQ(q6k, WT_Q6K)
 
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with

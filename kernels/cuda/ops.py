@@ -22,7 +22,7 @@ import cupyx
 import numpy as np
 
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
-from kernels.cuda import plan, tensor_map
+from kernels.cuda import kquant, plan, tensor_map
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
@@ -33,6 +33,7 @@ from kernels.cuda.weights import (
     kernel_weight,
     pad_host,
     rope_tile_order,
+    streams_blocks,
 )
 from kernels.weights import RowStack, Weight, concat_rows
 
@@ -87,7 +88,7 @@ def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0
     sin, heads, kv heads, head dim, cache type code)."""
     t, (n, k), d = int(out.shape[0]), w.shape, dummy
     return ((w.data, d if w.scales is None else w.scales, x, d if bias is None else bias, d if res is None else res, out,
-             _i32(t), _i32(n), _i32(k), _i32(w.data.shape[1]), _i32(flags), d if norm_weight is None else norm_weight,
+             _i32(t), _i32(n), _i32(k), _i32(w.kp), _i32(flags), d if norm_weight is None else norm_weight,
              np.float32(eps), _i32(x.shape[1]))
             + (qkv_out or (d,) * 6 + (_i32(0),) * 4))
 
@@ -113,7 +114,7 @@ class CudaOps:
     def plan_weights(self, weights: list[Weight]) -> None:
         """Every weight is stored as the kernels read it (kernels/cuda/weights.py); says what the
         quantized types without kernels cost as f16."""
-        raw = [w for w in weights if w.blocks]
+        raw = [w for w in weights if w.blocks and not streams_blocks(w.dtype)]
         if raw:
             gib = 1 << 30
             log.warning("cuda: no kernels for %s yet: %d tensors dequantised to f16 at load, %.2f GiB stored -> "
@@ -124,13 +125,18 @@ class CudaOps:
         w = kernel_weight(w)
         if w.data.ndim == 1:
             return cp.asarray(np.ascontiguousarray(w.to_f32(), dtype=np.float32))
+        if w.dtype in kquant.KQUANT_TYPES:
+            nib, aux = kquant.pack(cp.asarray(w.data), w.dtype, cp)
+            return CudaWeight(w.dtype, (int(w.shape[0]), int(w.shape[1])), nib, aux)
         data, scales = pad_host(w)
         return CudaWeight(w.dtype, (int(w.shape[0]), int(w.shape[1])), cp.asarray(data),
                           None if scales is None else cp.asarray(scales))
 
     def upload_gate_up(self, gate: Weight, up: Weight) -> CudaWeight:
-        w = self.upload(concat_rows([gate, up]))
-        f = int(gate.shape[0])
+        both, f = concat_rows([gate, up]), int(gate.shape[0])
+        if streams_blocks(both.dtype) and f % 8 == 0:  # K-quant planes are packed from rows in tile order
+            return replace(self.upload(Weight(interleave_gate_up(both.data, f), both.dtype)), gate_up="tiles")
+        w = self.upload(both)
         if w.dtype == "f32" or f % 8:  # the float32 kernel has no tile epilogue; odd F: gated apart
             return replace(w, gate_up="halves")
         scales = None if w.scales is None else interleave_gate_up(w.scales, f)
@@ -170,12 +176,15 @@ class CudaOps:
         ids = _index(ids)
         t = int(ids.shape[0])
         k = table.shape[1]
-        kp = int(table.data.shape[1])
         out = cp.empty((t, k), dtype=cp.float32)
         if t == 0:
             return out
+        kp = table.kp
         grid, block = plan.elementwise_grid(t * k)
-        if table.dtype == "q8_0":
+        if table.dtype in kquant.KQUANT_TYPES:
+            launch(kernel("pointwise.cu", "embed_" + table.dtype.replace("_", "")), grid, block,
+                   (table.data, table.scales, ids, out, _i32(t), _i32(k), _i32(table.shape[0])))
+        elif table.dtype == "q8_0":
             launch(kernel("pointwise.cu", "embed_q8"), grid, block,
                    (table.data, table.scales, ids, out, _i32(t), _i32(k), _i32(kp)))
         else:
@@ -215,7 +224,7 @@ class CudaOps:
         res = residual if residual is not None else self._dummy
         flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if residual is not None else 0)
                      | (EPI_SILU if w.gate_up else 0))
-        kp = int(w.data.shape[1])
+        kp = w.kp
         if w.dtype == "f32":
             grid, block = plan.f32_matmul_grid(t, n)
             launch(kernel("matmul.cu", "mm_f32"), grid, block,
@@ -247,7 +256,7 @@ class CudaOps:
         launch(fn, wide.grid, wide.block,
                (tensor_map.tiled_2d(w.data, (32, rows), tensor_map.SWIZZLE_NONE),
                 tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), bias, res, out,
-                _i32(x16.shape[0]), _i32(w.shape[0]), _i32(w.data.shape[1]), _i32(flags), _i32(wide.split)),
+                _i32(x16.shape[0]), _i32(w.shape[0]), _i32(w.kp), _i32(flags), _i32(wide.split)),
                shared=wide.shared)
         return out
 
@@ -273,7 +282,7 @@ class CudaOps:
         return {"wgmma": "mm_wgmma_tma", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
 
     def _to_cublas(self, t: int, w: CudaWeight) -> bool:
-        return not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype != "q8_0"
+        return not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype in ("f32", "f16", "bf16")
 
     def _streams(self, t: int, w: CudaWeight) -> bool:
         """Whether matmul runs t rows of w on the streaming kernel (mm_tc)."""
@@ -299,11 +308,11 @@ class CudaOps:
 
     def _reads_16bit(self, t: int, w: CudaWeight) -> bool:
         """Whether t rows for w's streaming kernel come as 16-bit pairs (plan.reads_16bit)."""
-        return self._streams(t, w) and plan.reads_16bit(t, w.shape[0], w.shape[1], self.sm_count)
+        return self._streams(t, w) and plan.reads_16bit(t, w.shape[0], w.shape[1], self.sm_count, w.dtype)
 
     def _takes_16bit(self, t: int, w: CudaWeight, k: int, bf16: bool) -> bool:
         """Whether t rows of k 16-bit values (bf16 or f16), unpadded, can feed w's streaming kernel."""
-        return (w.shape[1] == k and int(w.data.shape[1]) == k and (w.dtype == "bf16") == bf16
+        return (w.shape[1] == k and w.kp == k and (w.dtype == "bf16") == bf16
                 and self._reads_16bit(t, w))
 
     def _normed(self, x, norm_weight, eps: float, w: CudaWeight, prologue: str | None):
@@ -318,7 +327,7 @@ class CudaOps:
     def _norm16(x, norm_weight, eps: float, w: CudaWeight, perm: bool = False):
         """rms_norm's rows as w's kernel takes its 16-bit input, padded to its k (`perm`: mm_wgmma's k order)."""
         t, k = (int(s) for s in x.shape)
-        kp = int(w.data.shape[1])
+        kp = w.kp
         y = cp.empty((t, kp), dtype=cp.uint16)
         launch(kernel("rows.cu", "rms_norm_16"), (t,), (256,),
                (x, norm_weight, y, _i32(k), _i32(kp), np.float32(eps), _i32(w.dtype == "bf16"), _i32(perm)))
@@ -361,7 +370,7 @@ class CudaOps:
             out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
             return self._streaming(act, w_down, out, self._dummy, x, EPI_RESIDUAL, "x16")
         if (w_gate_up.gate_up == "tiles" and w_gate_up.dtype == w_down.dtype and w_down.shape[1] == f
-                and f == int(w_down.data.shape[1]) and (gate_up := self._to_wgmma(t, k, w_gate_up))
+                and f == w_down.kp and (gate_up := self._to_wgmma(t, k, w_gate_up))
                 and (down := self._to_wgmma(t, f, w_down))):
             # long prompts: the gated products go to the down projection as 16-bit values in its k order
             x16 = self._norm16(x, norm_weight, eps, w_gate_up, perm=True)
@@ -377,7 +386,7 @@ class CudaOps:
         if w.dtype == "f32":
             cp.matmul(x, w.data[:n, :k].T, out=out)
         else:
-            kp = int(w.data.shape[1])
+            kp = w.kp
             gemm_16bit(w.data, self._act16(x, kp, w.dtype == "bf16"), out, n, t, kp, w.dtype)
         if bias is not None:
             out += bias

@@ -14,6 +14,8 @@ ROW_TILE = 16  # weight rows per MMA tile (the 16-side)
 TOKEN_TILE = 8  # token rows per MMA tile (the 8-side)
 K_CHUNK = 32  # k per chunk: two m16n8k16 MMAs, one Q8_0 block
 MAX_SPLIT = 32  # warps per block
+KQUANT_TYPES = ("q4_k", "q6_k")  # blocks read by the streaming kernel (kernels/cuda/kquant.py)
+KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
 WARPS_PER_SM = 16  # warps in flight per SM that keep its load units busy for a weight stream
 SMEM_LIMIT = 48 * 1024  # static + dynamic shared memory without an opt-in
 F32_ROWS_PER_BLOCK = 8  # weight rows of the float32 kernel (one warp each)
@@ -36,13 +38,14 @@ def padded_shape(n: int, k: int) -> tuple[int, int]:
     return round_up(n, ROW_TILE), round_up(k, K_CHUNK)
 
 
-def split_k(n: int, k: int, sm_count: int) -> int:
+def split_k(n: int, k: int, sm_count: int, dtype: str = "f16") -> int:
     """Warps that split one row tile's K (a power of two): enough warps in flight to stream the
     weights at full bandwidth, at least one chunk per warp. Never a function of M."""
     tiles = ceil_div(n, ROW_TILE)
     chunks = ceil_div(k, K_CHUNK)
+    limit = KQ_MAX_SPLIT if dtype in KQUANT_TYPES else MAX_SPLIT
     s = 1
-    while s < MAX_SPLIT and tiles * s < WARPS_PER_SM * sm_count and 2 * s <= chunks:
+    while s < limit and tiles * s < WARPS_PER_SM * sm_count and 2 * s <= chunks:
         s *= 2
     return s
 
@@ -79,7 +82,7 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     `prologue="x16"` (where reads_16bit) picks the kernel whose activations come rounded to 16 bits."""
     if prologue == "norm" and m != 1:
         raise ValueError(f"a {prologue} prologue is for one row, not {m}")
-    s = split_k(n, k, sm_count) if split is None else split
+    s = split_k(n, k, sm_count, dtype) if split is None else split
     want = ceil_div(max(m, 1), TOKEN_TILE)
     tm = 1
     while tm < want and tm < max_token_tiles(s):
@@ -88,18 +91,18 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
         if tm != 2:
             raise ValueError(f"16-bit activations are for the 9-16-row kernel, not {m} rows")
         prologue = "tm2h"
-    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
+    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q6_k": "q6k"}[dtype]
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
-def reads_16bit(m: int, n: int, k: int, sm_count: int) -> bool:
+def reads_16bit(m: int, n: int, k: int, sm_count: int, dtype: str = "f16") -> bool:
     """Whether a normalised input of m rows reaches the streaming kernel rounded to 16 bits already
     (rms_norm_16, the pairs the MMAs take): the 9-16-row kernel, whose float32 rows with a batch's
     loads in flight do not fit its 64 registers (kernels/cuda/DECISIONS.md)."""
-    return m > 1 and matmul_launch("f16", m, n, k, sm_count).token_tiles == 2
+    return m > 1 and matmul_launch(dtype, m, n, k, sm_count).token_tiles == 2
 
 
 NORM_PROLOGUE_BYTES = 8 << 20  # L2 reads of a matmul whose every block normalises the input row itself
@@ -112,6 +115,9 @@ def norm_prologue(n: int, k: int) -> bool:
     return ceil_div(n, ROW_TILE) * k * 4 <= NORM_PROLOGUE_BYTES
 
 
+# Weight types the shared-memory kernels (mm_tile, mm_wide) read; K-quant weights stream at any width
+# (the prefill kernels do not yet unpack their planes), with the same sums per element.
+SHARED_MEMORY_TYPES = ("f16", "bf16", "q8_0")
 TILE_N = 64  # weight rows per block of the tiled kernel (mm_tile_*)
 TILE_M = 64  # token rows per block of the tiled kernel
 TILE_MIN_ROWS = 33  # from this many rows the tiled kernel can beat the streaming one (same bits)
@@ -121,7 +127,7 @@ TILE_MIN_BLOCKS_PER_SM = 0.75  # fewer tiles than this leave the device idle: st
 def tile_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
     """The tiled launch for wide batches, or None where it does not apply (narrow batches, too few
     tiles to fill the device, or rows of activations that are not whole 16-byte groups)."""
-    if m < TILE_MIN_ROWS or k % 8 or ceil_div(n, TILE_N) * ceil_div(m, TILE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
+    if dtype not in SHARED_MEMORY_TYPES or m < TILE_MIN_ROWS or k % 8 or ceil_div(n, TILE_N) * ceil_div(m, TILE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
         return None
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, TILE_N), ceil_div(m, TILE_M), 1)
@@ -143,7 +149,7 @@ def wide_smem(dtype: str, stages: int = WIDE_STAGES, kc: int = WIDE_KC) -> int:
 def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
     """The wide launch for long prefills (activations converted to 16 bits first), or None where the
     batch is too short or its tiles would leave the device idle."""
-    if m < WIDE_MIN_ROWS or ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
+    if dtype not in SHARED_MEMORY_TYPES or m < WIDE_MIN_ROWS or ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
         return None
     name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)

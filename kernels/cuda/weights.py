@@ -1,5 +1,6 @@
 """Weights as the CUDA kernels read them: padded to whole row tiles and K chunks (zeros add nothing
-to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scales per 32.
+to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scales per 32, Q4_K and
+Q6_K repacked into planes (kernels/cuda/kquant.py).
 
 The other quantized types have no CUDA kernels yet: they are dequantised to f16 at load
 (kernel_weight), and memory planning counts them at that size.
@@ -13,9 +14,13 @@ from typing import Any
 import numpy as np
 
 from kernels.cpu.quant_matmul import f32_tiles
+from kernels.cuda import kquant
 from kernels.cuda.plan import K_CHUNK, padded_shape
 from kernels.weights import RowStack, Weight
 
+# Whether Q4_K and Q6_K weights stay as blocks (kquant planes read by the streaming kernel); False
+# dequantises them to f16 at load like the types without kernels (tests compare the two paths).
+KQUANT_KERNELS = True
 STORAGE = {"f32": np.float32, "f16": np.uint16, "bf16": np.uint16, "q8_0": np.int8}
 
 
@@ -24,7 +29,7 @@ class CudaWeight:
     dtype: str
     shape: tuple[int, int]  # logical (N, K)
     data: Any  # device [Np, Kp]
-    scales: Any = None  # q8_0: device uint16 (f16 bits) [Np, Kp // 32]
+    scales: Any = None  # q8_0: device uint16 (f16 bits) [Np, Kp // 32]; q4_k, q6_k: kquant.pack's aux
     # Ops.upload_gate_up: "tiles" (rows interleaved by 8, each 16-row tile = 8 gate rows then the
     # matching 8 up rows, so a matmul epilogue holds both halves of an output) or "halves" (gate
     # rows then up rows, where F is not a multiple of 8); products are silu(gate) * up.
@@ -32,6 +37,11 @@ class CudaWeight:
     # Ops.upload_qkv: each head's rows (this many) as 16-row tiles of dims 8i .. 8i+7, then D/2 + 8i ..
     # D/2 + 8i+7 (rope pairs 8 rows apart: one thread holds both); products come in that order.
     rope_tiles: int = 0
+
+    @property
+    def kp(self) -> int:
+        """K padded to whole chunks (the row stride of the activations the kernels take)."""
+        return self.shape[1] if self.dtype in kquant.KQUANT_TYPES else int(self.data.shape[1])
 
     @property
     def nbytes(self) -> int:
@@ -60,9 +70,10 @@ def pad_host(w: Weight) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def kernel_weight(w: Weight | RowStack) -> Weight:
-    """The weight in a type the kernels read: raw blocks, and stacks of parts of different types,
-    become f16, converted a tile of rows at a time (never a float32 copy of the whole tensor)."""
-    if not w.blocks:
+    """The weight in a type the kernels read: raw blocks without kernels, and stacks of parts of
+    different types, become f16, converted a tile of rows at a time (never a float32 copy of the
+    whole tensor)."""
+    if not w.blocks or streams_blocks(w.dtype):
         return w
     out = np.empty(w.shape, dtype=np.float16)
     for n0, tile in f32_tiles(w, 4096):
@@ -70,11 +81,18 @@ def kernel_weight(w: Weight | RowStack) -> Weight:
     return Weight(out, "f16")
 
 
+def streams_blocks(dtype: str) -> bool:
+    """Whether weights of this type reach the kernels as blocks (kquant planes), not as f16."""
+    return KQUANT_KERNELS and dtype in kquant.KQUANT_TYPES
+
+
 def device_bytes(w: Weight) -> int:
     """Bytes a weight takes on the device (for sizing memory before a load)."""
     if w.data.ndim == 1:
         return w.size * 4
     n, k = w.shape
+    if streams_blocks(w.dtype):
+        return kquant.packed_bytes(n, k, w.dtype)
     np_, kp = padded_shape(n, k)
     dtype = "f16" if w.blocks else w.dtype
     item = np.dtype(STORAGE[dtype]).itemsize

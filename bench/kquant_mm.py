@@ -1,0 +1,73 @@
+"""Streaming matmul of Q4_K / Q6_K blocks against f16 at decode widths, the 8B shapes (H200):
+microseconds, weight GB/s and the fraction of the copy bandwidth. Writes JSON (--out), prints a table.
+
+    python3 bench/kquant_mm.py --out /tmp/kquant-mm.json
+    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # one row: block bound x batch x split
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded  # noqa: E402
+from kernels.cuda import plan  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+
+PROBE_BUILDS = [(512, 4), (512, 8), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
+
+
+def probe(ops: CudaOps, bw: float, results: list) -> None:
+    """The one-row K-quant kernel over builds and splits (each split its own summation order: a
+    benchmark of speed only)."""
+    for name in ("qo", "gate_up", "down", "lm_head"):
+        n, k = SHAPES_8B[name]
+        for dtype in ("q4_k", "q6_k"):
+            base = plan.split_k(n, k, ops.sm_count, dtype)
+            for bound, u in PROBE_BUILDS:
+                for s in sorted({max(1, base // 2), base, base * 2, base * 4}):
+                    if s * 32 > bound or 2 * s > k // 32:
+                        continue
+                    defines = (("KQ_BOUND", bound), ("KQ_U_ONE", u))
+                    guarded(results, lambda n=n, k=k, dtype=dtype, s=s, defines=defines:
+                            bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
+                            shape=name, bound=bound, u=u)
+                    r = results[-1]
+                    if "us" in r:
+                        r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
+                        print(f"{name:8} {dtype} bound={bound:4} U={u:2} S={s:2} {r['us']:8.1f} us "
+                              f"{r['bandwidth_fraction']:.2f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", default="1,4,16,64")
+    ap.add_argument("--probe", action="store_true")
+    args = ap.parse_args()
+    ops = CudaOps(exact=True)
+    bw = copy_bandwidth()
+    results: list = []
+    if args.probe:
+        probe(ops, bw, results)
+        Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
+        return
+    for name in ("qo", "gate_up", "down", "lm_head"):
+        n, k = SHAPES_8B[name]
+        for m in (int(r) for r in args.rows.split(",")):
+            for dtype in ("f16", "q4_k", "q6_k"):
+                guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name)
+                r = results[-1]
+                if "us" in r:
+                    r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
+                    print(f"{name:8} m={m:3} {dtype:5} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
+                          f"{r['bandwidth_fraction']:.2f}", flush=True)
+    Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
