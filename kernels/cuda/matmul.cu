@@ -502,31 +502,23 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                               QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv);        \
     }
 
-#define MM_TC_ALL(T, WT)                        \
-    MM_TC(mm_##T##_tm1, WT, 1, 2, 0)            \
-    MM_TC(mm_##T##_tm2, WT, 2, 2, 0)            \
-    MM_TC(mm_##T##_tm2h, WT, 2, 2, PRO_X16)     \
-    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)            \
-    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)            \
-    MM_TC(mm_##T##_one, WT, 1, 4, PRO_ONE)      \
-    MM_TC(mm_##T##_norm, WT, 1, 4, PRO_NORM)
+// The variants of one weight type; U12, U4, U8, U1: chunks a batch at 1-2, 4, 8 token tiles and one row.
+#define MM_TC_SET(T, WT, U12, U4, U8, U1)       \
+    MM_TC(mm_##T##_tm1, WT, 1, U12, 0)          \
+    MM_TC(mm_##T##_tm2, WT, 2, U12, 0)          \
+    MM_TC(mm_##T##_tm2h, WT, 2, U12, PRO_X16)   \
+    MM_TC(mm_##T##_tm4, WT, 4, U4, 0)           \
+    MM_TC(mm_##T##_tm8, WT, 8, U8, 0)           \
+    MM_TC(mm_##T##_one, WT, 1, U1, PRO_ONE)     \
+    MM_TC(mm_##T##_norm, WT, 1, U1, PRO_NORM)
 
-MM_TC_ALL(f16, WT_F16)
-MM_TC_ALL(bf16, WT_BF16)
-MM_TC_ALL(q8, WT_Q8)
-// K-quants: more chunks a batch (8 bytes a lane a chunk against f16's 32), blocks of at most 16 warps
-// (plan.KQ_MAX_SPLIT) so that the registers they need are there.
-#define MM_TC_KQ(T, WT)                         \
-    MM_TC(mm_##T##_tm1, WT, 1, 4, 0)            \
-    MM_TC(mm_##T##_tm2, WT, 2, 4, 0)            \
-    MM_TC(mm_##T##_tm2h, WT, 2, 4, PRO_X16)     \
-    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)            \
-    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)            \
-    MM_TC(mm_##T##_one, WT, 1, KQ_U_ONE, PRO_ONE)     \
-    MM_TC(mm_##T##_norm, WT, 1, KQ_U_ONE, PRO_NORM)
-
-MM_TC_KQ(q4k, WT_Q4K)
-MM_TC_KQ(q6k, WT_Q6K)
+MM_TC_SET(f16, WT_F16, 2, 2, 1, 4)
+MM_TC_SET(bf16, WT_BF16, 2, 2, 1, 4)
+MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
+// K-quants: 8 bytes a lane a chunk (f16: 32), so more chunks a batch at 1-2 token tiles; blocks of at
+// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
+MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
+MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
 
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with
