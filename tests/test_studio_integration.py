@@ -13,24 +13,38 @@ from settings import SettingsStore
 from studio.api import build_app
 from studio.catalog import Catalog
 from studio.manager import LoadManager
+from tests.tiny_models import make_hf_model
 
 DEADLINE_S = 60
 CPU = ["--device", "cpu"]
 QUANTIZED_KV = ["-ctk", "q8_0"]
 
 
-@pytest.fixture
-async def studio(tmp_path, tiny_llama):
+async def _studio(tmp_path, model):
     # The studio's own exact/preempt variables would change what these tests ask for.
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")}
-    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([tiny_llama.parent], include_bundled=False),
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([model.parent], include_bundled=False),
                           env=env, logs=tmp_path / "logs")
     client = TestClient(TestServer(build_app(manager)))
     await client.start_server()
-    client.model = tiny_llama.name
+    client.model = model.name
+    return client
+
+
+@pytest.fixture
+async def studio(tmp_path, tiny_llama):
+    client = await _studio(tmp_path, tiny_llama)
     yield client
     await client.close()  # the app's cleanup stops the engine
+
+
+@pytest.fixture
+async def studio_hd64(tmp_path):
+    """A model whose head dim takes a q8_0 KV cache (tiny_llama's 48 is refused by the engine)."""
+    client = await _studio(tmp_path, make_hf_model(tmp_path / "models", layers=2, hidden=128, heads=2, head_dim=64))
+    yield client
+    await client.close()
 
 
 async def load(client, **body):
@@ -90,8 +104,8 @@ async def test_exact_on_with_quantized_kv_is_refused_with_setting_and_requiremen
     assert (await status(studio))["state"] == "failed"
 
 
-async def test_exact_auto_with_quantized_kv_relaunches_without_it(studio):
-    code, body = await load(studio, exact_concurrency="auto", extra_args=CPU + QUANTIZED_KV)
+async def test_exact_auto_with_quantized_kv_relaunches_without_it(studio_hd64):
+    code, body = await load(studio_hd64, exact_concurrency="auto", extra_args=CPU + QUANTIZED_KV)
     assert code == 200, body
     assert (body["state"], body["exact_concurrency"]) == ("ready", "unavailable")
     assert "KV cache type q8_0 is not supported" in body["exact_reason"]
