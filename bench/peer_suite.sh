@@ -9,7 +9,8 @@
 # Environment: LOCKSTEP_PEER_CACHE (default ~/.cache/lockstep-peer: sdist, extracted suite, venv),
 # LOCKSTEP_PYTHON (the engine's python; default /work/main/.venv/bin/python if present, else python3),
 # PEER_VERSION (default 0.3.36), PEER_PORT (default 8080), PEER_REPORT (report name, default peer-suite-cpu),
-# PEER_DROP_UNKNOWN=1 (also drop flags the engine lacks: the method of the issue's baseline).
+# PEER_DROP_UNKNOWN=1 (also drop flags the engine lacks: the method of the issue's baseline),
+# PEER_PYTEST_ARGS (e.g. "-n 3": pytest-xdist workers, each on its own port as the suite's conftest sets).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,8 +41,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$LOCKSTEP_PYTHON" -c "import site; print(site.getsitepackages()[0])" \
     > "$VENV/lib/python3.$("$LOCKSTEP_PYTHON" -c 'import sys; print(sys.version_info[1])')/site-packages/project.pth"
 fi
-"$VENV/bin/python" -c "import wget, prometheus_client, filelock, openai, requests" 2>/dev/null ||
-  "$VENV/bin/pip" install -q wget prometheus-client filelock openai requests pytest
+"$VENV/bin/python" -c "import wget, prometheus_client, filelock, openai, requests, xdist" 2>/dev/null ||
+  "$VENV/bin/pip" install -q wget prometheus-client filelock openai requests pytest pytest-xdist
 
 MAIN_FILES="test_basic.py test_chat_completion.py test_completion.py test_compat_oai_responses.py test_ctx_shift.py
 test_ignore_eos.py test_infill.py test_metrics.py test_security.py test_slot_save.py test_speculative.py
@@ -65,7 +66,7 @@ cd "$RUN/llama.cpp/tools/server/tests"
 mkdir -p tmp
 # -p no:cacheprovider: the suite's tree stays as extracted; one worker: 2 cores serve one engine at a time
 set +e
-"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rfE -m "not slow" --junitxml="$JUNIT" $DESELECT \
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rfE -m "not slow" --junitxml="$JUNIT" $DESELECT ${PEER_PYTEST_ARGS:-} \
   "${SELECT[@]}"
 rc=$?
 set -e

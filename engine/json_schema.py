@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 BASE = r'''
-ws ::= [ \t\n]{0,8}
+ws ::= ( " " | "\n" [ \t]{0,8} )?
 value ::= object | array | string | number | boolean | null
 object ::= "{" ws ( string ":" ws value ( "," ws string ":" ws value )* )? "}" ws
 array ::= "[" ws ( value ( "," ws value )* )? "]" ws
@@ -108,7 +108,7 @@ class _Builder:
 def schema_grammar(schema) -> str:
     b = _Builder()
     root = b.of(schema, "schema")
-    return BASE + "\n".join(b.rules) + f"\nroot ::= ws {root}\n"
+    return BASE + "\n".join(b.rules) + f"\nroot ::= {root}\n"  # no space before the value, as llama.cpp's
 
 
-JSON_OBJECT = BASE + "root ::= ws object\n"
+JSON_OBJECT = BASE + "root ::= object\n"

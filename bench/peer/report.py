@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -52,6 +53,9 @@ MODEL_SPECIFIC: dict[str, str] = {
     "test_completion.py::test_completion_stream": _TEXT + " and " + _COUNT,
     "test_completion.py::test_completion_with_openai_library": _TEXT,
     "test_completion.py::test_completion_stream_with_openai_library": _TEXT,
+    "test_completion.py::test_n_probs_post_sampling": "asserts at least 10 tokens survive the default samplers "
+        "after its prompt: a property of tinyllama's distribution",
+    "test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": _COUNT + " (LONG_TEXT is over 256 of its tokens)",
     "test_completion.py::test_completion_prompt_cache": _COUNT + " ((40 + r) * 5 + 2 prompt tokens)",
     "test_completion.py::test_completion_response_fields[I believe the meaning of life is-32-response_fields1]":
         "asserts tinyllama's detokenized BOS '<s> ' before the prompt",
@@ -68,6 +72,28 @@ MODEL_SPECIFIC: dict[str, str] = {
         "test_with_and_without_draft", "test_different_draft_min_draft_max", "test_synth_is_deterministic",
         "test_synth_ignores_target_tokens", "test_slot_ctx_not_exceeded", "test_with_ctx_shift",
         "test_multi_requests_parallel")},
+}
+
+
+COLLECTED = 197  # the 14 files without slow tests: 214, less the 17 out of scope
+BASELINE = ("Before issues 27/34 (issue 34's idle rerun, the same 14 files, unknown flags dropped): 63 passed, "
+            "121 failed, 17 out of scope, 7 model-specific. This branch's own start (main at b73c05c, "
+            "PEER_DROP_UNKNOWN=1), stopped after the first 68 tests for machine time (test_basic, "
+            "test_chat_completion, 8 of test_completion, model-specific ones included): 18 passed, 50 failed.")
+
+
+# why a model-independent test still fails (shown beside its failure)
+KNOWN = {
+    "test_security.py::test_cors_options": "the engine's Origin policy (issue 27.1, hardening): a foreign Origin is "
+        "refused unless --cors-origins names it; llama-server's default reflects any",
+    "test_security.py::test_cors_origins_localhost_rejects": "the engine refuses the foreign Origin with 403; "
+        "llama-server answers 200 without the CORS header",
+    "test_security.py::test_access_static_assets_without_api_key": "no web UI is served (the studio is the UI)",
+    "test_basic.py::test_no_ui": "no web UI is served (the studio is the UI)",
+    "test_completion.py::test_completion_parallel_slots": "-c 512 -np 4 is refused by design (issue 34.5): 128 "
+        "tokens a slot is below one 256-token KV page",
+    "test_completion.py::test_completion_unified": "expects a generation past the server's -n 64; the engine "
+        "caps every request at -n, as test_completion_stream expects",
 }
 
 
@@ -91,6 +117,24 @@ def read_junit(path: Path) -> list[dict]:
         out.append({"id": test_id, "file": file, "outcome": outcome, "reason": reason,
                     "seconds": float(case.get("time", 0) or 0)})
     return out
+
+
+_LINE = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) unit/(\S+)")
+
+
+def read_log(path: Path) -> list[dict]:
+    """Outcomes from a verbose (-vv) xdist log, for a run stopped before pytest wrote its junit; the
+    reason of a failure is then not known."""
+    out = {}
+    for line in path.read_text(errors="replace").splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            kind, test_id = m.groups()
+            outcome = {"PASSED": "passed", "SKIPPED": "skipped"}.get(kind, "failed")
+            out[test_id] = {"id": test_id, "file": test_id.split("::")[0], "outcome": outcome,
+                            "reason": "" if outcome != "failed" else "(run stopped before its junit; see the log)",
+                            "seconds": 0.0}
+    return list(out.values())
 
 
 def summarize(cases: list[dict]) -> dict:
@@ -125,12 +169,18 @@ def markdown(rep: dict) -> str:
              f"({100 * (rep['pass_rate_in_scope'] or 0):.1f} %); {t['skipped']} skipped by the suite; "
              f"{t['model_specific']} model-specific ({t['model_specific_passed']} of them passed); "
              f"{t['out_of_scope']} out-of-scope tests deselected.", "",
+             f"Tests with a result: {rep['n_reported']} of the {COLLECTED} the 14 files collect after deselection"
+             + ("" if rep["n_reported"] >= COLLECTED else " (the run was stopped for time; the others have none)")
+             + ".", "",
+             *([rep["note"], ""] if rep.get("note") else []),
+             f"Baseline: {BASELINE}", "",
              "| file | passed | failed | skipped | model-specific | out of scope |", "|---|---|---|---|---|---|"]
     for name, f in rep["files"].items():
         lines.append(f"| {name} | {f['passed']} | {f['failed']} | {f['skipped']} | {f['model_specific']} | "
                      f"{f['out_of_scope']} |")
     lines += ["", "## Failures", ""]
-    lines += [f"- `{c['id']}`: {c['reason']}" for c in rep["failures"]] or ["none"]
+    lines += [f"- `{c['id']}`: {c['reason']}" + (f" — {KNOWN[_base(c['id'])]}" if _base(c["id"]) in KNOWN else "")
+              for c in rep["failures"]] or ["none"]
     lines += ["", "## Model-specific (counted apart)", ""]
     lines += [f"- `{c['id']}` ({c['outcome']}): {c['why']}" for c in rep["model_specific"]] or ["none"]
     lines += ["", "## Out of scope (deselected)", ""]
@@ -141,16 +191,22 @@ def markdown(rep: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--deselect", action="store_true")
-    p.add_argument("--junit", type=Path)
+    p.add_argument("--junit", type=Path, action="append", help="junit files; a later one's results win")
+    p.add_argument("--log", type=Path, help="read a -vv xdist log instead of a junit file")
     p.add_argument("--out", type=Path)
     p.add_argument("--version", default="?")
     p.add_argument("--drop-unknown", default="0")
+    p.add_argument("--note", default="", help="a line on how the results were gathered (e.g. a re-run)")
     a = p.parse_args()
     if a.deselect:
         print(" ".join(f"--deselect=unit/{k}" for k in OUT_OF_SCOPE))  # a prefix: every parametrization
         return 0
-    rep = summarize(read_junit(a.junit))
+    cases = list({c["id"]: c for j in a.junit for c in read_junit(j)}.values()) if a.junit else read_log(a.log)
+    rep = summarize(cases)
+    rep["n_reported"] = len(cases)
+    rep["note"] = a.note
     rep["source"] = f"llama-cpp-python {a.version} sdist, vendor/llama.cpp/tools/server/tests"
+    rep["baseline"] = BASELINE
     rep["method"] = ("bundled model lockstep-pycode-13m; wrapper bench/peer/llama-server drops only the flags in "
                      "bench/peer/server.py DROP" + ("; PEER_DROP_UNKNOWN=1 also dropped every flag the engine "
                                                    "lacked" if a.drop_unknown == "1" else ""))
