@@ -71,7 +71,8 @@ def add_compat_flags(p: argparse.ArgumentParser) -> None:
     add("--temp", type=float, default=None, metavar="T",
         help="default temperature for requests that give none (default: 0.8)")
     add("-n", "--n-predict", type=int, default=-1, metavar="N",
-        help="most tokens a request generates; a request's own limit is capped by it; -1 = no cap (default)")
+        help="most tokens a request generates when it sets no limit of its own; -1 = until the context is full "
+             "(default)")
     add("-t", "--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     add("-tb", "--threads-batch", type=int, default=None, metavar="N",
         help="accepted: prompt processing uses the --threads pools")

@@ -92,8 +92,6 @@ KNOWN = {
     "test_basic.py::test_no_ui": "no web UI is served (the studio is the UI)",
     "test_completion.py::test_completion_parallel_slots": "-c 512 -np 4 is refused by design (issue 34.5): 128 "
         "tokens a slot is below one 256-token KV page",
-    "test_completion.py::test_completion_unified": "expects a generation past the server's -n 64; the engine "
-        "caps every request at -n, as test_completion_stream expects",
 }
 
 

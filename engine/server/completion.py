@@ -91,11 +91,9 @@ async def prompts(value: Any, state: EngineState) -> list[list[int]]:
 
 
 def cap_predict(state: EngineState, n: int) -> int:
-    """The server's -n caps every request, as llama-server's n_predict does."""
-    cap = getattr(state.opts, "n_predict", -1)
-    if cap is None or cap < 0:
-        return n
-    return cap if n < 0 else min(n, cap)
+    """The server's -n is the limit of a request that sets none, as llama-server's n_predict."""
+    default = getattr(state.opts, "n_predict", -1)
+    return default if n < 0 and default is not None and default >= 0 else n
 
 
 def json_bias(bias: tuple) -> list[dict]:
