@@ -33,10 +33,6 @@ class Conversation:
         line = " ".join(first.split())
         return (line[:60] + "…") if len(line) > 60 else line or "(empty)"
 
-    def request_messages(self) -> list[dict[str, str]]:
-        system = [{"role": "system", "content": self.system}] if self.system.strip() else []
-        return system + [{"role": m["role"], "content": m["content"]} for m in self.messages]
-
 
 def to_markdown(conv: Conversation) -> str:
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.created))

@@ -33,8 +33,3 @@ PLACES: tuple[Place, ...] = (
     Place("logs", 6, "Logs", "the engine's log for each attempt"),
     Place("settings", 7, "Settings", "stored settings"),
 )
-
-
-def key_of(mode: str) -> str:
-    """How the help texts name a screen's key, e.g. "F1"."""
-    return next(p.key_label for p in PLACES if p.mode == mode)
