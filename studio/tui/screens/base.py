@@ -23,10 +23,9 @@ class StudioScreen(Screen):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # Textual restyles the whole app (re-parsing every stylesheet, ~0.6 s on 2 busy cores) when it
-        # switches to a screen whose style stamp lags the app's, and a new screen starts without one, so
-        # each screen's first two visits paid it. Mounting styles a screen with the current CSS anyway;
-        # a theme change still bumps the app's stamp and restyles as before.
+        # Textual restyles the whole app (re-parsing every stylesheet) when it switches to a screen whose
+        # style stamp lags the app's, and a new screen starts without one. Mounting styles a screen with
+        # the current CSS anyway; a theme change still bumps the app's stamp and restyles.
         if self.app._css_update_count:  # 0 until the theme's first styling: the first screen waits for it
             self._css_update_count = self.app._css_update_count
         self._styled_once = False
@@ -34,8 +33,7 @@ class StudioScreen(Screen):
     def _on_screen_resume(self, event: events.ScreenResume) -> None:
         # Runs before Screen's own handler (Textual walks the MRO from the subclass). The first resume
         # styles the new screen with the theme's variables; after that a resumed screen keeps its styles,
-        # since nothing restyles a suspended one (a theme change goes through the stamp above), and
-        # restyling every node on each resume was half of a switch's styling work.
+        # since nothing restyles a suspended one (a theme change goes through the stamp above).
         if self._styled_once:
             event.refresh_styles = False
         self._styled_once = True
