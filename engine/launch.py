@@ -82,7 +82,7 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
                                 "not supported on the CUDA backend yet; use --device cpu")
     parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type, n_seqs)
     if plan is not None:
-        parts = rank_share(parts, loaded, plan.tp, backend)
+        parts = rank_share(parts, loaded, plan.tp)
     need = sum(parts.values())
     free = free_memory(backend)
     log.info("memory: needs %.2f GiB (%s), %.2f GiB free", need / 2**30,
@@ -102,7 +102,7 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
         raise
 
 
-def rank_share(parts: dict[str, int], loaded: LoadedModel, tp: int, backend: str) -> dict[str, int]:
+def rank_share(parts: dict[str, int], loaded: LoadedModel, tp: int) -> dict[str, int]:
     """One rank's part of a tensor-parallel load (each GPU is checked against the first one's free
     memory): the KV pool and the split weights divided by the ranks, the embedding and lm_head whole."""
     out = dict(parts, kv=parts["kv"] // tp)

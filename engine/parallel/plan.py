@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 from engine.config import ModelConfig
 
-SPLIT_MODES = ("none", "layer", "row")
-
 
 class PlanError(ValueError):
     """A split that cannot be made; the message names the flag that fixes it."""
