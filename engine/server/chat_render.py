@@ -48,8 +48,8 @@ def _tools(f: Fields) -> list | None:
     if choice not in ("auto", "required") and not isinstance(choice, dict):
         raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or an object naming a function")
     if choice != "auto":
-        raise bad_request("'tool_choice' other than 'auto' or 'none' needs constrained decoding, which is not "
-                          "supported yet")
+        raise bad_request("'tool_choice' other than 'auto' or 'none' (forcing a tool call) is not supported yet; "
+                          "use 'auto'")
     return tools or None
 
 
