@@ -82,9 +82,10 @@ def mask(seq, tokenizer, logits: np.ndarray) -> np.ndarray | None:
     ids = allowed(seq, tokenizer)
     if not ids:
         return None
-    out = np.full_like(np.asarray(logits, dtype=np.float64), -np.inf)
+    row = np.asarray(logits, dtype=np.float64)
+    out = np.full_like(row, -np.inf)
     sel = np.asarray(ids, dtype=np.int64)
-    out[sel] = np.asarray(logits, dtype=np.float64)[sel]
+    out[sel] = row[sel]
     return out
 
 
