@@ -50,8 +50,11 @@ def _bf16(typingctx, h):
 
 @njit(**_FLAGS)
 def _widen(src, kind, dst, n):
-    """n 16-bit values (kind 1: f16, 2: bf16; stored as uint16) into dst[:n] as float32."""
-    if kind == 1:
+    """n values into dst[:n] as float32: kind 0 float32 as they are; 16-bit (kind 1 f16, 2 bf16,
+    stored as uint16) widened."""
+    if kind == 0:
+        dst[:n] = src[:n]
+    elif kind == 1:
         for i in range(n):
             dst[i] = _f16(src[i])
     else:
@@ -151,10 +154,7 @@ def attend_chunk(q, k, v, kind, out):
     row = np.empty(hd, np.float32)
     for h in range(n_kv):
         for p in range(n):
-            if kind == 0:
-                row[:] = k[p, h]
-            else:
-                _widen(k[p, h], kind, row, hd)
+            _widen(k[p, h], kind, row, hd)
             for g in range(group):
                 s[g, p] = _dot(row, q[h, g], hd)
         for g in range(group):
@@ -169,10 +169,7 @@ def attend_chunk(q, k, v, kind, out):
             lsum[h, g] = tot
             out[h, g] = 0.0
         for p in range(n):
-            if kind == 0:
-                row[:] = v[p, h]
-            else:
-                _widen(v[p, h], kind, row, hd)
+            _widen(v[p, h], kind, row, hd)
             for g in range(group):
                 e = s[g, p]
                 o = out[h, g]
