@@ -10,19 +10,16 @@ decoder's (1 + weight) RMS norms stored as 1 + weight, the conv weight as [conv_
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedError
+from engine.loader.gguf import _BLK, _GLOBAL
 from engine.loader.moe import gguf_moe_tensor
 from engine.models.qwen3_5 import FULL, LINEAR, from_hf_config, hybrid_spec
 from kernels.weights import Weight
 
 ARCHS = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
 _BLOCK = {
     "attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
@@ -36,7 +33,6 @@ _BLOCK = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _OFFSET_NORMS = {"attn_norm.weight", "post_attention_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight"}
-_BLK = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 def _scalar(value, key: str) -> int:
