@@ -169,8 +169,8 @@ class Runner:
         """Bytes of one sequence's recurrent state (0 without recurrent layers)."""
         if not self.recurrent:
             return 0
-        n, conv_dim, kernel, heads, k_dim, v_dim = self.model.state_shape()
-        return 4 * n * ((kernel - 1) * conv_dim + heads * k_dim * v_dim)
+        spec = self.model.spec  # the count memory planning uses (engine.launch.memory_need)
+        return spec.n_linear * spec.deltanet.state_bytes()
 
     def _recurrent_rows(self, entries: list[StepEntry]) -> RecurrentRows:
         bounds, at = [], 0
