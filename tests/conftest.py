@@ -48,3 +48,14 @@ def engine_factory():
     yield start
     for eng in started:
         eng.stop()
+
+
+@pytest.fixture(scope="module")
+def loaded_llama(tiny_llama):
+    """The tiny llama loaded in this process (one per module: tests may swap its end tokens), with no
+    end-of-generation token, so that every run of the random weights reaches its length."""
+    from engine.loader import load_model
+
+    loaded = load_model(tiny_llama)
+    loaded.tokenizer.eos_ids = set()
+    return loaded

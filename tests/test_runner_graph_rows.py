@@ -5,9 +5,7 @@ uncaptured. It checks the runner's flattening of decode and speculative verify r
 """
 
 import numpy as np
-import pytest
 
-from engine.loader import load_model
 from engine.runner import Runner, make_ops
 from kernels.base import PagedRows
 from tests.test_scheduler import GREEDY, run
@@ -33,17 +31,10 @@ class RowsStandIn:
         return logits
 
 
-@pytest.fixture(scope="module")
-def model(tiny_llama):
-    loaded = load_model(tiny_llama)
-    loaded.tokenizer.eos_ids = set()
-    return loaded
-
-
-def test_graph_rows_give_the_same_output_for_decode_and_verify_steps(model, monkeypatch):
+def test_graph_rows_give_the_same_output_for_decode_and_verify_steps(loaded_llama, monkeypatch):
     rng = np.random.default_rng(5)
-    prompts = [[int(t) for t in rng.integers(4, model.config.vocab_size, 12)] * 6 for _ in range(3)]
-    plain, _ = run(model, prompts, params=GREEDY, max_tokens=40)
+    prompts = [[int(t) for t in rng.integers(4, loaded_llama.config.vocab_size, 12)] * 6 for _ in range(3)]
+    plain, _ = run(loaded_llama, prompts, params=GREEDY, max_tokens=40)
 
     stand_ins = []
     real_init = Runner.__init__
@@ -54,14 +45,14 @@ def test_graph_rows_give_the_same_output_for_decode_and_verify_steps(model, monk
         stand_ins.append(self.graphs)
 
     monkeypatch.setattr(Runner, "__init__", with_stand_in)
-    graphed, stats = run(model, prompts, params=GREEDY, max_tokens=40, spec=3)
+    graphed, stats = run(loaded_llama, prompts, params=GREEDY, max_tokens=40, spec=3)
     assert graphed == plain
     assert stats["draft_accepted_total"] > 0
     assert stand_ins[0].calls > 0
 
 
-def test_prefill_chunks_do_not_take_the_graph_path(model):
-    runner = Runner(model, make_ops("cpu", True), 2, "f32")
+def test_prefill_chunks_do_not_take_the_graph_path(loaded_llama):
+    runner = Runner(loaded_llama, make_ops("cpu", True), 2, "f32")
     runner.graphs = RowsStandIn(runner, width=2)
     from engine.runner import StepEntry
 

@@ -5,23 +5,15 @@ runs with logprobs (which never do), on the CPU backend."""
 import numpy as np
 import pytest
 
-from engine.loader import load_model
 from engine.runner import Runner
 from tests.test_runner_graph_rows import RowsStandIn
 from tests.test_scheduler import run
 
 
 @pytest.fixture(scope="module")
-def model(tiny_llama):
-    loaded = load_model(tiny_llama)
-    loaded.tokenizer.eos_ids = set()
-    return loaded
-
-
-@pytest.fixture(scope="module")
-def prompts(model):
+def prompts(loaded_llama):
     rng = np.random.default_rng(7)
-    v = model.config.vocab_size
+    v = loaded_llama.config.vocab_size
     # 230..250 tokens: with 40 generated every sequence crosses a page boundary while decoding ahead
     return [[int(t) for t in rng.integers(4, v, int(rng.integers(230, 250)))] for _ in range(6)]
 
@@ -30,48 +22,48 @@ def tokens(outs):
     return {k: [t for t, _ in v] for k, v in outs.items()}
 
 
-def test_steps_launched_ahead_give_the_same_tokens(model, prompts):
-    ref, ref_stats = run(model, prompts, logprobs=0)
-    got, stats = run(model, prompts, logprobs=-1)
+def test_steps_launched_ahead_give_the_same_tokens(loaded_llama, prompts):
+    ref, ref_stats = run(loaded_llama, prompts, logprobs=0)
+    got, stats = run(loaded_llama, prompts, logprobs=-1)
     assert ref_stats["ahead_steps_total"] == 0  # logprobs need the rows on the host
     assert stats["ahead_steps_total"] > 20
     assert tokens(got) == tokens(ref)
 
 
-def test_ahead_while_requests_queue_for_slots(model, prompts):
-    ref, _ = run(model, prompts, parallel=2, logprobs=0)
-    got, stats = run(model, prompts, parallel=2, logprobs=-1)
+def test_ahead_while_requests_queue_for_slots(loaded_llama, prompts):
+    ref, _ = run(loaded_llama, prompts, parallel=2, logprobs=0)
+    got, stats = run(loaded_llama, prompts, parallel=2, logprobs=-1)
     assert stats["ahead_steps_total"] > 100
     assert tokens(got) == tokens(ref)
 
 
-def test_ahead_while_speculative_drafts_back_off(model, prompts):
+def test_ahead_while_speculative_drafts_back_off(loaded_llama, prompts):
     """Random prompts give drafts that fail, so drafting backs off; those steps may run ahead."""
-    ref, _ = run(model, prompts, logprobs=0)
-    got, stats = run(model, prompts, logprobs=-1, spec=3)
+    ref, _ = run(loaded_llama, prompts, logprobs=0)
+    got, stats = run(loaded_llama, prompts, logprobs=-1, spec=3)
     assert stats["drafted_total"] > 0 and stats["ahead_steps_total"] > 0
     assert tokens(got) == tokens(ref)
 
 
-def test_ahead_with_parks_and_a_tight_pool(model, prompts):
-    ref, _ = run(model, prompts, n_pages=6, every=5, logprobs=0)
-    got, stats = run(model, prompts, n_pages=6, every=5, logprobs=-1)
+def test_ahead_with_parks_and_a_tight_pool(loaded_llama, prompts):
+    ref, _ = run(loaded_llama, prompts, n_pages=6, every=5, logprobs=0)
+    got, stats = run(loaded_llama, prompts, n_pages=6, every=5, logprobs=-1)
     assert stats["parks"] > 0 and stats["ahead_steps_total"] > 0
     assert tokens(got) == tokens(ref)
 
 
-def test_sequences_ending_on_a_token_drop_their_ahead_row(model, prompts):
+def test_sequences_ending_on_a_token_drop_their_ahead_row(loaded_llama, prompts):
     """End of generation is only known once the token is read: the step launched ahead computed a
     row for the ended sequence, which must change nothing for it or anyone else."""
-    solo, _ = run(model, prompts[:4], logprobs=0)
+    solo, _ = run(loaded_llama, prompts[:4], logprobs=0)
     eos = {solo[(i, 0)][5 + 3 * i][0] for i in range(4)}  # tokens that come up early in each output
-    saved = model.tokenizer.eos_ids
-    model.tokenizer.eos_ids = eos
+    saved = loaded_llama.tokenizer.eos_ids
+    loaded_llama.tokenizer.eos_ids = eos
     try:
-        ref, ref_stats = run(model, prompts, logprobs=0, stop_ok=True)
-        got, stats = run(model, prompts, logprobs=-1, stop_ok=True)
+        ref, ref_stats = run(loaded_llama, prompts, logprobs=0, stop_ok=True)
+        got, stats = run(loaded_llama, prompts, logprobs=-1, stop_ok=True)
     finally:
-        model.tokenizer.eos_ids = saved
+        loaded_llama.tokenizer.eos_ids = saved
     assert "stop" in stats["reasons"].values() and stats["ahead_steps_total"] > 0
     assert stats["reasons"] == ref_stats["reasons"]
     assert tokens(got) == tokens(ref)
@@ -93,25 +85,25 @@ def graph_stand_ins(monkeypatch) -> list:
     return stand_ins
 
 
-def test_ahead_through_a_graph_takes_the_tokens_on_the_device(model, prompts, monkeypatch):
+def test_ahead_through_a_graph_takes_the_tokens_on_the_device(loaded_llama, prompts, monkeypatch):
     """The replayed-graph path: the runner passes the previous step's device argmax (`ids_from`)
     instead of host tokens."""
-    ref, _ = run(model, prompts, logprobs=0)
+    ref, _ = run(loaded_llama, prompts, logprobs=0)
     stand_ins = graph_stand_ins(monkeypatch)
-    got, stats = run(model, prompts, logprobs=-1)
+    got, stats = run(loaded_llama, prompts, logprobs=-1)
     assert stats["ahead_steps_total"] > 20 and stand_ins[0].fed == stats["ahead_steps_total"]
     assert tokens(got) == tokens(ref)
 
 
 @pytest.mark.parametrize("parallel", [1, 4])
-def test_accepted_drafts_beside_steps_launched_ahead_through_a_graph(model, parallel, monkeypatch):
+def test_accepted_drafts_beside_steps_launched_ahead_through_a_graph(loaded_llama, parallel, monkeypatch):
     """Repetitive prompts: drafts are accepted, and between them steps run ahead through the graph
     stand-in (tokens taken on the device). The tokens must be those of plain decoding."""
     rng = np.random.default_rng(3)
-    v = model.config.vocab_size
+    v = loaded_llama.config.vocab_size
     prompts = [([int(t) for t in rng.integers(4, v, 12)] * 20)[:240] for _ in range(4)]
-    ref, _ = run(model, prompts, logprobs=0, parallel=parallel)
+    ref, _ = run(loaded_llama, prompts, logprobs=0, parallel=parallel)
     graph_stand_ins(monkeypatch)
-    got, stats = run(model, prompts, logprobs=-1, spec=4, parallel=parallel)
+    got, stats = run(loaded_llama, prompts, logprobs=-1, spec=4, parallel=parallel)
     assert stats["draft_accepted_total"] > 20 and stats["ahead_steps_total"] > 0
     assert tokens(got) == tokens(ref)

@@ -4,25 +4,16 @@ copy, submit, cancel, stats and slots still return (from the inbox and the last 
 import threading
 
 import numpy as np
-import pytest
 
-from engine.loader import load_model
 from engine.requests import DoneEvent, Request
 from engine.runner import Runner, make_ops
 from engine.sampler import SamplingParams
 from engine.scheduler import Scheduler
 
 
-@pytest.fixture(scope="module")
-def model(tiny_llama):
-    loaded = load_model(tiny_llama)
-    loaded.tokenizer.eos_ids = set()
-    return loaded
-
-
-def test_submit_stats_and_slots_answer_while_a_park_blocks(model):
-    runner = Runner(model, make_ops("cpu", True), 8, "f16")
-    sched = Scheduler(runner, model.tokenizer, n_slots=2, n_ctx=2048, n_batch=512, n_ubatch=512, kv_unified=True,
+def test_submit_stats_and_slots_answer_while_a_park_blocks(loaded_llama):
+    runner = Runner(loaded_llama, make_ops("cpu", True), 8, "f16")
+    sched = Scheduler(runner, loaded_llama.tokenizer, n_slots=2, n_ctx=2048, n_batch=512, n_ubatch=512, kv_unified=True,
                       preempt_ram_bytes=1 << 30, preempt_every=1)
     # Fake, named as such: a park that blocks until released stands in for a GPU's blocking
     # device-to-host copy of a long sequence's KV, which the CPU backend does too fast to observe.
@@ -37,7 +28,7 @@ def test_submit_stats_and_slots_answer_while_a_park_blocks(model):
     done = threading.Event()
     sched.start()
     try:
-        prompt = [int(t) for t in np.random.default_rng(0).integers(4, model.config.vocab_size, 40)]
+        prompt = [int(t) for t in np.random.default_rng(0).integers(4, loaded_llama.config.vocab_size, 40)]
         sched.submit(Request(prompt, SamplingParams(temperature=0), 6),
                      lambda ev: isinstance(ev, DoneEvent) and done.set())
         assert parking.wait(60), "no park started"

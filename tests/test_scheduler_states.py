@@ -5,7 +5,6 @@ restored with its pages, freed when they are."""
 import numpy as np
 import pytest
 
-from engine.loader import load_model
 from tests.test_scheduler import run
 
 
@@ -49,29 +48,22 @@ class RecordingState:
 
 
 @pytest.fixture(scope="module")
-def model(tiny_llama):
-    loaded = load_model(tiny_llama)
-    loaded.tokenizer.eos_ids = set()
-    return loaded
-
-
-@pytest.fixture(scope="module")
-def prompts(model):
+def prompts(loaded_llama):
     rng = np.random.default_rng(3)
-    return [[int(t) for t in rng.integers(4, model.config.vocab_size, int(rng.integers(20, 300)))] for _ in range(5)]
+    return [[int(t) for t in rng.integers(4, loaded_llama.config.vocab_size, int(rng.integers(20, 300)))] for _ in range(5)]
 
 
-def test_state_follows_parks_restores_and_ends(model, prompts):
+def test_state_follows_parks_restores_and_ends(loaded_llama, prompts):
     st = RecordingState()
-    _, stats = run(model, prompts, n_pages=4, every=7, states=[st])
+    _, stats = run(loaded_llama, prompts, n_pages=4, every=7, states=[st])
     assert stats["parks"] > 0 and st.calls["park"] == stats["parks"] == st.calls["restore"]
     assert not st.live, "state of finished sequences was not freed"
     assert st.calls["alloc"] == st.calls["free"] == len(prompts) + stats["restores"] + stats["recomputes"]
 
 
-def test_state_is_dropped_for_recompute_and_copied_on_fork(model, prompts):
+def test_state_is_dropped_for_recompute_and_copied_on_fork(loaded_llama, prompts):
     st = RecordingState()
-    _, stats = run(model, prompts[:2], every=5, ram=0, n=2, states=[st])
+    _, stats = run(loaded_llama, prompts[:2], every=5, ram=0, n=2, states=[st])
     assert stats["recomputes"] > 0 and st.calls["park"] == 0
     assert st.calls["copy"] == 2  # one fork per request
     assert not st.live and st.calls["alloc"] == st.calls["free"]
