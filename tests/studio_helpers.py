@@ -13,8 +13,29 @@ from pathlib import Path
 
 from tests.engine_helpers import ROOT, engine_env, free_port
 
-STUDIO_VARS = ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE", "LOCKSTEP_API_KEY",
-               "LOCKSTEP_API_HOST", "LOCKSTEP_API_PORT", "LOCKSTEP_MODEL_DIRS", "LLAMA_API_KEY")
+# The studio's own exact/preempt variables would change what a test's load asks for.
+EXACT_VARS = ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")
+STUDIO_VARS = (*EXACT_VARS, "LOCKSTEP_API_KEY", "LOCKSTEP_API_HOST", "LOCKSTEP_API_PORT", "LOCKSTEP_MODEL_DIRS",
+               "LLAMA_API_KEY")
+
+
+async def in_process_studio(tmp_path: Path, model: Path, extra_env: dict | None = None):
+    """The studio app in this process (aiohttp TestClient, `client.model` = the model's name) over a
+    catalog of `model`'s folder; its loads start real engine children. The caller closes it."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from settings import SettingsStore
+    from studio.api import build_app
+    from studio.catalog import Catalog
+    from studio.manager import LoadManager
+
+    env = {k: v for k, v in os.environ.items() if k not in EXACT_VARS} | (extra_env or {})
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([model.parent], include_bundled=False),
+                          env=env, logs=tmp_path / "logs")
+    client = TestClient(TestServer(build_app(manager)))
+    await client.start_server()
+    client.model = model.name
+    return client
 
 
 def raw(port: int, method: str, path: str, body: bytes | str | None = None, headers: dict | None = None,

@@ -17,9 +17,9 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from tests.engine_helpers import ROOT, engine_env, free_port, last_line, run_engine
+from tests.studio_helpers import in_process_studio
 
 USER = [{"role": "user", "content": "hi"}]
 LOOPING = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
@@ -256,18 +256,7 @@ def test_q8_0_cache_on_an_odd_head_dim_is_a_named_refusal(models_dir):
 
 # ------------------------------------------------------------------------------------------ studio proxy
 async def test_an_engine_killed_mid_stream_is_an_error_through_the_studio(tmp_path, tiny_llama_noeos):
-    from settings import SettingsStore
-    from studio.api import build_app
-    from studio.catalog import Catalog
-    from studio.manager import LoadManager
-
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")}
-    manager = LoadManager(SettingsStore(tmp_path / "config"),
-                          catalog=Catalog([tiny_llama_noeos.parent], include_bundled=False),
-                          env=env, logs=tmp_path / "logs")
-    client = TestClient(TestServer(build_app(manager)))
-    await client.start_server()
+    client = await in_process_studio(tmp_path, tiny_llama_noeos)
     try:
         resp = await client.post("/api/load", json={"model": tiny_llama_noeos.name, "ctx_size": 1024,
                                                     "extra_args": ["--device", "cpu"]})

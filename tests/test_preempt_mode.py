@@ -1,17 +1,12 @@
 """preempt_mode end to end: the studio's load setting reaches the engine child
 (LOCKSTEP_PREEMPT_MODE), which parks or recomputes accordingly; every mode gives the same bits."""
 
-import os
 
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from settings import SettingsStore
-from studio.api import build_app
-from studio.catalog import Catalog
-from studio.manager import LoadManager
 from tests.engine_helpers import run_engine
+from tests.studio_helpers import in_process_studio
 
 # (mode, --preempt-ram MiB) -> which counter must move: park raises a zero budget to the host's
 # free memory; recompute never parks; auto parks within the budget and recomputes past it
@@ -26,14 +21,8 @@ def outputs():
 
 @pytest.fixture
 async def studio(tmp_path, tiny_llama):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")}
-    env["LOCKSTEP_PREEMPT_EVERY"] = "4"  # the engine's test knob: park every sequence every 4 tokens
-    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([tiny_llama.parent], include_bundled=False),
-                          env=env, logs=tmp_path / "logs")
-    client = TestClient(TestServer(build_app(manager)))
-    await client.start_server()
-    client.model = tiny_llama.name
+    # the engine's test knob: park every sequence every 4 tokens
+    client = await in_process_studio(tmp_path, tiny_llama, {"LOCKSTEP_PREEMPT_EVERY": "4"})
     yield client
     await client.close()
 

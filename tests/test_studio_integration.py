@@ -7,12 +7,8 @@ import time
 
 import openai
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from settings import SettingsStore
-from studio.api import build_app
-from studio.catalog import Catalog
-from studio.manager import LoadManager
+from tests.studio_helpers import in_process_studio
 from tests.tiny_models import make_hf_model
 
 DEADLINE_S = 60
@@ -20,21 +16,9 @@ CPU = ["--device", "cpu"]
 QUANTIZED_KV = ["-ctk", "q8_0"]
 
 
-async def _studio(tmp_path, model):
-    # The studio's own exact/preempt variables would change what these tests ask for.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")}
-    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([model.parent], include_bundled=False),
-                          env=env, logs=tmp_path / "logs")
-    client = TestClient(TestServer(build_app(manager)))
-    await client.start_server()
-    client.model = model.name
-    return client
-
-
 @pytest.fixture
 async def studio(tmp_path, tiny_llama):
-    client = await _studio(tmp_path, tiny_llama)
+    client = await in_process_studio(tmp_path, tiny_llama)
     yield client
     await client.close()  # the app's cleanup stops the engine
 
@@ -42,7 +26,7 @@ async def studio(tmp_path, tiny_llama):
 @pytest.fixture
 async def studio_hd64(tmp_path):
     """A model whose head dim takes a q8_0 KV cache (tiny_llama's 48 is refused by the engine)."""
-    client = await _studio(tmp_path, make_hf_model(tmp_path / "models", layers=2, hidden=128, heads=2, head_dim=64))
+    client = await in_process_studio(tmp_path, make_hf_model(tmp_path / "models", layers=2, hidden=128, heads=2, head_dim=64))
     yield client
     await client.close()
 
