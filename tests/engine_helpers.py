@@ -40,6 +40,22 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def wait_serving(proc: subprocess.Popen, what: str, probe, output, deadline_s: float) -> None:
+    """Polls `probe()` (True once the server answers; OSError while it is not listening) until it
+    holds; a RuntimeError with the log if the process exits, a TimeoutError past the deadline."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{output()}")
+        try:
+            if probe():
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.05)  # a poll interval, bounded by the deadline
+    raise TimeoutError(f"{what} not ready within {deadline_s} s:\n{output()}")
+
+
 class Engine:
     def __init__(self, model: Path, *args: str, env: dict | None = None, api_key: str | None = None):
         self.port = free_port()
@@ -60,18 +76,12 @@ class Engine:
         return Path(self.log.name).read_text()
 
     def wait_ready(self, deadline_s: float = 90.0) -> Engine:
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"engine not ready within {deadline_s} s:\n{self.output()}")
+        def health() -> bool:
+            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                return r.status == 200
+
+        wait_serving(self.proc, "engine", health, self.output, deadline_s)
+        return self
 
     def get_json(self, path: str):
         req = urllib.request.Request(self.base + path, headers=self.headers)

@@ -8,10 +8,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tests.engine_helpers import ROOT, engine_env, free_port
+from tests.engine_helpers import ROOT, engine_env, free_port, wait_serving
 
 # The studio's own exact/preempt variables would change what a test's load asks for.
 EXACT_VARS = ("LOCKSTEP_EXACT", "LOCKSTEP_EXACT_CONCURRENCY", "LOCKSTEP_PREEMPT_MODE")
@@ -81,16 +80,11 @@ class Studio:
         return {**base, **(extra or {})}
 
     def wait_ready(self, deadline_s: float = 60) -> Studio:
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"studio exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if raw(self.port, "GET", "/api/status", headers=self.headers(), timeout=5)[0] == 200:
-                    return self
-            except OSError:
-                time.sleep(0.05)  # not listening yet; bounded by the deadline
-        raise TimeoutError(f"studio not ready within {deadline_s} s:\n{self.output()}")
+        def status() -> bool:
+            return raw(self.port, "GET", "/api/status", headers=self.headers(), timeout=5)[0] == 200
+
+        wait_serving(self.proc, "studio", status, self.output, deadline_s)
+        return self
 
     def call(self, method: str, path: str, body=None, headers: dict | None = None, **kw) -> tuple[int, dict]:
         data = None if body is None else json.dumps(body)
