@@ -2,6 +2,8 @@
 real CPU backend, and refuses (the engine's one-line verdict, which the studio classifies) when a
 family changes row 0's bits."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -63,8 +65,11 @@ def test_a_family_that_changes_bits_refuses_exact_mode_naming_it(runner):
     assert failure.kind == "exact_refusal" and failure.fix == "--exact-concurrency off"
 
 
-def test_a_batch_too_small_to_pick_the_family_passes(runner):
-    self_check(FaultyFamilyOps(runner.ops), runner.model, 8)  # the faulty family is never chosen
+def test_a_batch_too_small_to_pick_the_family_passes(runner, caplog):
+    with caplog.at_level(logging.INFO, logger="engine.selfcheck"):
+        self_check(FaultyFamilyOps(runner.ops), runner.model, 8)  # the faulty family is never chosen
+    (line,) = [r.getMessage() for r in caplog.records if "exactness self-check" in r.getMessage()]
+    assert "families rows_gemv," in line and "fake_wide" not in line, line
 
 
 def test_lm_head_is_checked_only_up_to_the_rows_it_sees(runner):
