@@ -105,10 +105,17 @@ class _Builder:
         return self.rule(f'"[" ws ( {item} ( "," ws {item} )* )? "]" ws')
 
 
-def schema_grammar(schema) -> str:
+def schema_rules(schema, where: str = "schema") -> tuple[str, str]:
+    """The rules for a schema (the JSON basics included) and the name of its top rule, for a grammar that
+    embeds the value in text of its own."""
     b = _Builder()
-    root = b.of(schema, "schema")
-    return BASE + "\n".join(b.rules) + f"\nroot ::= {root}\n"  # no space before the value, as llama.cpp's
+    top = b.of(schema, where)
+    return BASE + "\n".join(b.rules), top
+
+
+def schema_grammar(schema) -> str:
+    rules, top = schema_rules(schema)
+    return rules + f"\nroot ::= {top}\n"  # no space before the value, as llama.cpp's
 
 
 JSON_OBJECT = BASE + "root ::= object\n"

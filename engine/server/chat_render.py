@@ -1,7 +1,8 @@
 """A chat request's prompt: the template rendered with the request's options, as llama-server renders it.
 
 Options: `add_generation_prompt`, an assistant message at the end as a prefill (vLLM's
-`continue_final_message` says so explicitly), `tools` and `chat_template_kwargs` for the template, and
+`continue_final_message` says so explicitly), `tools` and `chat_template_kwargs` for the template,
+`tool_choice` ('required' or a named function forces a call through a grammar: engine.tool_grammar), and
 reasoning (`--reasoning off` or `enable_thinking: false` renders the template's no-thinking form and
 closes a thinking block the template opened; otherwise `enable_thinking` is true, as llama-server passes it).
 """
@@ -12,10 +13,13 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from engine.grammar import GrammarError, compile_grammar
+from engine.json_schema import SchemaError
 from engine.server.chat import check_messages, encode_chat, render
 from engine.server.errors import bad_request
 from engine.server.params import Fields, kind_of
 from engine.server.state import EngineState
+from engine.tool_grammar import call_style, tool_call_grammar
 
 # (open, close) of the reasoning blocks the major families write
 THINK_TAGS = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
@@ -30,27 +34,50 @@ class ChatPrompt:
     think: tuple[str, str] | None = None  # the reasoning tags to split the answer by; None leaves it whole
     thinking_open: bool = False  # the prompt ends inside a reasoning block: the answer starts as reasoning
     tools: list | None = None
+    grammar: str = ""  # a forced tool call's grammar ("" leaves the answer free)
 
 
-def _tools(f: Fields) -> list | None:
+def _tools(f: Fields) -> tuple[list | None, list | None]:
+    """(the tools the template sees, the ones a call is forced to: all of them under 'required', the named
+    one under {"type": "function", "function": {"name": ...}}, None under 'auto')."""
     tools = f.raw("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
+    if tools is not None and not isinstance(tools, list):
         raise bad_request(f"'tools' must be an array, not {kind_of(tools)}")
-    for i, t in enumerate(tools):
+    for i, t in enumerate(tools or []):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_request(f"'tools[{i}]' must be an object with function.name")
     choice = f.raw("tool_choice", "auto")
     if choice == "none":
-        return None
-    if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or an object naming a function")
-    if choice != "auto":
-        raise bad_request("'tool_choice' other than 'auto' or 'none' (forcing a tool call) is not supported yet; "
-                          "use 'auto'")
-    return tools or None
+        return None, None
+    if choice == "auto":
+        return tools or None, None
+    if choice == "required":
+        if not tools:
+            raise bad_request("'tool_choice' 'required' needs at least one function in 'tools'")
+        return tools, tools
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
+                          "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+    named = [t for t in tools or [] if t["function"]["name"] == fn["name"]]
+    if not named:
+        declared = ", ".join(t["function"]["name"] for t in tools or []) or "none"
+        raise bad_request(f"'tool_choice' names function {fn['name']!r}, which is not in 'tools' (declared: {declared})")
+    return tools, named[:1]
+
+
+def _forced_call(f: Fields, forced: list, template: str, open_tag: str | None) -> str:
+    if f.str("grammar") or f.has("json_schema") or f.obj("response_format").raw("type", "text") != "text":
+        raise bad_request("a forced tool call ('tool_choice') cannot be combined with 'grammar', 'json_schema' "
+                          "or 'response_format'")
+    try:
+        source = tool_call_grammar(forced, call_style(template), f.bool("parallel_tool_calls", False),
+                                   prefix=open_tag or "")
+        compile_grammar(source)
+        return source
+    except (SchemaError, GrammarError) as e:
+        raise bad_request(f"'tools': {e}") from None
 
 
 def _context(tools: list | None) -> dict:
@@ -93,7 +120,7 @@ async def build_prompt(state: EngineState, f: Fields, encode: bool = True) -> Ch
             raise bad_request("'messages' holds only an assistant message; a prefill needs a turn before it")
     elif cont:
         raise bad_request("'continue_final_message' needs an assistant message at the end of 'messages'")
-    tools = _tools(f)
+    tools, forced = _tools(f)
     kwargs = f.obj("chat_template_kwargs").body
     if bad := [k for k in kwargs if k in RESERVED]:
         raise bad_request(f"'chat_template_kwargs' may not set {', '.join(bad)}")
@@ -117,4 +144,7 @@ async def build_prompt(state: EngineState, f: Fields, encode: bool = True) -> Ch
     out = ChatPrompt(text, ids, think=tags if fmt != "none" else None, tools=tools)
     if out.think:
         out.thinking_open = text.rfind(out.think[0]) > text.rfind(out.think[1])
+    if forced:  # a block left open is closed first, so the call is read as the answer, not as reasoning
+        out.grammar = _forced_call(f, forced, state.tokenizer.template.source,
+                                   out.think[1] + "\n" if out.thinking_open else None)
     return out

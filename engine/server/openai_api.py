@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -90,6 +91,8 @@ async def _chat_request(state: EngineState, f: Fields) -> tuple[Request, list[st
         raise bad_request("'top_logprobs' needs 'logprobs': true")
     chat = await build_prompt(state, f)
     req, stops = _common(state, f, chat.ids, top if want else -1)
+    if chat.grammar:
+        req.params = replace(req.params, grammar=chat.grammar)
     return req, stops, chat
 
 
