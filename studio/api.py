@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -20,7 +19,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
-from contract.auth import presented_key, same_key
+from contract import middleware
 from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
 from studio.errors import StudioError
 from studio.guard import Guard
@@ -39,12 +38,11 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 MAX_BODY = 64 * 1024 * 1024  # long prompts go through the proxy
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def error_response(status: int, type_: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": {"code": status, "type": type_, "message": message, **extra}},
-                             status=status)
+    """contract.middleware's answer, in the argument order the guard and the proxy call it with."""
+    return middleware.error_response(status, message, type_, extra)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -55,31 +53,22 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except StudioError as exc:
+def _known(exc: Exception) -> web.Response | None:
+    if isinstance(exc, StudioError):
         return web.json_response(exc.body(), status=exc.status)
-    except SettingsConflict as exc:
+    if isinstance(exc, SettingsConflict):
         return error_response(409, "settings_conflict", exc.message)
-    except SettingsError as exc:
+    if isinstance(exc, SettingsError):
         return error_response(409, "settings_not_writable", exc.message)
-    except ValidationError as exc:
+    if isinstance(exc, ValidationError):
         return error_response(400, "invalid_request_error", _validation_message(exc))
-    except (HttpProcessingError, RequestPayloadError) as exc:  # e.g. a body that is not what its Content-Encoding says
+    if isinstance(exc, HttpProcessingError | RequestPayloadError):  # e.g. a body that is not what its Content-Encoding says
         reason = str(exc).strip().splitlines()
         return error_response(400, "invalid_request_error", f"the body cannot be read: {' '.join(reason)[:200]}")
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
-        return error_response(exc.status, kind.get(exc.status, "invalid_request_error"), exc.reason)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as exc:  # a bug or an unusable machine still answers in the API's error shape
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "server_error", f"internal error: {type(exc).__name__}: {exc}")
+    return None
+
+
+errors_middleware = middleware.errors_middleware(log, _known)
 
 
 class _BodyErrorsInOneLine(logging.Filter):
@@ -96,14 +85,7 @@ _ONE_LINE = _BodyErrorsInOneLine()
 
 
 def auth_middleware(api_key: str | None):
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if api_key:
-            if not same_key(presented_key(request.headers), api_key):
-                return error_response(401, "authentication_error", "invalid or missing API key")
-        return await handler(request)
-
-    return check
+    return middleware.auth_middleware(lambda request: api_key, "invalid or missing API key")
 
 
 async def _json_body(request: web.Request) -> Any:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.middleware import error_body
+
 
 class StudioError(Exception):
     def __init__(self, status: int, type_: str, message: str, **extra: Any) -> None:
@@ -14,4 +16,4 @@ class StudioError(Exception):
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.status, "type": self.type, "message": self.message, **self.extra}}
+        return error_body(self.status, self.message, self.type, self.extra)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from aiohttp import web
 
-from contract.auth import presented_key, same_key
+from contract import middleware
+from contract.middleware import error_response
 from engine.server import completion, guard, infill, native, openai_api, responses_api, slot_files
-from engine.server.errors import ApiError, error_response
+from engine.server.errors import ApiError
 from engine.server.state import STATE, EngineState, state_of
 
 log = logging.getLogger("engine.server")
@@ -17,30 +17,13 @@ log = logging.getLogger("engine.server")
 OPEN_PATHS = ("/health", "/v1/health")  # answered without the API key, as llama-server does
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler):
-    try:
-        return await handler(request)
-    except ApiError as e:
-        return e.response()
-    except web.HTTPException as e:  # the router's 404/405 and aiohttp's 413, in our error shape
-        if e.status < 400:
-            raise
-        return error_response(e.status, e.text if e.text and e.text != e.reason else e.reason)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as e:
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {type(e).__name__}: {e}")
+def _known(e: Exception) -> web.Response | None:
+    return e.response() if isinstance(e, ApiError) else None
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler):
-    key = state_of(request).opts.api_key
-    if key and request.path not in OPEN_PATHS and request.method != "OPTIONS":
-        if not same_key(presented_key(request.headers), key):
-            return error_response(401, "Invalid API Key")
-    return await handler(request)
+errors_middleware = middleware.errors_middleware(log, _known)
+# llama-server's answer, and its open health paths
+auth_middleware = middleware.auth_middleware(lambda request: state_of(request).opts.api_key, "Invalid API Key", OPEN_PATHS)
 
 
 @web.middleware

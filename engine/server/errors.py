@@ -1,30 +1,10 @@
-"""Errors as llama-server and OpenAI clients expect them: {"error": {"code", "type", "message"}}."""
+"""The engine's own request errors; their shape, {"error": {"code", "type", "message"}}, is contract.middleware's."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
-    500: "server_error",
-    501: "not_supported_error",
-    503: "unavailable_error",
-}
-
-
-def error_body(status: int, message: str, type_: str | None = None, extra: dict | None = None) -> dict:
-    return {"error": {"code": status, "type": type_ or TYPES.get(status, "server_error"), "message": message,
-                      **(extra or {})}}
-
-
-def error_response(status: int, message: str, type_: str | None = None) -> web.Response:
-    return web.json_response(error_body(status, message, type_), status=status)
+from contract.middleware import error_body
 
 
 class ApiError(Exception):

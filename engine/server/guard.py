@@ -16,8 +16,8 @@ from aiohttp import web
 
 from contract.hosts import LOOPBACK, WILDCARD, host_name
 from contract.hosts import is_ip as _is_ip
+from contract.middleware import error_response
 from engine.args import EngineArgs
-from engine.server.errors import error_response
 
 
 class Policy:

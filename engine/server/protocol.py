@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from engine.server.errors import error_body, error_response
+from contract.middleware import error_body, error_response
 from engine.server.params import one_line
 
 log = logging.getLogger("engine.server")
