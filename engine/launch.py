@@ -6,13 +6,16 @@ Each failure becomes the studio's one-line verdict (engine.exits) rather than a 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
+from engine import load_progress
 from engine.config import ModelConfig
 from engine.device import free_memory
 from engine.errors import ModelLoadError
 from engine.exits import MODEL_LOAD, Fatal, out_of_memory
 from engine.kv_cache import pages_for
+from engine.load_progress import CountedWeights
 from engine.loader import LoadedModel, load_model
 from engine.models.qwen3_5 import hybrid_spec
 from engine.runner import Runner, make_ops
@@ -90,12 +93,19 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if need > free:
         raise out_of_memory(need, free)
     try:
+        load_progress.phase("kernels")
         if plan is not None:
             from engine.parallel.setup import build_ranks
 
             ranks = build_ranks(plan, backend, exact, threads)
-            return Runner(loaded, ranks.ops[0], n_pages, kv_type, max_pages_per_seq, v_type, parallel=ranks)
-        return Runner(loaded, make_ops(backend, exact, threads), n_pages, kv_type, max_pages_per_seq, v_type)
+            ops, parallel = ranks.ops[0], ranks
+        else:
+            ops, parallel = make_ops(backend, exact, threads), None
+        weights = CountedWeights(loaded.weights)
+        runner = Runner(replace(loaded, weights=weights), ops, n_pages, kv_type, max_pages_per_seq, v_type,
+                        parallel=parallel)
+        weights.finish()
+        return runner
     except Exception as e:
         if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError
             raise out_of_memory(need, free_memory(backend)) from None

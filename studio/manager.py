@@ -46,6 +46,7 @@ from studio.launcher import (
     granted_from_props,
     stop_process,
 )
+from studio.load_progress import read_progress, tail_text
 from studio.stats import engine_stats
 
 # Failures the user's settings or machine cause (422), as opposed to the engine breaking (500).
@@ -321,14 +322,17 @@ class LoadManager:
         stats = await engine_stats(child) if child and child.alive and self.state == "ready" else {}
         answer.update({k: stats.get(k) for k in ("slots", "pages_used", "pages_free", "parks", "restores",
                                                   "recomputes", "tokens_per_second")})
+        live = self.loaded.live if self.loaded is not None and self.state == "loading" else []
+        # the running attempt's log: a file read, off the event loop
+        answer["load_progress"] = await asyncio.to_thread(read_progress, live[-1].log_path) if live else None
         return answer
 
     def logs(self, tail_bytes: int = 65536) -> dict[str, Any]:
         attempts = []
         for a in self.loaded.attempt_dicts if self.loaded else []:
-            attempts.append({**a, "text": _tail(Path(a["log"]), tail_bytes)})
+            attempts.append({**a, "text": tail_text(Path(a["log"]), tail_bytes)})
         studio_log = self.log_dir / "studio.log"
-        return {"attempts": attempts, "studio_log": str(studio_log), "studio": _tail(studio_log, tail_bytes)}
+        return {"attempts": attempts, "studio_log": str(studio_log), "studio": tail_text(studio_log, tail_bytes)}
 
 
 def _refuse_before_stopping(plan: LaunchPlan, warnings: list[LoadWarning], running: str) -> None:
@@ -365,17 +369,6 @@ def exit_text(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def _tail(path: Path, n: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 _instances = itertools.count()

@@ -117,3 +117,36 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def engine_child(port: int):
+    """The engine child of this process that listens on `port` (psutil.Process), or None."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            argv = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "engine" in argv and str(port) in argv:
+            return child
+    return None
+
+
+async def pause_mid_load(manager, deadline_s: float = 60):
+    """SIGSTOPs the loading engine child once its log holds a load-progress line, so that a test sees the
+    load in progress however fast the machine is; returns the child (the caller SIGCONTs it)."""
+    import asyncio
+    import signal
+    import time
+
+    from contract.progress import PREFIX
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        live = manager.loaded.live if manager.loaded is not None else []
+        if live and PREFIX in Path(live[-1].log_path).read_text() and (child := engine_child(live[-1].port)):
+            child.send_signal(signal.SIGSTOP)
+            return child
+        assert time.monotonic() < deadline, "no load-progress line within the deadline"
+        await asyncio.sleep(0.02)

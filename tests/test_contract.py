@@ -2,14 +2,16 @@
 time, so what it re-states (verdict lines, exit codes, flags, environment switches, the page size)
 is compared here with the engine's own definitions."""
 
+import itertools
 import re
 from pathlib import Path
 
 import pytest
 
 import engine.exits as exits
-from contract import PAGE_SIZE
+from contract import PAGE_SIZE, progress
 from contract.env import REGISTRY, parse_switch
+from contract.progress import LoadStep
 from engine.cli import UNSUPPORTED_KV, build_parser
 from engine.exact import exact_requested, refuse
 from settings import CACHE_TYPES
@@ -153,3 +155,32 @@ def test_layer_contracts_hold():
     r = subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("step", [LoadStep("read"), LoadStep("kernels"), LoadStep("weights", 12, 50, 1 << 20, 4 << 20),
+                                  LoadStep("warmup")], ids=lambda s: s.phase)
+def test_load_progress_lines_read_back_as_written(step):
+    assert progress.parse(f"2026-01-01 12:00:00.000 INFO engine.load: {step.line()}") == step
+    assert progress.parse(step.line().replace(step.phase, "bogus")) is None
+
+
+def test_every_load_phase_the_engine_logs_is_one_the_studio_reads():
+    used = {m for p in (ROOT / "engine").rglob("*.py") for m in re.findall(r'load_progress\.phase\("(\w+)"\)',
+                                                                             p.read_text())}
+    assert used and used <= set(progress.PHASES), used - set(progress.PHASES)
+
+
+def test_a_real_engine_load_logs_progress_the_studio_reads(tiny_llama, engine_factory):
+    from engine.loader import load_model
+    from studio.load_progress import read_progress
+
+    eng = engine_factory(tiny_llama, "--device", "cpu")
+    steps = [s for s in map(progress.parse, eng.output().splitlines()) if s is not None]
+    weights = load_model(tiny_llama).weights
+    n, total = len(weights), sum(w.nbytes for w in weights.values())
+    assert [s.phase for s in steps if s.phase != "weights"] == ["read", "kernels", "warmup"]
+    counted = [s for s in steps if s.phase == "weights"]
+    assert counted[0] == LoadStep("weights", 0, n, 0, total) and counted[-1] == LoadStep("weights", n, n, total, total)
+    assert all(a.bytes <= b.bytes and a.tensors <= b.tensors for a, b in itertools.pairwise(counted))
+    seen = read_progress(eng.log.name)
+    assert seen["phase"] == "warmup" and seen["memory"].startswith("memory: needs"), seen

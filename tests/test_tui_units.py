@@ -363,17 +363,22 @@ async def test_each_studio_logs_to_its_own_folder_and_the_logs_screen_names_it(t
         assert len(log.lines) >= 3
 
 
-def test_the_load_banner_shows_the_engines_memory_plan_and_latest_line(tmp_path):
-    from studio.tui.widgets.load_banner import engine_progress
+def test_the_load_banner_shows_the_phase_the_memory_plan_and_the_latest_line(tmp_path):
+    from studio.load_progress import read_progress
+    from studio.tui.widgets.load_banner import describe
 
     log = tmp_path / "engine-attempt1.log"
     log.write_text("# lockstep attempt 1 of at most 4\n"
                    "INFO engine.launch: memory: needs 0.05 GiB (weights 0.02, kv 0.03), 20.00 GiB free\n"
-                   "INFO engine.server: listening on http://127.0.0.1:4242 (loading /m) [x]\n")
-    text = engine_progress(str(log))
-    assert text.splitlines()[0] == "memory: needs 0.05 GiB (weights 0.02, kv 0.03), 20.00 GiB free"
-    assert text.splitlines()[1].startswith("engine: INFO engine.server: listening")
-    assert engine_progress(str(tmp_path / "missing.log")) == ""
+                   "INFO engine.load: load progress: phase=weights tensors=3/21 bytes=1048576/4194304\n"
+                   "WARNING engine.loader: text only; 4 tensors of the vision tower are not loaded [x]\n")
+    progress = read_progress(log)
+    assert (progress["phase"], progress["tensors"], progress["n_bytes"]) == ("weights", 3, 4194304)
+    lines = describe(progress).splitlines()
+    assert lines[0] == "storing the weights: 3/21 tensors, 1.0 MiB of 4.0 MiB"
+    assert lines[1] == "memory: needs 0.05 GiB (weights 0.02, kv 0.03), 20.00 GiB free"
+    assert lines[2].startswith("engine: WARNING engine.loader: text only")
+    assert read_progress(tmp_path / "missing.log") is None and describe(None) == ""
 
 
 async def test_the_load_form_follows_an_exact_setting_saved_on_the_settings_screen(offline_app):

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from engine import load_progress
 from engine.args import EngineArgs
 from engine.cli import check_supported
 from engine.device import resolve_device
@@ -168,6 +169,7 @@ async def _load_unless_stopped(state: EngineState, stop: asyncio.Event) -> bool:
 def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     """Load-thread work: read the model, check what needs it, size the pool, start the scheduler."""
     opts = state.opts
+    load_progress.phase("read")
     loaded = read_model(opts.model, opts.chat_template)
     config = loaded.config
     layers = gpu_layers(opts.n_gpu_layers, config.n_layers) if state.backend == "cuda" else "none"
@@ -186,6 +188,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
                           opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel,
                           threads=opts.threads or DEFAULT_THREADS, plan=plan)
+    load_progress.phase("warmup")  # the exactness self-check, the scheduler's start
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:

@@ -15,6 +15,7 @@ from textual.widgets import DataTable, ProgressBar, Static
 from studio.tui.format import number
 from studio.tui.screens.base import StudioScreen
 from studio.tui.widgets.exact_badge import ExactBadge
+from studio.tui.widgets.load_banner import describe, show_on_bar
 
 SLOT_COLUMNS = ("slot", "state", "context", "prompt", "generated", "cached", "parks", "restores")
 
@@ -105,7 +106,8 @@ class StatusScreen(StudioScreen):
                     yield ExactBadge(id="exact-badge")
                     yield Static("", id="exact-reason")
             yield Static("", id="status-error")
-            yield ProgressBar(total=None, show_eta=False, show_percentage=False, id="status-loading")
+            yield ProgressBar(total=None, show_eta=False, id="status-loading")
+            yield Static("", id="status-load-progress", markup=False)
             with Horizontal(id="figures"):
                 yield Static("", id="pages-label")
                 yield ProgressBar(total=1, show_eta=False, id="pages-bar")
@@ -141,6 +143,10 @@ class StatusScreen(StudioScreen):
         self.query_one("#engine-info", Static).update(engine_rows(status))
         self.query_one("#exact-reason", Static).update(exact_reason(status) if state == "ready" else "")
         self.query_one("#status-loading", ProgressBar).display = loading
+        progress = status.get("load_progress") if state == "loading" else None
+        show_on_bar(self.query_one("#status-loading", ProgressBar), progress)
+        self.query_one("#status-load-progress", Static).update(describe(progress))
+        self.query_one("#status-load-progress").display = bool(progress)
 
         error = self.query_one("#status-error", Static)
         err = status.get("error")

@@ -2,31 +2,47 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
+from studio.tui.format import size
 
-def engine_progress(log_path: str | None, tail_bytes: int = 8192) -> str:
-    """The engine's memory plan and its latest line, from the running attempt's log (a small tail read)."""
-    if not log_path:
+PHASE_TEXT = {
+    "read": "reading the model file",
+    "kernels": "preparing the compute kernels (a first load compiles them; later loads reuse them)",
+    "weights": "storing the weights",
+    "warmup": "warming up (self-check, scheduler start)",
+}
+
+
+def describe(progress: dict | None) -> str:
+    """The engine's load progress (studio.load_progress.read_progress, carried by the status) for a person:
+    the phase with its counts, the memory plan, the engine's latest other line."""
+    if not progress:
         return ""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail_bytes))
-            lines = [ln.strip() for ln in f.read().decode("utf-8", errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if not ln.startswith("#")]  # the studio's own header lines
-    plan = next((ln[ln.index("memory: needs"):] for ln in reversed(lines) if "memory: needs" in ln), None)
-    parts = [plan] if plan else []
-    if lines and (plan is None or plan not in lines[-1]):
-        parts.append(f"engine: {lines[-1][-160:]}")
+    parts = []
+    phase = progress.get("phase")
+    if phase == "weights" and progress.get("n_tensors"):
+        parts.append(f"{PHASE_TEXT[phase]}: {progress['tensors']}/{progress['n_tensors']} tensors, "
+                     f"{size(progress['bytes'])} of {size(progress['n_bytes'])}")
+    elif phase in PHASE_TEXT:
+        parts.append(PHASE_TEXT[phase])
+    if progress.get("memory"):
+        parts.append(progress["memory"])
+    if progress.get("last_line"):
+        parts.append(f"engine: {progress['last_line']}")
     return "\n".join(parts)
+
+
+def show_on_bar(bar: ProgressBar, progress: dict | None) -> None:
+    """Bytes stored out of the model's while the weights go in; an indeterminate bar otherwise."""
+    if progress and progress.get("phase") == "weights" and progress.get("n_bytes"):
+        bar.update(total=progress["n_bytes"], progress=progress["bytes"])
+    else:
+        bar.update(total=None)
 
 
 class LoadBanner(Vertical):
@@ -36,11 +52,12 @@ class LoadBanner(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("", classes="load-banner-text", markup=False)
-        yield ProgressBar(total=None, show_eta=False, show_percentage=False, classes="load-banner-bar")
+        yield ProgressBar(total=None, show_eta=False, classes="load-banner-bar")
 
     def on_mount(self) -> None:
         self.watch(self.app, "loading", self._refresh, init=False)
         self.watch(self.app, "load_outcome", self._refresh, init=True)
+        self.watch(self.app, "status", self._refresh, init=False)  # carries the engine's load progress
         self.set_interval(1.0, self._refresh)  # the ladder's attempts change without a reactive of their own
 
     def _attempt_note(self) -> str:
@@ -59,13 +76,13 @@ class LoadBanner(Vertical):
             if loading.origin != self.origin:
                 self.display = False
                 return
-            loaded = self.app.manager.loaded
-            live = loaded.live if loaded is not None else []
-            progress = engine_progress(live[-1].log_path if live else None)
+            status = self.app.status
+            progress = status.get("load_progress") if status.get("state") == "loading" else None
+            show_on_bar(self.query_one(".load-banner-bar", ProgressBar), progress)
             elapsed = time.monotonic() - loading.started
             text.update(f"Loading {loading.model} (exact concurrency {loading.exact})… {elapsed:.0f} s;"
                         f"{self._attempt_note()} each attempt's log is on the Logs screen (F6)"
-                        + (f"\n{progress}" if progress else ""))
+                        + (f"\n{describe(progress)}" if progress else ""))
             self.add_class("-loading")
         elif outcome is not None and outcome.origin == self.origin:
             if outcome.ok:
@@ -79,3 +96,4 @@ class LoadBanner(Vertical):
             self.display = False
             return
         self.display = True
+
