@@ -64,6 +64,7 @@ class EngineArgs:
     slot_save_path: str | None
     cache_ram: int | None
     swa_full: bool
+    sleep_idle_seconds: int
     spec_draft_n_min: int
     backend_sampling: bool
     # several GPUs (engine.parallel): tp and tp_split are resolved from --tp, --split-mode and -ts

@@ -30,7 +30,6 @@ LACKING = {
     "--rope-scaling": "rope scaling comes from the model's config",
     "--rope-freq-base": "rope settings come from the model's config",
     "--mlock": "the CPU backend memory-maps weights; locking is not supported",
-    "--sleep-idle-seconds": "unloading weights after idle time is not supported yet",
 }
 
 # --chat-template NAME: llama-server's built-in names for the formats most models follow (BOS comes from the
@@ -98,6 +97,9 @@ def add_compat_flags(p: argparse.ArgumentParser) -> None:
         help="directory for /slots/{id}?action=save|restore (off without it)")
     add("--cache-ram", type=int, default=None, metavar="MIB",
         help="accepted: prompt caches live in the KV pool with their slots; 0 matches (no host-memory cache)")
+    add("--sleep-idle-seconds", type=int, default=-1, metavar="N",
+        help="free the model's weights and KV cache after N seconds without a request, and load them again for "
+             "the next one (the process stays up; /props says is_sleeping); -1 = never (default)")
     add("--swa-full", action="store_true", help="accepted: the KV cache always keeps every position")
     add("--spec-draft-n-min", type=int, default=0, metavar="N", help="accepted: drafts stop at --spec-draft-n-max")
     add("--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",

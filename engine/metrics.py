@@ -7,9 +7,24 @@ the figures llama-server also reports are repeated under its `llamacpp:*` names.
 from __future__ import annotations
 
 PREFIX = "lockstep"
+# the scheduler's figures that are levels, not counts (the rest only grow)
+GAUGES = frozenset({"pages_total", "pages_free", "pages_cached", "busy_slots", "n_slots", "parked_bytes",
+                    "recurrent_states", "queue_len"})
 
 
-def render(stats: dict, served) -> str:
+def add_counters(base: dict, stats: dict) -> dict:
+    """`stats` with the counts of `base` (an earlier scheduler's last figures) added, so that counters carry
+    on across a sleep instead of starting again from zero."""
+    out = {**{k: v for k, v in base.items() if k in GAUGES}, **stats}
+    for k, v in base.items():
+        if k not in GAUGES and isinstance(v, int | float):
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def render(stats: dict, served, window: tuple[int, float, int, float] | None = None) -> str:
+    """`window`: (predicted tokens, their ms, prompt tokens, their ms) since the last scrape, for llama-server's
+    throughput gauges (theirs cover the time since the previous scrape); None = since the start."""
     pages_total, pages_free = stats["pages_total"], stats["pages_free"]
     pages_cached = stats.get("pages_cached", 0)
     gen_s, prompt_s = served.predicted_ms / 1000, served.prompt_ms / 1000
@@ -50,12 +65,14 @@ def render(stats: dict, served) -> str:
         ("prompt_tokens_seconds", "gauge", "Average prompt processing speed, tokens/s.",
          served.prompt_tokens / prompt_s if prompt_s > 0 else 0.0),
     ]
-    return _lines(PREFIX, rows) + _lines("llamacpp", _llamacpp_rows(stats, served))
+    return _lines(PREFIX, rows) + _lines("llamacpp", _llamacpp_rows(stats, served, window))
 
 
-def _llamacpp_rows(stats: dict, served) -> list[tuple]:
+def _llamacpp_rows(stats: dict, served, window) -> list[tuple]:
     """llama-server's names for the figures that mean the same, so its dashboards read ours."""
     gen_s, prompt_s = served.predicted_ms / 1000, served.prompt_ms / 1000
+    n_gen, w_gen_ms, n_prompt, w_prompt_ms = window or (served.predicted_tokens, served.predicted_ms,
+                                                        served.prompt_tokens, served.prompt_ms)
     decode_steps = stats.get("decode_steps_total", 0)
     return [
         ("prompt_tokens_total", "counter", "Prompt tokens processed (cached ones apart).", served.prompt_tokens),
@@ -69,10 +86,10 @@ def _llamacpp_rows(stats: dict, served) -> list[tuple]:
         ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
          stats.get("draft_accepted_total", 0)),
         ("spec_decode_num_drafts_total", "counter", "Drafts proposed.", stats.get("drafts_total", 0)),
-        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
-         served.prompt_tokens / prompt_s if prompt_s > 0 else 0.0),
-        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
-         served.predicted_tokens / gen_s if gen_s > 0 else 0.0),
+        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s since the last scrape.",
+         n_prompt * 1000 / w_prompt_ms if w_prompt_ms > 0 else 0.0),
+        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s since the last scrape.",
+         n_gen * 1000 / w_gen_ms if w_gen_ms > 0 else 0.0),
         ("requests_processing", "gauge", "Requests processing.", stats["busy_slots"]),
         ("requests_deferred", "gauge", "Requests deferred.", stats["queue_len"]),
         ("n_busy_slots_per_decode", "gauge", "Average busy slots per decode step.",

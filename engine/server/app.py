@@ -31,13 +31,14 @@ async def loading_middleware(request: web.Request, handler):
     state = state_of(request)
     if state.stopping:
         return error_response(503, "server is shutting down")
-    if not state.ready and request.match_info.route.resource is not None:
+    if not state.ready and not state.sleeping and request.match_info.route.resource is not None:
         return error_response(503, "Loading model")
     return await handler(request)
 
 
 def build_app(state: EngineState) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware, guard.guard_middleware, auth_middleware,
+    sleeper = [state.sleeper.middleware] if state.sleeper is not None else []  # after auth: a refusal wakes nothing
+    app = web.Application(middlewares=[errors_middleware, guard.guard_middleware, auth_middleware, *sleeper,
                                        loading_middleware],
                           client_max_size=state.opts.body_limit << 20)
     app[STATE] = state

@@ -38,9 +38,15 @@ def generation_defaults(state: EngineState) -> dict:
 
 async def props(request: web.Request) -> web.Response:
     state = state_of(request)
+    if state.sleeping:
+        return web.json_response({**state.sleeper.asleep["props"], "is_sleeping": True})
+    return web.json_response(props_body(state))
+
+
+def props_body(state: EngineState) -> dict:
     tok = state.tokenizer
     opts = state.opts
-    return web.json_response({
+    return {
         "default_generation_settings": generation_defaults(state),
         "n_ctx": state.n_ctx,
         "n_ctx_seq": state.scheduler.n_ctx_seq,
@@ -61,7 +67,7 @@ async def props(request: web.Request) -> web.Response:
         "n_threads": opts.threads or DEFAULT_THREADS,
         "cpu_threads": state.cpu_threads,
         "tensor_parallel": state.parallel,
-    })
+    }
 
 
 async def slots(request: web.Request) -> web.Response:
@@ -70,26 +76,32 @@ async def slots(request: web.Request) -> web.Response:
     state = state_of(request)
     if not getattr(state.opts, "slots_endpoint", True):
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
+    if state.sleeping:
+        return web.json_response(state.sleeper.asleep["slots"])
     scheduler = state.scheduler
     version = scheduler.want_slots()
     deadline = time.monotonic() + SLOTS_WAIT_S
     while scheduler.slots_version == version and time.monotonic() < deadline:
         await asyncio.sleep(0.002)
+    return web.json_response(slot_rows(state, scheduler.slots()))
+
+
+def slot_rows(state: EngineState, rows: list[dict]) -> list[dict]:
     out = []
-    for row in scheduler.slots():  # a slot's sampling parameters only with --verbose, as llama-server's debug
+    for row in rows:  # a slot's sampling parameters only with --verbose, as llama-server's debug
         row = dict(row)
         params = row.pop("params", {})
         if getattr(state.opts, "verbose", False):
             row["params"] = {**params, "logit_bias": json_bias(params.get("logit_bias", ()))}
         out.append(row)
-    return web.json_response(out)
+    return out
 
 
 async def metrics(request: web.Request) -> web.Response:
     state = state_of(request)
     if not state.opts.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
-    return web.Response(text=prom.render(state.scheduler.stats(), state.served),
+    return web.Response(text=prom.render(state.stats(), state.served, state.served.window()),
                         content_type="text/plain", charset="utf-8",
                         headers={"Process-Start-Time-Unix": str(int(state.started))})
 

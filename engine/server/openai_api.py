@@ -35,7 +35,9 @@ from engine.server.run import EventStream, failure, generation
 from engine.server.state import EngineState, state_of
 
 
-def _model_card(state: EngineState, name: str) -> dict:
+def model_card(state: EngineState, name: str) -> dict:
+    if state.sleeping:  # the model is not loaded: its figures as they were on entering sleep
+        return {**state.sleeper.asleep["card"], "id": name}
     c = state.loaded.config
     return {"id": name, "object": "model", "created": int(state.started), "owned_by": "lockstep",
             "aliases": state.aliases, "tags": getattr(state.opts, "tags", []),
@@ -45,12 +47,12 @@ def _model_card(state: EngineState, name: str) -> dict:
 
 async def models(request: web.Request) -> web.Response:
     state = state_of(request)
-    return web.json_response({"object": "list", "data": [_model_card(state, state.alias)]})
+    return web.json_response({"object": "list", "data": [model_card(state, state.alias)]})
 
 
 async def model(request: web.Request) -> web.Response:
     state = state_of(request)
-    return web.json_response(_model_card(state, state.model_name(request.match_info["model"])))
+    return web.json_response(model_card(state, state.model_name(request.match_info["model"])))
 
 
 # ---------------------------------------------------------------------------------------- parsing

@@ -31,6 +31,7 @@ from engine.server.app import build_app
 from engine.server.errors import ApiError
 from engine.server.generation import loop_dispatch
 from engine.server.protocol import GuardedRunner
+from engine.server.sleep import Sleeper
 from engine.server.state import EngineState
 from engine.threads import DEFAULT_THREADS, threads_report
 from kernels.base import PAGE_SIZE
@@ -78,6 +79,9 @@ async def _serve(opts: EngineArgs) -> int:
         raise bad_flag(f"-ctk {opts.cache_type_k} with -ctv {opts.cache_type_v}: different K and V cache types "
                        "are not supported on CUDA yet")
     state = EngineState(opts, exact, backend)
+    if opts.sleep_idle_seconds > 0:
+        loop = asyncio.get_running_loop()
+        state.sleeper = Sleeper(state, opts.sleep_idle_seconds, lambda: _load(state, loop))
     log.info(exact.log_line())
     runner = GuardedRunner(build_app(state), opts.max_connections, handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_SECONDS, keepalive_timeout=opts.timeout)
@@ -89,7 +93,10 @@ async def _serve(opts: EngineArgs) -> int:
         if await _load_unless_stopped(state, stop):
             log.info("model loaded: %s; server is ready (slots=%d, n_ctx=%d, n_ctx_seq=%d, pages=%d)",
                      state.alias, opts.parallel, state.n_ctx, state.scheduler.n_ctx_seq, state.n_ctx // PAGE_SIZE)
+            watch = asyncio.ensure_future(state.sleeper.watch()) if state.sleeper is not None else None
             await stop.wait()
+            if watch is not None:
+                watch.cancel()
         log.info("shutting down")
         return 0
     finally:

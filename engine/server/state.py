@@ -35,6 +35,14 @@ class Served:
     prompt_ms: float = 0.0
     cached_tokens: int = 0
     max_tokens: int = 0  # the longest sequence (prompt and generated) finished so far
+    _mark: tuple = (0, 0.0, 0, 0.0)  # the four figures `window` read last
+
+    def window(self) -> tuple[int, float, int, float]:
+        """(predicted tokens, their ms, prompt tokens, their ms) since the previous call."""
+        now = (self.predicted_tokens, self.predicted_ms, self.prompt_tokens, self.prompt_ms)
+        out = tuple(a - b for a, b in zip(now, self._mark, strict=True))
+        self._mark = now
+        return out
 
     def add(self, done) -> None:
         t = done.timings or {}
@@ -64,6 +72,15 @@ class EngineState:
     max_token_bytes: int = 1  # the vocabulary's longest token: text of n bytes is at least n / this tokens
     generations: set = field(default_factory=set)  # running, so that a shutdown can end each
     stopping: bool = False
+    sleeper: object | None = None  # engine.server.sleep.Sleeper with --sleep-idle-seconds
+
+    @property
+    def sleeping(self) -> bool:
+        return self.sleeper is not None and self.sleeper.sleeping
+
+    def stats(self) -> dict:
+        """The scheduler's figures for /metrics (across sleeps with --sleep-idle-seconds)."""
+        return self.sleeper.stats() if self.sleeper is not None else self.scheduler.stats()
 
     @property
     def ready(self) -> bool:

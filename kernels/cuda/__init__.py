@@ -42,3 +42,11 @@ def free_memory() -> tuple[int, int]:
 
     free, total = cupy.cuda.runtime.memGetInfo()
     return int(free) + int(cupy.get_default_memory_pool().free_bytes()), int(total)
+
+
+def release_cached() -> None:
+    """Hands the blocks CuPy's pools keep for reuse back to the driver (after the arrays using them are gone)."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
