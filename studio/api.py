@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from contract import middleware
 from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
-from studio.errors import StudioError
+from studio.errors import StudioError, validation_message
 from studio.guard import Guard
 from studio.manager import LoadManager
 from studio.openai_front import RequestRecord, model_list, prepare_body
@@ -45,14 +45,6 @@ def error_response(status: int, type_: str, message: str, **extra: Any) -> web.R
     return middleware.error_response(status, message, type_, extra)
 
 
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def _known(exc: Exception) -> web.Response | None:
     if isinstance(exc, StudioError):
         return web.json_response(exc.body(), status=exc.status)
@@ -61,7 +53,7 @@ def _known(exc: Exception) -> web.Response | None:
     if isinstance(exc, SettingsError):
         return error_response(409, "settings_not_writable", exc.message)
     if isinstance(exc, ValidationError):
-        return error_response(400, "invalid_request_error", _validation_message(exc))
+        return error_response(400, "invalid_request_error", validation_message(exc))
     if isinstance(exc, HttpProcessingError | RequestPayloadError):  # e.g. a body that is not what its Content-Encoding says
         reason = str(exc).strip().splitlines()
         return error_response(400, "invalid_request_error", f"the body cannot be read: {' '.join(reason)[:200]}")

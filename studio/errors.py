@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from contract.middleware import error_body
 
 
@@ -17,3 +19,8 @@ class StudioError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.type, self.extra)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """pydantic's errors in one line: `where: what; ...`."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors())

@@ -15,6 +15,7 @@ from studio.manager import LoadManager
 from studio.tui.app import LockstepApp, order_models
 from studio.tui.chat_stream import ChatError, printable, stream_chat
 from studio.tui.load_form import check_load_form, form_values
+from studio.tui.messages import settings_saved
 from studio.tui.screens.chat import sampling
 from studio.tui.screens.settings import settings_patch
 from studio.tui.widgets.chat_message import ChatMessage
@@ -267,6 +268,28 @@ async def test_settings_refuse_a_bad_port(offline_app, tmp_path):
         await wait(pilot, lambda: error.display, "the inline refusal")
         assert "port" in str(error.render())
         assert not (tmp_path / "config" / "settings.json").exists()
+
+
+async def test_settings_changed_by_another_writer_are_not_overwritten(offline_app, tmp_path):
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await pilot.press("f7")
+        screen = offline_app.screen
+        SettingsStore(tmp_path / "config").update({"exact_concurrency": "off"})  # another studio, after reading
+        screen.query_one("#set-exact").value = "on"
+        await pilot.press("ctrl+s")
+        error = screen.query_one("#settings-error")
+        await wait(pilot, lambda: error.display, "the inline refusal")
+        assert "changed since it was read" in str(error.render()) and "ctrl+r" in str(error.render())
+        assert json.loads((tmp_path / "config" / "settings.json").read_text())["exact_concurrency"] == "off"
+
+
+def test_a_settings_update_says_why_it_failed(tmp_path):
+    store = SettingsStore(tmp_path / "config")
+    assert settings_saved(lambda: store.update({"exact_concurrency": "on"})).error is None
+    bad = settings_saved(lambda: store.update({"api_port": 99999})).error
+    assert bad is not None and bad.startswith("api_port: "), bad
+    assert settings_saved(lambda: (_ for _ in ()).throw(OSError("disk full"))).error == "disk full"
+    assert store.settings.exact_concurrency == "on"
 
 
 async def test_returning_to_chat_focuses_the_prompt(offline_app):

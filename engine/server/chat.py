@@ -20,22 +20,27 @@ def _content(i: int, msg: dict) -> str:
         if msg["role"] == "assistant":  # an assistant turn that only carried tool calls
             return ""
         raise bad_request(f"'messages[{i}].content' is required for role {msg['role']!r}")
+    return text_of_parts(content, f"messages[{i}].content", ("text",))
+
+
+def text_of_parts(content: Any, where: str, text_types: tuple[str, ...]) -> str:
+    """A message's content: a string, or an array of text parts joined as llama-server joins them."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"'messages[{i}].content' must be a string or an array of parts, not {kind_of(content)}")
+        raise bad_request(f"'{where}' must be a string or an array of parts, not {kind_of(content)}")
     texts = []
     for j, part in enumerate(content):
-        where = f"'messages[{i}].content[{j}]'"
+        at = f"'{where}[{j}]'"
         if not isinstance(part, dict):
-            raise bad_request(f"{where} must be an object, not {kind_of(part)}")
+            raise bad_request(f"{at} must be an object, not {kind_of(part)}")
         kind = part.get("type")
-        if kind != "text":
-            raise bad_request(f"{where}: content type {kind!r} is not supported (text only)")
+        if kind not in text_types:
+            raise bad_request(f"{at}: content type {kind!r} is not supported (text only)")
         if not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}.text must be a string")
+            raise bad_request(f"{at}.text must be a string")
         texts.append(part["text"])
-    return "\n\n".join(texts)  # as llama-server joins text parts
+    return "\n\n".join(texts)
 
 
 def check_messages(value: Any) -> list[dict]:

@@ -24,6 +24,7 @@ from engine.server.params import (
     check_fits,
     kind_of,
     max_tokens,
+    nonempty,
     read_json,
     reject_unsupported,
     sampling,
@@ -59,9 +60,7 @@ def _one_prompt(value: Any, state: EngineState, where: str) -> list[int]:  # a w
         ids = token_ids(value, tok.vocab_size, where)
     else:
         raise bad_request(f"'{where}' must be a string, an array of token ids or an object, not {kind_of(value)}")
-    if not ids:
-        raise bad_request(f"'{where}' is empty")
-    return ids
+    return nonempty(ids, where)
 
 
 def _text_size(value: Any) -> int:

@@ -312,6 +312,12 @@ def token_ids(value: list, vocab_size: int, name: str) -> list[int]:
     return list(value)
 
 
+def nonempty(ids: list[int], name: str) -> list[int]:
+    if not ids:
+        raise bad_request(f"'{name}' is empty")
+    return ids
+
+
 def check_fits(state: EngineState, text: str, what: str = "prompt") -> None:
     """Refuses text that cannot fit the context before tokenizing it: a token covers at most
     max_token_bytes bytes (halved for normalizers), and a character is at least one byte."""
@@ -341,9 +347,7 @@ async def prompt_tokens(value: Any, state: EngineState, name: str = "prompt") ->
         raise bad_request(f"'{name}' is required")
     else:
         raise bad_request(f"'{name}' must be a string or an array of token ids, not {kind_of(value)}")
-    if not ids:
-        raise bad_request(f"'{name}' is empty")
-    return ids
+    return nonempty(ids, name)
 
 
 def grammar_of(f: Fields) -> str:

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
 
 from aiohttp import web
 
 from engine.requests import Request
+from engine.server.chat import text_of_parts
 from engine.server.chat_render import build_prompt
 from engine.server.completion import cap_predict
 from engine.server.errors import bad_request
 from engine.server.generation import Generation
 from engine.server.params import (
     Fields,
-    kind_of,
     max_tokens,
     read_json,
     reject_unsupported,
@@ -31,19 +30,6 @@ from engine.server.run import EventStream, failure, generation
 from engine.server.state import EngineState, state_of
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
-
-
-def _content(i: int, content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"'input[{i}].content' must be a string or an array of parts, not {kind_of(content)}")
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise bad_request(f"'input[{i}].content[{j}]': only text parts are supported")
-        texts.append(part["text"])
-    return "\n\n".join(texts)
 
 
 def _messages(f: Fields) -> list[dict]:
@@ -57,7 +43,7 @@ def _messages(f: Fields) -> list[dict]:
         for i, item in enumerate(value):
             if not isinstance(item, dict) or item.get("type", "message") != "message":
                 raise bad_request(f"'input[{i}]' must be a message (other item types are not supported)")
-            messages.append({"role": item.get("role"), "content": _content(i, item.get("content"))})
+            messages.append({"role": item.get("role"), "content": text_of_parts(item.get("content"), f"input[{i}].content", _TEXT_PARTS)})
     else:
         raise bad_request("'input' is required: a string or an array of messages")
     return messages

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from textual.message import Message
+
+from settings import EnvOverrideError
+from studio.errors import validation_message
 
 
 @dataclass
@@ -20,103 +25,99 @@ class LoadOutcome:
     answer: dict[str, Any] | None = None
 
 
+@dataclass
 class LoadFinished(Message):
-    def __init__(self, outcome: LoadOutcome) -> None:
-        super().__init__()
-        self.outcome = outcome
+    outcome: LoadOutcome
 
 
+@dataclass
 class StatusPolled(Message):
-    def __init__(self, status: dict[str, Any]) -> None:
-        super().__init__()
-        self.status = status
+    status: dict[str, Any]
 
 
+@dataclass
 class ApiStarted(Message):
     """The REST API is serving at `url`, or `error` says why it is not."""
 
-    def __init__(self, url: str | None, error: str | None = None) -> None:
-        super().__init__()
-        self.url = url
-        self.error = error
+    url: str | None
+    error: str | None = None
 
 
+@dataclass
 class CatalogScanned(Message):
-    def __init__(self, models: list, folders: list[str], error: str | None = None) -> None:
-        super().__init__()
-        self.models = models
-        self.folders = folders
-        self.error = error
+    models: list
+    folders: list[str]
+    error: str | None = None
 
 
+@dataclass
 class ChatDelta(Message):
-    def __init__(self, turn: int, text: str, tokens: int = 0, ttft: float | None = None,
-                 seconds: float = 0.0) -> None:
-        super().__init__()
-        self.turn = turn
-        self.text = text
-        self.tokens = tokens  # so far
-        self.ttft = ttft
-        self.seconds = seconds
+    turn: int
+    text: str
+    tokens: int = 0  # so far
+    ttft: float | None = None
+    seconds: float = 0.0
 
 
+@dataclass
 class ChatTrimmed(Message):
     """The oldest `dropped` messages were left out so the conversation fits the context."""
 
-    def __init__(self, turn: int, dropped: int, context: int) -> None:
-        super().__init__()
-        self.turn = turn
-        self.dropped = dropped
-        self.context = context
+    turn: int
+    dropped: int
+    context: int
 
 
+@dataclass
 class ChatFinished(Message):
-    def __init__(self, turn: int, error: str | None = None, seed: int | None = None, finish_reason: str | None = None,
-                 tokens: int = 0, seconds: float = 0.0, ttft: float | None = None, engine_stopped: bool = False
-                 ) -> None:
-        super().__init__()
-        self.turn = turn
-        self.error = error
-        self.seed = seed
-        self.finish_reason = finish_reason
-        self.tokens = tokens
-        self.seconds = seconds
-        self.ttft = ttft
-        self.engine_stopped = engine_stopped  # the engine died mid-reply; a reload follows
+    turn: int
+    error: str | None = None
+    seed: int | None = None
+    finish_reason: str | None = None
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft: float | None = None
+    engine_stopped: bool = False  # the engine died mid-reply; a reload follows
 
 
+@dataclass
 class EngineReloaded(Message):
-    def __init__(self, error: str | None = None) -> None:
-        super().__init__()
-        self.error = error
+    error: str | None = None
 
 
+@dataclass
 class EvidenceProgress(Message):
-    def __init__(self, line: str) -> None:
-        super().__init__()
-        self.line = line
+    line: str
 
 
+@dataclass
 class EvidenceFinished(Message):
-    def __init__(self, report: Any = None, error: str | None = None) -> None:
-        super().__init__()
-        self.report = report
-        self.error = error
+    report: Any = None
+    error: str | None = None
 
 
+@dataclass
 class LogsRead(Message):
-    def __init__(self, logs: dict[str, Any]) -> None:
-        super().__init__()
-        self.logs = logs
+    logs: dict[str, Any]
 
 
+@dataclass
 class SettingsSaved(Message):
-    def __init__(self, error: str | None = None) -> None:
-        super().__init__()
-        self.error = error
+    error: str | None = None
 
 
+def settings_saved(update: Callable[[], object]) -> SettingsSaved:
+    """Runs a settings-store update (in a worker: the store fsyncs) and says how it went; a conflict
+    (SettingsError) is left to the caller, which knows how the user gets the current settings back."""
+    try:
+        update()
+    except ValidationError as exc:
+        return SettingsSaved(validation_message(exc))
+    except (OSError, EnvOverrideError) as exc:
+        return SettingsSaved(str(exc))
+    return SettingsSaved()
+
+
+@dataclass
 class Unloaded(Message):
-    def __init__(self, had_model: bool) -> None:
-        super().__init__()
-        self.had_model = had_model
+    had_model: bool

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,7 +12,7 @@ from settings import CACHE_TYPES
 from studio.catalog import ModelInfo
 from studio.tui.format import size
 from studio.tui.load_form import DEFAULT, check_load_form, effective_defaults, form_values
-from studio.tui.messages import SettingsSaved
+from studio.tui.messages import SettingsSaved, settings_saved
 from studio.tui.screens.base import StudioScreen
 from studio.tui.widgets.load_banner import LoadBanner
 
@@ -210,12 +209,7 @@ class LoadScreen(StudioScreen):
 
     @work(thread=True, exclusive=True, group="save-load-defaults")
     def save_defaults(self, load: dict) -> None:
-        try:
-            self.studio.manager.store.update({"load": load})
-        except (ValidationError, OSError) as exc:
-            self.post_message(SettingsSaved(str(exc)))
-            return
-        self.post_message(SettingsSaved())
+        self.post_message(settings_saved(lambda: self.studio.manager.store.update({"load": load})))
 
     def on_settings_saved(self, message: SettingsSaved) -> None:
         if message.error:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import ValidationError
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,9 +12,9 @@ from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from settings import EXACT_MODES, PREEMPT_MODES, EnvOverrideError, Settings, SettingsError
+from settings import EXACT_MODES, PREEMPT_MODES, Settings, SettingsError
 from settings.env import ENV_MODEL_DIRS
-from studio.tui.messages import SettingsSaved
+from studio.tui.messages import SettingsSaved, settings_saved
 from studio.tui.screens.base import StudioScreen
 
 NOT_SET = "unset"
@@ -154,20 +153,12 @@ class SettingsScreen(StudioScreen):
 
     @work(thread=True, exclusive=True, group="save-settings")
     def save(self, patch: dict[str, Any]) -> None:
-        # The store fsyncs its file: off the event loop.
+        store = self.studio.manager.store
         try:
-            self.studio.manager.store.update(patch, expected_version=self._version)
+            self.post_message(settings_saved(lambda: store.update(patch, expected_version=self._version)))
         except SettingsError as exc:
-            self.post_message(SettingsSaved(f"{exc.message.removeprefix('not saved: ')}: press ctrl+r (Revert) to load the current settings"))
-            return
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            self.post_message(SettingsSaved(problems))
-            return
-        except (OSError, EnvOverrideError) as exc:
-            self.post_message(SettingsSaved(str(exc)))
-            return
-        self.post_message(SettingsSaved())
+            self.post_message(SettingsSaved(f"{exc.message.removeprefix('not saved: ')}: press ctrl+r (Revert) to "
+                                            "load the current settings"))
 
     def on_settings_saved(self, message: SettingsSaved) -> None:
         if message.error:
