@@ -14,7 +14,7 @@ import time
 import cupy as cp
 import numpy as np
 
-from kernels.cuda import kquant, modules, plan
+from kernels.cuda import kquant, plan
 from kernels.cuda import launch as kernel_launch
 from kernels.cuda.modules import kernel
 from kernels.cuda.ops import CudaOps, mm_tc_args
@@ -73,18 +73,6 @@ def copy_bandwidth() -> float:
     dst = cp.empty_like(src)
     t = timed(lambda: dst.data.copy_from_device_async(src.data, src.nbytes))
     return 2 * src.nbytes / t
-
-
-def patched_module(name: str, variant: str, patches: dict):
-    """The kernel source `name` with the text patches of each "+"-separated part of `variant` applied
-    (probe builds), compiled as the product compiles it."""
-    text = modules.source(name)
-    for part in variant.split("+"):
-        for old, new in patches.get(part, []):
-            assert old in text, f"{part}: the patched text is no longer in {name}"
-            text = text.replace(old, new)
-    arch = (f"-arch={modules.ARCH[name]}",) if name in modules.ARCH else ()
-    return cp.RawModule(code=text, options=modules.OPTIONS + arch)
 
 
 def random_weight(n: int, k: int, dtype: str) -> CudaWeight:

@@ -7,15 +7,15 @@ OUT=${OUT:-/tmp/ncu}
 mkdir -p "$OUT"
 sections="--section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats
   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats"
-# targets to profile: the arguments (e.g. tm2 tm2+x16), else all
+# targets to profile: the arguments (e.g. tm1 tm2), else all
 declare -A kernels=([wgmma]=mm_wgmma_tma [tm2]=mm_f16_tm2 [tm1]=mm_f16_tm1
                     [attn_prefill]=attn_partial [attn_decode]=attn_partial)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wgmma tm2 tm2+x16 tm1 attn_prefill attn_decode)
+[ ${#targets[@]} -gt 0 ] || targets=(wgmma tm2 tm1 attn_prefill attn_decode)
 for target in "${targets[@]}"; do
-  kernel=${kernels[${target%%+*}]:-}
+  kernel=${kernels[$target]:-}
   [ -n "$kernel" ] || { echo "unknown target $target (known: ${!kernels[*]})"; exit 2; }
   timeout 150 ncu $sections --print-details all --launch-skip 1 --launch-count 1 -k "regex:^$kernel" \
-    python3 bench/probes/ncu_targets.py "$target" > "$OUT/ncu-${target//+/_}.txt" 2>&1
-  echo "$target rc=$? $(wc -l < "$OUT/ncu-${target//+/_}.txt") lines"
+    python3 bench/probes/ncu_targets.py "$target" > "$OUT/ncu-$target.txt" 2>&1
+  echo "$target rc=$? $(wc -l < "$OUT/ncu-$target.txt") lines"
 done

@@ -1,8 +1,6 @@
 """One kernel of interest, launched twice (compile, then the launch to profile), for Nsight Compute:
   ncu --launch-skip 1 --launch-count 1 -k regex:KERNEL python3 bench/probes/ncu_targets.py TARGET
-Targets: wgmma (8B gate|up shape, 512 rows), tm1 / tm2 (the same at 1 / 16 rows), tm2+BUILD (the fused
-8B gate|up at 16 rows in a bench/probes/decode_mm.py build, e.g. tm2+x16: 16-bit activations, 6-10 %
-faster at 8 rows, 43 % slower at 16 in rt-mm-h200.json; why is open),
+Targets: wgmma (8B gate|up shape, 512 rows), tm1 / tm2 (the same at 1 / 16 rows),
 attn_prefill (512 x 512, d 128), attn_decode (16 rows, context 640, d 128).
 """
 
@@ -32,11 +30,6 @@ def main() -> None:
         x = cp.random.standard_normal(({"wgmma": 512, "tm1": 1, "tm2": 16}[target], 4096), dtype=cp.float32)
         for _ in range(2):
             ops.matmul(x, w)
-    elif target.startswith("tm2+"):  # the 16-row kernel of a decode_mm.py build, e.g. tm2+x16
-        from bench.probes.decode_mm import run
-
-        for _ in range(2):
-            run(target[4:], "gate_up", 16, ops.sm_count)
     elif target == "attn_prefill":
         attention(ops, 512, 512, True)
     elif target == "attn_decode":
