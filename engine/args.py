@@ -65,6 +65,7 @@ class EngineArgs:
     cache_ram: int | None
     swa_full: bool
     sleep_idle_seconds: int
+    keep: int
     spec_draft_n_min: int
     backend_sampling: bool
     # several GPUs (engine.parallel): tp and tp_split are resolved from --tp, --split-mode and -ts

@@ -90,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("-ctv", "--cache-type-v", default="f16", metavar="TYPE", help=kv_help.format("V"))
     shift = p.add_mutually_exclusive_group()
     shift.add_argument("--context-shift", dest="context_shift", action="store_true", default=False,
-                       help="shift the context when a sequence fills it (not supported yet; disabled in exact mode)")
+                       help="a sequence that fills its context drops old tokens and goes on, as llama-server: the "
+                            "first --keep (or the request's n_keep) stay, half the rest (or n_discard) go, and the "
+                            "tokens after the cut are recomputed; a request without a token limit then runs until it "
+                            "ends (disabled in exact mode)")
     shift.add_argument("--no-context-shift", dest="context_shift", action="store_false",
                        help="end a sequence that fills its context with finish_reason 'length' (the default)")
     add("--cache-reuse", type=_int_at_least(0), default=0, metavar="N",
@@ -274,8 +277,6 @@ def check_supported(opts: EngineArgs, backend: str) -> None:
                        "use -fa on or auto")
     if opts.no_kv_offload and backend == "cuda":
         raise bad_flag("--no-kv-offload is not supported yet on CUDA")
-    if opts.context_shift:
-        raise bad_flag("--context-shift is not supported yet")
     if opts.cache_reuse:
         raise bad_flag("--cache-reuse is not supported yet; prompt caching at the same positions is always on")
 

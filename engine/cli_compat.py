@@ -100,6 +100,9 @@ def add_compat_flags(p: argparse.ArgumentParser) -> None:
     add("--sleep-idle-seconds", type=int, default=-1, metavar="N",
         help="free the model's weights and KV cache after N seconds without a request, and load them again for "
              "the next one (the process stays up; /props says is_sleeping); -1 = never (default)")
+    add("--keep", type=int, default=0, metavar="N",
+        help="with --context-shift, the first N prompt tokens a shift keeps (-1 = the whole prompt; a request's "
+             "n_keep wins) (default: %(default)s)")
     add("--swa-full", action="store_true", help="accepted: the KV cache always keeps every position")
     add("--spec-draft-n-min", type=int, default=0, metavar="N", help="accepted: drafts stop at --spec-draft-n-max")
     add("--backend-sampling", "--backend_sampling", dest="backend_sampling", action="store_true",

@@ -85,9 +85,12 @@ def check_model(config: ModelConfig, *, gpu_layers: str, backend: str) -> None:
 
 
 def disable_inexact_features(*, context_shift: bool, cache_reuse: int) -> tuple[bool, int]:
-    """Shifting KV to new positions re-rotates keys, so neither survives exact mode; warn and turn off."""
+    """Neither survives exact mode; warn and turn off. A context shift cuts a sequence where its context
+    ends, so its answer would depend on --ctx-size and --parallel; reused KV at shifted positions has
+    keys rotated twice."""
     if context_shift:
-        log.warning("exact concurrency: --context-shift disabled (shifting the context re-rotates keys)")
+        log.warning("exact concurrency: --context-shift disabled (a shift drops tokens where the context ends, "
+                    "so the answer would depend on --ctx-size and --parallel)")
     if cache_reuse:
         log.warning("exact concurrency: --cache-reuse %d disabled (reusing KV at shifted positions is not "
                     "exact); prompt caching at the same positions stays on", cache_reuse)

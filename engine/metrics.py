@@ -45,6 +45,7 @@ def render(stats: dict, served, window: tuple[int, float, int, float] | None = N
         ("parks_total", "counter", "Sequences parked to host memory.", stats["parks"]),
         ("restores_total", "counter", "Parked sequences restored into the pool.", stats["restores"]),
         ("recomputes_total", "counter", "Preempted sequences dropped for recompute.", stats["recomputes"]),
+        ("context_shifts_total", "counter", "Context shifts (--context-shift).", stats.get("context_shifts", 0)),
         ("drafted_total", "counter", "Speculative draft tokens proposed.", stats.get("drafted_total", 0)),
         ("draft_accepted_total", "counter", "Speculative draft tokens accepted.",
          stats.get("draft_accepted_total", 0)),

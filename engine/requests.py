@@ -20,6 +20,9 @@ class Request:
     cache_prompt: bool = True
     id_slot: int = -1
     return_progress: bool = False  # a ProgressEvent when admitted and after each prompt chunk
+    # --context-shift: the first n_keep tokens stay (-1: the whole prompt); n_discard go (0: half the rest)
+    n_keep: int = 0
+    n_discard: int = 0
 
 
 @dataclass

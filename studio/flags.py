@@ -243,7 +243,8 @@ def exact_contradictions(options: Options) -> list[LoadWarning]:
     warnings: list[LoadWarning] = []
     if "--context-shift" in options:
         warnings.append(LoadWarning("exact_context_shift", "--context-shift",
-                                    "context shift re-rotates keys; the engine disables it in exact mode"))
+                                    "a context shift cuts a sequence where its context ends, so its answer "
+                                    "would depend on --ctx-size; the engine disables it in exact mode"))
     reuse = options.get("--cache-reuse")
     if reuse is not None and int(reuse) > 0:
         warnings.append(LoadWarning("exact_cache_reuse", "--cache-reuse",

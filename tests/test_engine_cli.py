@@ -57,7 +57,6 @@ def test_bad_command_lines_exit_2(tiny_llama, args, needle):
     (["-ctk", "f8"], "error: --cache-type-k 'f8' is not a cache type (supported: f32, f16, bf16, q8_0)"),
     (["-fa", "off"], "error: -fa off is not supported yet (the paged flash kernel is the only attention); "
                      "use -fa on or auto"),
-    (["--context-shift"], "error: --context-shift is not supported yet"),
     (["--cache-reuse", "256"], "error: --cache-reuse is not supported yet; prompt caching at the same positions "
                                "is always on"),
     (["--spec-type", "ngram", "--spec-draft-n-max", "0"], "error: --spec-type ngram needs --spec-draft-n-max >= 1"),

@@ -11,7 +11,7 @@ from engine.modes import PreemptMode
 
 COUNTERS = ("parks", "restores", "recomputes", "requests_total", "prompt_tokens_total", "tokens_predicted_total",
             "drafted_total", "draft_accepted_total", "steps_total", "decode_steps_total", "ahead_steps_total",
-            "decode_rows_total", "drafts_total")
+            "decode_rows_total", "drafts_total", "context_shifts")
 TIMERS = ("step_seconds_total", "decode_step_seconds_total", "busy_seconds_total")
 
 
@@ -28,6 +28,7 @@ class Context:
     spec_n_max: int
     max_queue: int
     preempt_mode: PreemptMode = "auto"
+    context_shift: bool = False  # a sequence that fills n_ctx_seq drops old tokens instead of ending
     counters: dict = field(default_factory=new_counters)
     # admission order of sequences (the newest is parked first) and use order of slots (LRU caches)
     clock: Iterator[int] = field(default_factory=itertools.count)

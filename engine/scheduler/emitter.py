@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from engine import constraints
+from engine.kv_cache import pages_for
 from engine.requests import DoneEvent, Event, ProgressEvent, Row, TokenEvent
 from engine.runner import RowsOut
 from engine.sampler import log_softmax, post_sampling_logprobs, sample, top_logprobs
@@ -42,7 +43,7 @@ class Emitter:
         for i in range(len(draft) + 1):
             seq.n_computed = start + i + 1  # KV is valid through the row that produced this sample
             tok = self._emit(seq, logits.row(i))
-            if seq.done or not self.mem.is_running(seq) or i == len(draft) or tok != draft[i]:
+            if seq.done or not self.mem.is_running(seq) or i == len(draft) or tok != draft[i] or seq.pending > 1:
                 break
             accepted += 1
         seq.spec.record(len(draft), accepted)
@@ -81,6 +82,29 @@ class Emitter:
             else:
                 kept.append((rid, req, on_event))
         return kept
+
+    def _shift(self, seq: Seq) -> bool:
+        """llama-server's context shift: the first n_keep tokens (and a BOS) stay, the n_discard after them
+        go (half the rest by default), and the sequence goes on. The KV of the kept head is still valid
+        (causal: it never saw what followed); the tokens after the cut are recomputed at their new
+        positions, which gives the KV a fresh prompt of the shifted tokens would have, where re-rotating
+        the old keys would keep values computed with the dropped tokens in view and round each key twice.
+        False when nothing can be dropped."""
+        n_keep = seq.n_prompt if seq.req.n_keep < 0 else seq.req.n_keep
+        if self.tokenizer.bos_id is not None and seq.tokens[0] == self.tokenizer.bos_id:
+            n_keep += 1
+        n_keep = max(0, min(self.ctx.n_ctx_seq - 4, n_keep))
+        n_left = len(seq.tokens) - n_keep
+        n_discard = min(max(seq.req.n_discard or n_left // 2, 0), max(0, n_left - 1))
+        if n_discard <= 0:
+            return False
+        del seq.tokens[n_keep : n_keep + n_discard]
+        seq.n_computed = min(seq.n_computed, n_keep)
+        keep_pages = pages_for(len(seq.tokens))
+        self.mem.pool.release(seq.pages[keep_pages:])
+        seq.pages = seq.pages[:keep_pages]
+        self.ctx.counters["context_shifts"] += 1
+        return True
 
     def _fork(self, seq: Seq) -> list[Seq]:
         """n > 1: each further completion gets a copy of the prompt's pages and its own slot."""
@@ -125,7 +149,9 @@ class Emitter:
         self.ctx.counters["tokens_predicted_total"] += 1
         self.outbox.append((seq.on_event, TokenEvent(seq.index, tok, lp, top)))
         every = self.ctx.preempt_every
-        if seq.generated >= seq.req.max_tokens >= 0 or len(seq.tokens) >= self.ctx.n_ctx_seq:
+        if seq.generated >= seq.req.max_tokens >= 0:
+            self.finish(seq, "length")
+        elif len(seq.tokens) >= self.ctx.n_ctx_seq and not (self.ctx.context_shift and self._shift(seq)):
             self.finish(seq, "length")
         elif every and seq.generated % every == 0 and self.mem.is_running(seq):
             self.mem.park(seq)

@@ -45,7 +45,8 @@ class Scheduler:
                  n_ubatch: int, kv_unified: bool, preempt_ram_bytes: int, preempt_every: int = 0,
                  max_queue: int = 64, spec_n_max: int = 0,
                  dispatch: Callable[[list[tuple[Callable, Event]]], None] = call_each,
-                 states: list[SeqState] | None = None, preempt_mode: PreemptMode = "auto"):
+                 states: list[SeqState] | None = None, preempt_mode: PreemptMode = "auto",
+                 context_shift: bool = False):
         """`dispatch` receives each step's events at once, on the compute thread: a server hands the
         whole batch to its event loop with one wake-up instead of one per token. `states`: holders
         of per-sequence state besides KV pages (see `memory.SeqState`). `preempt_mode`: see
@@ -57,7 +58,7 @@ class Scheduler:
             n_ctx_seq=seq_context(n_ctx, n_slots, kv_unified, self.pool.n_pages * PAGE_SIZE),
             budget=max(1, min(n_batch, n_ubatch)), preempt_ram_bytes=preempt_ram_bytes,
             preempt_every=preempt_every or int(os.environ.get(PREEMPT_EVERY, "0") or 0),
-            spec_n_max=spec_n_max, max_queue=max_queue, preempt_mode=preempt_mode)
+            spec_n_max=spec_n_max, max_queue=max_queue, preempt_mode=preempt_mode, context_shift=context_shift)
         self.counters = self.ctx.counters
         self.slots_ = SlotTable(n_slots, self.pool, self.ctx, snapshots_only=runner.recurrent)
         if runner.recurrent:

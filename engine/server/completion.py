@@ -28,6 +28,7 @@ from engine.server.params import (
     read_json,
     reject_unsupported,
     sampling,
+    shift_fields,
     stop_strings,
     token_ids,
 )
@@ -152,7 +153,7 @@ class Native:
                        max_tokens=cap_predict(state, max_tokens(f, "n_predict", "max_tokens")),
                        logprobs=n_probs if n_probs > 0 else -1, cache_prompt=f.bool("cache_prompt", True),
                        id_slot=f.int("id_slot", -1, -1, self.state.opts.parallel - 1), n=f.int("n", 1, 1, MAX_N),
-                       return_progress=f.bool("return_progress", False))
+                       return_progress=f.bool("return_progress", False), **shift_fields(f, self.state.opts.keep))
 
     def summary(self, gen: Generation, choice: Choice) -> dict:
         state, req, done = self.state, gen.request, choice.done

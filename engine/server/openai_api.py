@@ -28,6 +28,7 @@ from engine.server.params import (
     read_json,
     reject_unsupported,
     sampling,
+    shift_fields,
     stop_strings,
 )
 from engine.server.pieces import token_bytes
@@ -69,6 +70,7 @@ def _common(state: EngineState, f: Fields, prompt: list[int], logprobs: int) -> 
         cache_prompt=f.bool("cache_prompt", True),
         id_slot=f.int("id_slot", -1, -1, state.opts.parallel - 1),
         return_progress=f.bool("return_progress", False),
+        **shift_fields(f, state.opts.keep),
     )
     return req, stop_strings(f)
 

@@ -270,6 +270,12 @@ _NEUTRAL = {
 }
 
 
+def shift_fields(f: Fields, default_keep: int) -> dict:
+    """llama-server's n_keep (-1: the whole prompt) and n_discard (0: half of what follows n_keep), read by a
+    --context-shift."""
+    return {"n_keep": f.int("n_keep", default_keep, -1), "n_discard": f.int("n_discard", 0, 0)}
+
+
 def reject_unsupported(f: Fields) -> None:
     for name, neutral in _NEUTRAL.items():
         value = f.raw(name, neutral[0])

@@ -94,7 +94,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     chat = await build_prompt(state, Fields({"messages": _messages(f)}))
     req = Request(prompt=chat.ids, params=sampling(f, state.defaults, state.opts.seed, state.tokenizer),
                   max_tokens=cap_predict(state, max_tokens(f, "max_output_tokens", "max_tokens")),
-                  return_progress=f.bool("return_progress", False))
+                  return_progress=f.bool("return_progress", False), n_keep=state.opts.keep)
     async with generation(state, req, stop_strings(f)) as gen:
         shape = Shape(state, gen, state.model_name(body.get("model")), f)
         if not f.bool("stream", False):

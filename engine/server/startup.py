@@ -211,7 +211,8 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
                           spec_n_max=spec_n,
-                          dispatch=loop_dispatch(loop), preempt_mode=opts.preempt_mode)
+                          dispatch=loop_dispatch(loop), preempt_mode=opts.preempt_mode,
+                          context_shift=_context_shift(opts, runner))
     _cap_slot_context(scheduler, opts, config)
     if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
         # the model code attends to every earlier position; within the window that is the same thing
@@ -225,6 +226,14 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     state.loaded, state.n_ctx = loaded, n_pages * PAGE_SIZE
     scheduler.start()
     state.scheduler = scheduler  # last: the server reports ready from here on
+
+
+def _context_shift(opts: EngineArgs, runner) -> bool:
+    if opts.context_shift and runner.recurrent:  # as llama-server: a recurrent state cannot drop old tokens
+        log.warning("--context-shift disabled: %s keeps a recurrent state, from which tokens cannot be dropped",
+                    runner.config.arch)
+        return False
+    return opts.context_shift
 
 
 def parallel_plan(opts: EngineArgs, loaded, backend: str):
