@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from contract.env import ENGINE_API_KEY, PREEMPT_MODE
 from engine.args import EngineArgs
-from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unknown
+from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unknown, lacking_flags
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
 from engine.threads import DEFAULT_THREADS, THREADS_HELP, configure_threads
@@ -31,6 +31,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own exit code for a bad command line is 2, as ours
         self.print_usage(sys.stderr)
         self.exit(BAD_FLAGS, f"error: {explain_unknown(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        # before argparse, which would read a lacking "-ngld 99" as "-n gld" and fail on the wrong flag
+        if lacking := lacking_flags(sys.argv[1:] if args is None else list(args)):
+            self.error("unrecognized arguments: " + " ".join(lacking))
+        return super().parse_known_args(args, namespace)
 
 
 def _int_at_least(low: int):

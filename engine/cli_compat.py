@@ -7,14 +7,23 @@ import argparse
 
 from engine.threads import THREADS_HELP
 
+# A draft model would need its own KV pages beside every sequence's, parked, restored and forked with them;
+# n-gram drafts need none and are exact by the same acceptance rule.
+DRAFT_MODEL = ("draft-model speculation is not supported; use --spec-type ngram --spec-draft-n-max N (drafts "
+               "looked up in the sequence's own tokens, kept only when they equal the model's samples)")
+DRAFT_FLAGS = ("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+               "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", "-devd", "--device-draft",
+               "--spec-draft-device", "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", "-ctvd",
+               "--cache-type-v-draft", "--spec-draft-type-v", "-td", "--threads-draft", "--spec-draft-threads", "-tbd",
+               "--threads-batch-draft", "--spec-draft-threads-batch", "--spec-draft-p-min", "--draft-p-min")
+
 # llama-server flags without an equivalent here: an unrecognized one is named with its reason.
 LACKING = {
+    **dict.fromkeys(DRAFT_FLAGS, DRAFT_MODEL),
     "--lora": "LoRA adapters are not supported",
     "--lora-scaled": "LoRA adapters are not supported",
     "--grp-attn-n": "self-extend (group attention) is not supported",
     "--grp-attn-w": "self-extend (group attention) is not supported",
-    "-md": "draft-model speculation is not supported yet (use --spec-type ngram)",
-    "--model-draft": "draft-model speculation is not supported yet (use --spec-type ngram)",
     "--mmproj": "multimodal projectors are not supported",
     "--mmproj-url": "multimodal projectors are not supported",
     "--embedding": "embeddings are not served",
@@ -113,10 +122,18 @@ def builtin_or_source(name: str) -> str:
     return BUILTIN_TEMPLATES.get(name, name)
 
 
+def lacking_flags(argv: list[str]) -> list[str]:
+    return [a for a in argv if a.split("=", 1)[0] in LACKING]
+
+
 def explain_unknown(message: str) -> str:
     """argparse's 'unrecognized arguments: ...' with the reason for each llama-server flag we lack."""
     if not message.startswith("unrecognized arguments:"):
         return message
-    reasons = [f"{a}: {LACKING[a.split('=', 1)[0]]}" for a in message.split(":", 1)[1].split()
-               if a.split("=", 1)[0] in LACKING]
+    flags: dict[str, list[str]] = {}  # reason -> the flags it covers, in the order given
+    for a in message.split(":", 1)[1].split():
+        flag = a.split("=", 1)[0]
+        if flag in LACKING and flag not in flags.setdefault(LACKING[flag], []):
+            flags[LACKING[flag]].append(flag)
+    reasons = [f"{', '.join(names)}: {why}" for why, names in flags.items()]
     return message + ("" if not reasons else " (" + "; ".join(reasons) + ")")
