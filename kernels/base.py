@@ -101,6 +101,10 @@ class Ops(Protocol):
         same bits for a row (kernels.selfcheck checks it on the device)."""
         return "matmul"
 
+    def qkv_family(self, t: int, w: Any) -> str:
+        """What norm_qkv_rope_write runs t rows of an upload_qkv weight on (the self-check probes each)."""
+        return "matmul"
+
     def matmul(self, x: Any, w: Any, bias: Any | None = None, residual: Any | None = None) -> Any:
         """x [T, K] @ w[N, K]^T (+ bias) -> [T, N], float32 accumulation; with `residual` [T, N],
         residual + that (the bits of add(residual, matmul(x, w, bias)))."""
@@ -149,6 +153,10 @@ class Ops(Protocol):
         bias, in those bits (on CUDA one launch where the matmul can rotate and store)."""
     def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
         """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""
+    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
+        """Which build of its kernel attention runs t rows on (block tables `width` pages wide); exact
+        mode promises every build the same bits for a row (the self-check probes each)."""
+        return "attention"
     def attention_out(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float, wo: Any, residual: Any) -> Any:
         """matmul(attention(q, layer, rows, scale), wo, residual=residual), the same bits."""
     def kv_read_pages(self, layer: KVLayer, pages: Any) -> tuple[np.ndarray, ...]:

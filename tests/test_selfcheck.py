@@ -1,8 +1,11 @@
 """The exactness self-check's mechanism on the CPU: it finds each family's row count, passes the
 real CPU backend, and refuses (the engine's one-line verdict, which the studio classifies) when a
-family changes row 0's bits."""
+family changes row 0's bits; and which CUDA kernels and attention builds it probes for real shapes
+(kernels.cuda.dispatch, plain arithmetic)."""
 
 import logging
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,7 +14,8 @@ from engine.exits import EXACT_REFUSED, Fatal
 from engine.loader import load_model
 from engine.runner import Runner, make_ops
 from engine.selfcheck import model_matmuls, self_check
-from kernels.selfcheck import check_matmuls, family_rows
+from kernels.cuda import dispatch
+from kernels.selfcheck import AttentionShape, attention_rows, check_matmuls, family_rows, qkv_rows
 from studio.failures import classify
 
 
@@ -69,7 +73,7 @@ def test_a_batch_too_small_to_pick_the_family_passes(runner, caplog):
     with caplog.at_level(logging.INFO, logger="engine.selfcheck"):
         self_check(FaultyFamilyOps(runner.ops), runner.model, 8)  # the faulty family is never chosen
     (line,) = [r.getMessage() for r in caplog.records if "exactness self-check" in r.getMessage()]
-    assert "families rows_gemv," in line and "fake_wide" not in line, line
+    assert "families attend_rows, rows_gemv," in line and "fake_wide" not in line, line
 
 
 def test_lm_head_is_checked_only_up_to_the_rows_it_sees(runner):
@@ -85,3 +89,142 @@ def test_lm_head_is_checked_only_up_to_the_rows_it_sees(runner):
     self_check(HeadOnly(runner.ops), runner.model, 512, head_rows=4)  # 4 sequences: lm_head sees 4 rows
     with pytest.raises(Fatal, match="weight lm_head"):
         self_check(HeadOnly(runner.ops), runner.model, 512, head_rows=16)
+
+
+def flip_last_bit(a: np.ndarray) -> None:
+    """a[0, 0]'s lowest bit flipped in place (float32 or a 16-bit KV cell)."""
+    bits = a.view(np.uint32 if a.dtype == np.float32 else np.uint16)
+    bits[0, 0] ^= 1
+
+
+class FaultyAttentionOps(FaultyFamilyOps):
+    """Fake, named as such: an attention build that changes row 0's last bit from 8 rows."""
+
+    def attention_build(self, t, n_heads, n_kv, head_dim, width):
+        return "fake_throughput" if t >= 8 else self.ops.attention_build(t, n_heads, n_kv, head_dim, width)
+
+    def matmul_family(self, t, w):
+        return self.ops.matmul_family(t, w)
+
+    def matmul(self, x, w, bias=None, residual=None):
+        return self.ops.matmul(x, w, bias, residual)
+
+    def attention(self, q, layer, rows, scale):
+        out = self.ops.attention(q, layer, rows, scale)
+        if len(q) >= 8:
+            flip_last_bit(out)
+        return out
+
+
+class FaultyQkvOps(FaultyAttentionOps):
+    """Fake, named as such: a fused q|k|v kernel that from 9 rows changes row 0's q, or the K it stores."""
+
+    def __init__(self, ops, what: str):
+        super().__init__(ops)
+        self.what = what
+
+    def attention_build(self, t, n_heads, n_kv, head_dim, width):
+        return self.ops.attention_build(t, n_heads, n_kv, head_dim, width)
+
+    def attention(self, q, layer, rows, scale):
+        return self.ops.attention(q, layer, rows, scale)
+
+    def qkv_family(self, t, w):
+        return "fake_fused" if t >= 9 else self.ops.qkv_family(t, w)
+
+    def norm_qkv_rope_write(self, x, norm_weight, eps, w, bias, rows, table, layer, n_heads, n_kv):
+        q = self.ops.norm_qkv_rope_write(x, norm_weight, eps, w, bias, rows, table, layer, n_heads, n_kv)
+        if len(x) >= 9:
+            flip_last_bit(q.reshape(len(x), -1) if self.what == "q" else layer.k[0])
+        return q
+
+
+def test_an_attention_build_that_changes_bits_refuses_exact_mode_naming_it(runner):
+    c = runner.model.config
+    with pytest.raises(Fatal) as info:
+        self_check(FaultyAttentionOps(runner.ops), runner.model, 512, kv_type="f16", width=4)
+    assert info.value.line.startswith("exact concurrency: kernel family fake_throughput gives row 0 of 8 rows")
+    assert f"(attention, {c.n_heads} heads, {c.n_kv_heads} KV heads, head dim {c.head_dim}, f16 KV)" in info.value.line
+    self_check(FaultyAttentionOps(runner.ops), runner.model, 4)  # never picked below 8 rows: passes
+
+
+@pytest.mark.parametrize("what", ["q", "k"])
+def test_a_fused_qkv_kernel_that_changes_bits_refuses_exact_mode_naming_it(runner, what):
+    with pytest.raises(Fatal) as info:
+        self_check(FaultyQkvOps(runner.ops, what), runner.model, 512)
+    assert info.value.line.startswith("exact concurrency: kernel family fake_fused gives row 0 of 9 rows")
+    assert "(q|k|v layers.0.w_qkv, " in info.value.line, info.value.line
+
+
+def test_the_cpu_backend_passes_qkv_and_attention_with_one_build_each(runner):
+    c = runner.model.config
+    shape = AttentionShape(c.n_heads, c.n_kv_heads, c.head_dim, 4, "f16")
+    assert attention_rows(runner.ops, shape, 512) == {"attend_rows": 1}
+    assert qkv_rows(runner.ops, runner.model.layers[0].w_qkv, 512) == {"rows_gemv": 1}
+
+
+# What the CUDA backend's plan picks (kernels.cuda.dispatch is the code CudaOps runs), for real shapes.
+H200 = SimpleNamespace(sm_count=132, exact=True, tiled=True, wgmma=True)
+A100 = SimpleNamespace(sm_count=108, exact=True, tiled=True, wgmma=False)
+RTX3060 = SimpleNamespace(sm_count=28, exact=True, tiled=True, wgmma=False)
+
+
+@dataclass
+class FakeCudaWeight:
+    """Stands for a CudaWeight: only the fields dispatch reads."""
+
+    dtype: str
+    shape: tuple[int, int]
+    gate_up: str | None = None
+    rope_tiles: int = 0
+
+
+class Dispatching:
+    """The CUDA backend's choices without a GPU."""
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def matmul_family(self, t, w):
+        return dispatch.matmul_family(self.dev, t, w)
+
+    def qkv_family(self, t, w):
+        return dispatch.qkv_family(self.dev, t, w)
+
+    def attention_build(self, t, n_heads, n_kv, head_dim, width):
+        return dispatch.attention_build(self.dev, t, n_heads, n_kv, head_dim, width)
+
+
+QKV_8B = FakeCudaWeight("f16", (6144, 4096), rope_tiles=128)
+
+
+@pytest.mark.parametrize("dev, want", [
+    # one row normalises itself; 9-16 rows take 16-bit input; 64-row tiles once they fill 0.75 of the SMs
+    # (96 x 2 from 65 rows on 132 SMs, 96 x 1 from 33 on 108); wgmma or mm_wide from 129 rows
+    (H200, {"mm_tc+norm+rope": 1, "mm_tc+rope": 2, "mm_tc+x16+rope": 9, "mm_tile": 65, "mm_wgmma_tma+norm16": 129}),
+    (A100, {"mm_tc+norm+rope": 1, "mm_tc+rope": 2, "mm_tc+x16+rope": 9, "mm_tile": 33, "mm_wide": 129}),
+])
+def test_the_fused_qkv_projection_is_checked_under_each_kernel_it_may_take(dev, want):
+    assert qkv_rows(Dispatching(dev), QKV_8B, 512) == want
+    assert qkv_rows(Dispatching(dev), QKV_8B, 16) == {k: v for k, v in want.items() if v <= 16}
+    # a weight without rope tiles (head dim not a multiple of 16): norm_matmul, then the rotation kernel
+    assert "mm_tc+rope" not in qkv_rows(Dispatching(dev), FakeCudaWeight("f16", (6144, 4096)), 512)
+
+
+@pytest.mark.parametrize("dev, heads, want", [
+    # (row, head group) blocks up to a quarter of the SMs: the latency build (8B: 32 blocks up to 4 rows)
+    (H200, (32, 8, 128), {"latency": 1, "throughput": 8}),
+    (H200, (32, 8, 64), {"latency": 1, "late_values": 8}),  # 1B: values loaded late at head dim 64
+    (RTX3060, (32, 8, 128), {"throughput": 1}),  # 28 SMs: even one row's 32 blocks are too many for latency
+])
+def test_attention_is_checked_under_each_build_it_may_compile(dev, heads, want):
+    shape = AttentionShape(*heads, 64, "f16")
+    assert attention_rows(Dispatching(dev), shape, 512) == want
+
+
+def test_matmul_families_of_8b_weights_on_an_h200():
+    ops = Dispatching(H200)
+    # 64 x 2 tiles from 65 rows fill 0.75 of 132 SMs; 32 x 2 wgmma tiles from 129 rows fill 0.45
+    assert family_rows(ops, FakeCudaWeight("f16", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
+                                                                          "mm_wgmma_tma": 129}
+    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1}  # K-quants stream

@@ -199,7 +199,8 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
-            self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1))
+            self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1),
+                       kv_type=opts.cache_type_k, width=seq_pages)
     if plan is not None:
         state.parallel = {"tp": plan.tp, "split_mode": "row", "split": list(plan.split),
                           "kv_heads": [s.n_kv_heads for s in plan.ranks], "devices": list(plan.devices)}

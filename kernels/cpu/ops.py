@@ -155,6 +155,9 @@ class CpuOps(CpuMoeOps):
         # the compiled row kernel (one fixed-order reduction per row) in exact mode, and for few rows off
         return "rows_gemv" if self.exact or t <= KERNEL_ROWS else "blas"
 
+    def qkv_family(self, t: int, w: Weight) -> str:
+        return self.matmul_family(t, w)  # norm_matmul, then split_qkv_rope_write
+
     def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
                residual: np.ndarray | None = None) -> np.ndarray:
         if isinstance(w, GateUp):
@@ -264,6 +267,9 @@ class CpuOps(CpuMoeOps):
 
     def attention_out(self, q, layer: CpuKVLayer, rows: PagedRows, scale: float, wo, residual) -> np.ndarray:
         return self.matmul(self.attention(q, layer, rows, scale), wo, residual=residual)
+
+    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
+        return "attend_rows"  # one compiled loop for every batch
 
     def attention(self, q: np.ndarray, layer: CpuKVLayer, rows: PagedRows, scale: float) -> np.ndarray:
         t, n_heads, hd = q.shape

@@ -15,14 +15,14 @@ from __future__ import annotations
 import ctypes
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import cupy as cp
 import cupyx
 import numpy as np
 
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
-from kernels.cuda import kquant, plan, tensor_map
+from kernels.cuda import dispatch, kquant, plan, tensor_map
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
@@ -37,14 +37,8 @@ from kernels.cuda.weights import (
 )
 from kernels.weights import RowStack, Weight, concat_rows
 
-# which shared-memory matmul families wide batches may take (see CudaOps.tiled)
-Tiling = Literal[True, "wide", "tile", False]
-
 log = logging.getLogger("kernels.cuda")
 
-# Exact mode off: batches at least this wide go to cuBLAS. Decode buckets stay narrower, so a
-# captured decode graph never holds a cuBLAS call.
-CUBLAS_MIN_ROWS = 65
 KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 ATTN_COUNTERS = 1 << 18  # launches with more (row, head group) pairs merge in a second kernel
@@ -107,7 +101,7 @@ class CudaOps:
         self._attn_counters = cp.zeros(ATTN_COUNTERS, dtype=cp.int32)
         # Which shared-memory kernels wide batches may take: True (all), "wide" (not mm_wgmma), "tile"
         # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
-        self.tiled: Tiling = True
+        self.tiled: dispatch.Tiling = True
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
 
     # --- data movement
@@ -260,33 +254,34 @@ class CudaOps:
                shared=wide.shared)
         return out
 
+    # Which kernel an op takes for t rows: kernels/cuda/dispatch.py (testable without a GPU).
     def _shared_memory_launch(self, t: int, w: CudaWeight) -> tuple[str | None, plan.MatmulLaunch | None]:
-        """The shared-memory kernel a 16-bit or int8 weight takes for t rows, if any: "wgmma",
-        "wide" or "tile" and its launch."""
-        n, k = w.shape
-        if self.wgmma and self.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, self.sm_count)):
-            return "wgmma", wg
-        if self.tiled in (True, "wide") and (wide := plan.wide_launch(w.dtype, t, n, k, self.sm_count)):
-            return "wide", wide
-        if self.tiled and (tiled := plan.tile_launch(w.dtype, t, n, k, self.sm_count)):
-            return "tile", tiled
-        return None, None
+        return dispatch.shared_memory_launch(self, t, w)
 
     def matmul_family(self, t: int, w: CudaWeight) -> str:
         """The kernel family `matmul` runs t rows of w on (the exactness self-check probes each)."""
-        if self._to_cublas(t, w):
-            return "cublas"
-        if w.dtype == "f32":
-            return "mm_f32"
-        kind, _ = self._shared_memory_launch(t, w)
-        return {"wgmma": "mm_wgmma_tma", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
+        return dispatch.matmul_family(self, t, w)
+
+    def norm_matmul_family(self, t: int, w: CudaWeight) -> str:
+        return dispatch.norm_matmul_family(self, t, w)
+
+    def qkv_family(self, t: int, w: CudaWeight) -> str:
+        return dispatch.qkv_family(self, t, w)
+
+    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
+        return dispatch.attention_build(self, t, n_heads, n_kv, head_dim, width)
 
     def _to_cublas(self, t: int, w: CudaWeight) -> bool:
-        return not self.exact and t >= CUBLAS_MIN_ROWS and w.dtype in ("f32", "f16", "bf16")
+        return dispatch.to_cublas(self, t, w)
 
     def _streams(self, t: int, w: CudaWeight) -> bool:
-        """Whether matmul runs t rows of w on the streaming kernel (mm_tc)."""
-        return w.dtype != "f32" and not self._to_cublas(t, w) and self._shared_memory_launch(t, w)[0] is None
+        return dispatch.streams(self, t, w)
+
+    def _prologue(self, t: int, k: int, w: CudaWeight) -> str | None:
+        return dispatch.prologue(self, t, k, w)
+
+    def _reads_16bit(self, t: int, w: CudaWeight) -> bool:
+        return dispatch.reads_16bit(self, t, w)
 
     def _streaming(self, x, w: CudaWeight, out, bias, res, flags, prologue: str | None = None, norm_weight=None,
                    eps: float = 0.0, qkv_out: tuple = ()):
@@ -296,19 +291,6 @@ class CudaOps:
         launch(kernel("matmul.cu", mm.kernel), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
-
-    def _prologue(self, t: int, k: int, w: CudaWeight) -> str | None:
-        """How norm_matmul feeds the streaming kernel: "norm" (one row: the kernel normalises it),
-        "x16" (rms_norm_16's 16-bit pairs) or None (rms_norm's rows, then matmul)."""
-        if w.gate_up == "halves" or w.shape[1] != k:
-            return None
-        if t == 1 and w.dtype != "f32" and plan.norm_prologue(w.shape[0], k):
-            return "norm"
-        return "x16" if self._reads_16bit(t, w) else None
-
-    def _reads_16bit(self, t: int, w: CudaWeight) -> bool:
-        """Whether t rows for w's streaming kernel come as 16-bit pairs (plan.reads_16bit)."""
-        return self._streams(t, w) and plan.reads_16bit(t, w.shape[0], w.shape[1], self.sm_count, w.dtype)
 
     def _takes_16bit(self, t: int, w: CudaWeight, k: int, bf16: bool) -> bool:
         """Whether t rows of k 16-bit values (bf16 or f16), unpadded, can feed w's streaming kernel."""
@@ -351,11 +333,7 @@ class CudaOps:
                                norm_weight, eps)
 
     def _to_wgmma(self, t: int, k: int, w: CudaWeight) -> plan.MatmulLaunch | None:
-        """mm_wgmma's launch where matmul would take it for t rows of k values (16-bit weights, exact)."""
-        if w.dtype not in ("f16", "bf16") or w.gate_up == "halves" or w.shape[1] != k or self._to_cublas(t, w):
-            return None
-        kind, launch_ = self._shared_memory_launch(t, w)
-        return launch_ if kind == "wgmma" else None
+        return dispatch.to_wgmma(self, t, k, w)
 
     def ffn(self, x, norm_weight, eps: float, w_gate_up: CudaWeight, w_down: CudaWeight):
         x = _rows(x)

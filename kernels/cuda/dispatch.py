@@ -1,0 +1,99 @@
+"""Which kernel each CUDA op runs a batch on: plain functions of the weight, the row count and the
+device (CudaOps delegates to them; the exactness self-check probes every choice at the row counts
+that make it, and tests check the choices without a GPU).
+
+`dev` is anything with the attributes CudaOps has: `sm_count`, `exact`, `tiled` (which shared-memory
+kernels wide batches may take) and `wgmma` (sm_90a code runs); `w` anything with a CudaWeight's
+`dtype`, `shape` (logical N, K), `gate_up` and `rope_tiles`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from kernels.cuda import plan
+
+Tiling = Literal[True, "wide", "tile", False]
+CUBLAS_MIN_ROWS = 65  # exact mode off: from this many rows 16-bit and float32 weights go to cuBLAS
+
+
+def to_cublas(dev: Any, t: int, w: Any) -> bool:
+    return not dev.exact and t >= CUBLAS_MIN_ROWS and w.dtype in ("f32", "f16", "bf16")
+
+
+def shared_memory_launch(dev: Any, t: int, w: Any) -> tuple[str | None, plan.MatmulLaunch | None]:
+    """The shared-memory kernel a 16-bit or int8 weight takes for t rows, if any: "wgmma", "wide" or
+    "tile" and its launch."""
+    n, k = w.shape
+    if dev.wgmma and dev.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, dev.sm_count)):
+        return "wgmma", wg
+    if dev.tiled in (True, "wide") and (wide := plan.wide_launch(w.dtype, t, n, k, dev.sm_count)):
+        return "wide", wide
+    if dev.tiled and (tiled := plan.tile_launch(w.dtype, t, n, k, dev.sm_count)):
+        return "tile", tiled
+    return None, None
+
+
+def matmul_family(dev: Any, t: int, w: Any) -> str:
+    """The kernel family `matmul` runs t rows of w on."""
+    if to_cublas(dev, t, w):
+        return "cublas"
+    if w.dtype == "f32":
+        return "mm_f32"
+    kind, _ = shared_memory_launch(dev, t, w)
+    return {"wgmma": "mm_wgmma_tma", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
+
+
+def streams(dev: Any, t: int, w: Any) -> bool:
+    """Whether matmul runs t rows of w on the streaming kernel (mm_tc)."""
+    return w.dtype != "f32" and not to_cublas(dev, t, w) and shared_memory_launch(dev, t, w)[0] is None
+
+
+def reads_16bit(dev: Any, t: int, w: Any) -> bool:
+    """Whether t rows for w's streaming kernel come as 16-bit pairs (plan.reads_16bit)."""
+    return streams(dev, t, w) and plan.reads_16bit(t, w.shape[0], w.shape[1], dev.sm_count, w.dtype)
+
+
+def prologue(dev: Any, t: int, k: int, w: Any) -> str | None:
+    """How norm_matmul feeds the streaming kernel: "norm" (one row: the kernel normalises it), "x16"
+    (rms_norm_16's 16-bit pairs) or None (rms_norm's rows, then matmul)."""
+    if w.gate_up == "halves" or w.shape[1] != k:
+        return None
+    if t == 1 and w.dtype != "f32" and plan.norm_prologue(w.shape[0], k):
+        return "norm"
+    return "x16" if reads_16bit(dev, t, w) else None
+
+
+def to_wgmma(dev: Any, t: int, k: int, w: Any) -> plan.MatmulLaunch | None:
+    """mm_wgmma's launch where matmul would take it for t rows of k values (16-bit weights, exact)."""
+    if w.dtype not in ("f16", "bf16") or w.gate_up == "halves" or w.shape[1] != k or to_cublas(dev, t, w):
+        return None
+    kind, launch = shared_memory_launch(dev, t, w)
+    return launch if kind == "wgmma" else None
+
+
+def norm_matmul_family(dev: Any, t: int, w: Any) -> str:
+    """What norm_matmul runs t rows of w on: the streaming kernel fed by a prologue ("+norm", "+x16"),
+    mm_wgmma fed 16-bit rows in its k order ("+norm16"), or rms_norm then matmul's family."""
+    k = int(w.shape[1])
+    if p := prologue(dev, t, k, w):
+        return f"mm_tc+{p}"
+    if to_wgmma(dev, t, k, w):
+        return "mm_wgmma_tma+norm16"
+    return matmul_family(dev, t, w)
+
+
+def qkv_family(dev: Any, t: int, w: Any) -> str:
+    """What norm_qkv_rope_write runs t rows of q|k|v on: with an upload_qkv weight the streaming
+    kernel's epilogue rotates and stores ("+rope"); otherwise norm_matmul, then rope_qkv_write."""
+    family = norm_matmul_family(dev, t, w)
+    return family + "+rope" if w.rope_tiles and streams(dev, t, w) else family
+
+
+BUILD_NAMES = {plan.LATENCY_BUILD: "latency", plan.THROUGHPUT_BUILD: "throughput",
+               plan.LATE_VALUES_BUILD: "late_values"}
+
+
+def attention_build(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
+    """The attn_partial build attention compiles for t rows (plan.attention_launch)."""
+    return BUILD_NAMES[plan.attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count).build]
