@@ -67,6 +67,7 @@ def props_body(state: EngineState) -> dict:
         "n_threads": opts.threads or DEFAULT_THREADS,
         "cpu_threads": state.cpu_threads,
         "tensor_parallel": state.parallel,
+        "load_seconds": state.load_seconds,
     }
 
 

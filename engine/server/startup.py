@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 
 from aiohttp import web
@@ -34,6 +35,7 @@ from engine.server.protocol import GuardedRunner
 from engine.server.sleep import Sleeper
 from engine.server.state import EngineState
 from engine.threads import DEFAULT_THREADS, threads_report
+from engine.warmup import warm_up
 from kernels.base import PAGE_SIZE
 from kernels.weights import QK8_0
 
@@ -177,6 +179,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     """Load-thread work: read the model, check what needs it, size the pool, start the scheduler."""
     opts = state.opts
     load_progress.phase("read")
+    t0 = time.perf_counter()
     loaded = read_model(opts.model, opts.chat_template)
     config = loaded.config
     layers = gpu_layers(opts.n_gpu_layers, config.n_layers) if state.backend == "cuda" else "none"
@@ -195,7 +198,8 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
                           opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel,
                           threads=opts.threads or DEFAULT_THREADS, plan=plan)
-    load_progress.phase("warmup")  # the exactness self-check, the scheduler's start
+    load_progress.phase("warmup")  # the exactness self-check, the kernels' warm-up, the scheduler's start
+    t_weights = time.perf_counter()
     spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
@@ -208,6 +212,15 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
         log.warning("speculative drafting is off for %s: a rejected draft would need the recurrent state rolled "
                     "back", config.arch)
         spec_n = 0
+    t_check = time.perf_counter()
+    # every kernel built before /health turns ready: the first request runs at full speed
+    warm = warm_up(runner, opts.ubatch_size, prompts=state.backend == "cuda")
+    t_end = time.perf_counter()
+    state.load_seconds = {"weights": round(t_weights - t0, 3), "self_check": round(t_check - t_weights, 3),
+                          "warm_up": round(t_end - t_check, 3), "warm_up_prompt_rows": warm["prompt_rows"],
+                          "warm_up_graphs": warm["buckets"]}
+    log.info("load: weights %.2f s, self-check %.2f s, warm-up %.2f s", t_weights - t0, t_check - t_weights,
+             t_end - t_check)
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,

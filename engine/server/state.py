@@ -64,6 +64,7 @@ class EngineState:
     scheduler: Scheduler | None = None
     n_ctx: int = 0  # the pool's size in tokens
     cpu_threads: dict = field(default_factory=dict)  # engine.threads.threads_report() after the load
+    load_seconds: dict = field(default_factory=dict)  # /props: the load's parts (weights, self-check, warm-up)
     parallel: dict = field(default_factory=lambda: {"tp": 1})  # /props tensor_parallel: what the load split
     defaults: SamplingParams = field(default_factory=SamplingParams)
     served: Served = field(default_factory=Served)

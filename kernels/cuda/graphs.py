@@ -54,6 +54,13 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.buckets[-1]
 
+    def capture_all(self) -> list[int]:
+        """Captures every bucket's graph now (engine.warmup), so that no request waits for one."""
+        for b in self.buckets:
+            if b not in self._graphs:
+                self._capture(b)
+        return list(self.buckets)
+
     def __call__(self, tokens, positions, block_tables, slots, ids_from=None):
         """Logits [n, vocab] on the device for n sequences' next tokens (one row each). `ids_from`
         (device int32 [n], e.g. the argmax of the replay before) replaces `tokens` on the device,
