@@ -516,8 +516,11 @@ class CudaOps:
             return out
         positions, seq = _index(rows.positions), _index(rows.seq)
         tables = _index(rows.block_tables)
-        slots = cp.full(t, -1, cp.int64) if rows.slots is None else _index(rows.slots, cp.int64)
         width = int(tables.shape[1])
+        if layer.kv_type != "f32" and d in plan.MMA_HEAD_DIMS:
+            self._attention_mma(q, layer, positions, seq, tables, scale, out16, out)
+            return out
+        slots = cp.full(t, -1, cp.int64) if rows.slots is None else _index(rows.slots, cp.int64)
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16)) + at.build
         partial = kernel("attention.cu", "attn_partial", defines)
@@ -537,6 +540,27 @@ class CudaOps:
                 launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
         return out
+
+    def _attention_mma(self, q, layer: CudaKVLayer, positions, seq, tables, scale: float, out16: int, out) -> None:
+        """Tensor-core attention (attention_mma.cu) of a 16-bit cache into `out`."""
+        t, n_heads, d = (int(s) for s in q.shape)
+        n_kv, width = int(layer.k.shape[2]), int(tables.shape[1])
+        at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
+        defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16))
+        fn = big_smem_kernel("attention_mma.cu", "attn_mma", at.shared, defines)
+        groups = n_kv * at.subgroups
+        step = at.row_slice
+        part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32) if at.workers > 1 else self._dummy
+        k16, v16 = layer.k.view(cp.uint16), layer.v.view(cp.uint16)
+        for r0 in range(0, t, step):
+            r1 = min(t, r0 + step)
+            # Row slices only bound the scratch: rows are independent, so the bits are the same.
+            launch(fn, (plan.ceil_div(r1 - r0, at.rb), groups, at.workers), (at.threads,),
+                   (q[r0:r1], k16, v16, positions[r0:r1], seq[r0:r1], tables, part, _i32(r1 - r0), _i32(n_heads),
+                    _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1]), shared=at.shared)
+            if at.workers > 1:
+                launch(kernel("attention_mma.cu", "attn_mma_merge", defines), (r1 - r0, n_heads), (d,),
+                       (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
 
     def kv_read_pages(self, layer: CudaKVLayer, pages) -> tuple[np.ndarray, ...]:
         idx = _index(pages, cp.int64)

@@ -253,3 +253,51 @@ def act16_grid(m: int, kp: int) -> tuple[tuple[int, int, int], tuple[int, int, i
 
 def elementwise_grid(n: int, threads: int = 256) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return (max(1, ceil_div(n, threads)), 1, 1), (threads, 1, 1)
+
+
+# --- tensor-core attention (attention_mma.cu): 16-bit caches, head dims up to 128
+MMA_HEAD_DIMS = (32, 64, 128)
+MMA_KT = 64  # keys per sub-tile (the kernel's KT)
+MMA_PREFILL_ROWS = 64  # MMA rows a prefill block takes (four warps, the most: q is staged in one K/V stage)
+MMA_ONE_ROW_MAX = 64  # launches of at most this many rows (decode buckets, verify steps) take one row a block
+
+
+@dataclass(frozen=True)
+class MmaAttentionLaunch:
+    gp: int  # MMA rows per query row: the GQA group rounded up to a power of two, at most 16
+    rb: int  # query rows per block (bits do not depend on it)
+    subgroups: int
+    workers: int  # grid.z: blocks that share a row's chunks (bits do not depend on it)
+    row_slice: int  # rows per launch when chunk partials are stored (bounds their scratch)
+    threads: int
+    shared: int  # dynamic shared memory bytes
+
+
+def mma_group(group: int) -> int:
+    g = 1
+    while g < group and g < 16:
+        g *= 2
+    return g
+
+
+def mma_attention_smem(head_dim: int, warps: int) -> int:
+    """Two stages of K and V sub-tiles (16-bit, rows padded by 8), then each thread's folded O (f32)."""
+    return 4 * MMA_KT * (head_dim + 8) * 2 + (head_dim // 2) * warps * 32 * 4
+
+
+def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
+                         sm_count: int) -> MmaAttentionLaunch:
+    """Decode-sized launches: one query row a block (rows are of different sequences), chunks spread
+    over workers so that a long context keeps every SM busy; prefill: 64 MMA rows a block."""
+    group = n_heads // n_kv
+    gp = mma_group(group)
+    sub = ceil_div(group, gp)
+    rb = 1 if t <= MMA_ONE_ROW_MAX else max(1, min(MMA_PREFILL_ROWS, MMA_KT) // gp)
+    warps = ceil_div(rb * gp, 16)
+    blocks = ceil_div(t, rb) * n_kv * sub
+    workers = 1 if blocks >= sm_count else max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
+    row_slice = t
+    if workers > 1:
+        per_row = n_heads * width * (head_dim + 2) * 4
+        row_slice = max(rb, min(t, ATTN_PART_BYTES // per_row) // rb * rb)
+    return MmaAttentionLaunch(gp, rb, sub, workers, row_slice, warps * 32, mma_attention_smem(head_dim, warps))

@@ -1,0 +1,373 @@
+// Paged attention on tensor cores (mma.sync m16n8k16, 16-bit inputs, f32 accumulation), one arithmetic
+// for prefill and decode rows of a 16-bit cache.
+//
+// An MMA row is (query row, query head of its KV head's group): a warp's 16 rows hold 16 / GP query
+// rows of GP heads each (GP: the group rounded up to a power of two, at most 16). A query row's
+// arithmetic depends on its position alone:
+//   q        q * scale (f32), rounded to the cache's 16-bit type;
+//   chunks   keys cut at page boundaries (chunk c = logical page c, found through the block table);
+//   sub-tiles a chunk's keys in KT = 64-key sub-tiles, ascending: S = q K^T (mma over the head dims
+//            in 16-dim steps, ascending); keys past the row's position -inf; an online softmax in
+//            registers (running max m, alpha = expf(m_old - m_new), P = expf(S - m_new), the sum
+//            of P in a fixed order: a thread's 16 values ascending, then its quad's xor butterfly),
+//            O = O * alpha + P V (P rounded to 16 bits, mma over the sub-tile's keys in 16-key steps);
+//   merge    the chunks' (O, m, l) folded in ascending order with merge_coeffs/merge_add from
+//            common.cuh, then O / l (+0: a zero's sign never depends on what shares the tile).
+// An MMA row's products do not depend on the other rows of the tile, nor on where in the tile it
+// sits (verified bit for bit on the device: tests/test_cuda_attention.py), and a sub-tile past a row's
+// position adds exact zeros with alpha = 1, so a decode row alone gets the bits of the same row inside
+// a prefill tile or beside padding.
+//
+// A block takes RB consecutive launch rows and one KV head (a sub-group of its query heads); rows of
+// different sequences among them are served in passes, one per sequence. With gridDim.z > 1
+// (flash-decoding) block z takes chunks z, z + Z, ..., stores each chunk's partial as it is and
+// attn_mma_merge folds them (merge_row, D threads a row and head: the fold's chain is long at long
+// contexts); with one block the partials are folded in registers in the same order. Either way the
+// same bits. K/V sub-tiles go to shared memory
+// through cp.async (two stages); keys past the pass's last position are zero-filled. Shared memory:
+// attn_mma_smem in kernels/cuda/plan.py.
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef GP
+#define GP 4
+#endif
+#ifndef RB
+#define RB 16
+#endif
+#ifndef KV_T
+#define KV_T 1
+#endif
+#ifndef OUT16
+#define OUT16 0
+#endif
+
+#define D HEAD_DIM
+#define KT 64                 // keys per sub-tile (part of the arithmetic)
+#define MR (RB * GP)          // MMA rows a block uses
+#define NW ((MR + 15) / 16)   // warps
+#define THREADS (NW * 32)
+#define LD (D + 8)            // shared row stride in 16-bit values: rows 16 bytes apart in banks
+#define NT (KT / 8)           // key tiles of S
+#define DT (D / 8)            // dim tiles of O
+#define STAGE (KT * LD)
+#if NW * 16 > KT
+#error "q is staged in one K/V stage: at most KT MMA rows a block"
+#endif
+
+__device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if KV_T == 2
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ unsigned pack16(float lo, float hi) {
+    return KV_T == 2 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const u16* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// Output element d of query head qh of row r from its chunks 0..last (partials read through L2).
+__device__ __forceinline__ float merge_row(const float* __restrict__ part, int r, int qh, int d, int last,
+                                           int n_heads, int W) {
+    const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
+    float m = __ldcg(base + D), l = __ldcg(base + D + 1), acc = __ldcg(base + d);
+#pragma unroll 8
+    for (int c = 1; c <= last; ++c) {
+        const float* pc = base + (i64)c * (D + 2);
+        float a, b, m_new;
+        merge_coeffs(m, __ldcg(pc + D), a, b, m_new);
+        l = merge_add(l, a, __ldcg(pc + D + 1), b);
+        acc = merge_add(acc, a, __ldcg(pc + d), b);
+        m = m_new;
+    }
+    return __fdiv_rn(acc, l);
+}
+
+// One output value, its zero made +0: a float, or (OUT16) rounded as the o projection's MMA rounds its input.
+__device__ __forceinline__ void store_out(float* out, i64 at, float v) {
+    v = __fadd_rn(v, 0.f);
+    if (OUT16 == 0)
+        out[at] = v;
+    else
+        reinterpret_cast<u16*>(out)[at] = (u16)((OUT16 == 2 ? pack_bf16x2(v, 0.f) : pack_f16x2(v, 0.f)) & 0xffffu);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+         const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
+         float* __restrict__ part, int T, int n_heads, int n_kv, int W, float scale, float* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    u16* Ks = reinterpret_cast<u16*>(smem);  // [2][KT][LD]
+    u16* Vs = Ks + 2 * STAGE;
+    u16* Qs = Vs + STAGE;  // [NW * 16 <= KT][LD]: q staged in V's second stage, before any pass loads it
+    // the folded chunks' O of each thread's rows, [DT * 4][THREADS]: touched once a chunk, so out of registers
+    float* Os = reinterpret_cast<float*>(Vs + 2 * STAGE);
+    __shared__ int s_pos[RB], s_seq[RB];
+
+    const int G = n_heads / n_kv;
+    const int sgs = (G + GP - 1) / GP;
+    const int h = blockIdx.y / sgs, g0 = (blockIdx.y % sgs) * GP;
+    const int ng = imin(GP, G - g0);
+    const int r0 = blockIdx.x * RB;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const i64 cell = (i64)n_kv * D;
+    const bool split = gridDim.z > 1;
+
+    // step inputs (positions, seq, tables) are copied in before a captured step's first kernel
+    for (int j = tid; j < RB; j += THREADS) {
+        const int r = r0 + j;
+        s_pos[j] = r < T ? positions[r] : -1;
+        s_seq[j] = r < T ? seq[r] : -1;
+    }
+    __syncthreads();
+    int maxlast = -1;
+    for (int j = 0; j < RB; ++j) maxlast = max(maxlast, s_pos[j] < 0 ? -1 : s_pos[j] / PAGE);
+    // blocks sized for a longer context than these rows reach leave at once
+    if ((int)blockIdx.z > maxlast) return;
+    pdl_start();
+
+    for (int i = tid; i < NW * 16 * (D / 2); i += THREADS) {
+        const int mrow = i / (D / 2), d = (i % (D / 2)) * 2, j = mrow / GP, hh = mrow % GP;
+        float a = 0.f, b = 0.f;
+        if (mrow < MR && s_pos[j] >= 0 && hh < ng) {
+            const float* qp = q + ((i64)(r0 + j) * n_heads + h * G + g0 + hh) * D + d;
+            a = __fmul_rn(qp[0], scale);
+            b = __fmul_rn(qp[1], scale);
+        }
+        *reinterpret_cast<unsigned*>(Qs + mrow * LD + d) = pack16(a, b);
+    }
+    __syncthreads();
+    unsigned qa[D / 16][4];  // the warp's q as MMA A fragments, for every sub-tile of every pass
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+        ldsm_x4(qa[ks], Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8);
+
+    // this thread's two MMA rows (g and g + 8 of its warp's 16): query row, head, validity
+    int jr[2], qh[2];
+    bool ok[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int mrow = warp * 16 + g + 8 * e;
+        jr[e] = imin(mrow / GP, RB - 1);
+        qh[e] = h * G + g0 + mrow % GP;
+        ok[e] = mrow < MR && mrow % GP < ng && s_pos[jr[e]] >= 0;
+    }
+
+    unsigned todo = 0;
+    for (int j = 0; j < RB; ++j)
+        if (s_pos[j] >= 0) todo |= 1u << j;
+    while (todo) {
+        const int sq = s_seq[__ffs(todo) - 1];
+        unsigned act = 0;
+        int pmax = -1;
+        for (int j = 0; j < RB; ++j)
+            if (((todo >> j) & 1u) && s_seq[j] == sq) {
+                act |= 1u << j;
+                pmax = max(pmax, s_pos[j]);
+            }
+        todo &= ~act;
+        const int lastc = pmax / PAGE;
+        if ((int)blockIdx.z > lastc) continue;
+        const int* table = tables + (i64)sq * W;
+        int p[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[e] = ok[e] && ((act >> jr[e]) & 1u) ? s_pos[jr[e]] : -1;
+        const bool busy = __any_sync(0xffffffffu, p[0] >= 0 || p[1] >= 0);
+        auto subs = [&](int c) { return c < lastc ? PAGE / KT : (pmax % PAGE) / KT + 1; };
+        auto load = [&](int c, int sub, int st) {
+            const i64 page = table[c];
+            for (int i = tid; i < KT * (D / 8); i += THREADS) {
+                const int kr = i / (D / 8), u = i % (D / 8);
+                const i64 off = (page * PAGE + sub * KT + kr) * cell + (i64)h * D + u * 8;
+                const int bytes = c * PAGE + sub * KT + kr <= pmax ? 16 : 0;
+                cp_async16(Ks + st * STAGE + kr * LD + u * 8, kc + off, bytes);
+                cp_async16(Vs + st * STAGE + kr * LD + u * 8, vc + off, bytes);
+            }
+            cp_async_commit();
+        };
+
+        float oc[DT][4], M[2], L[2], mc[2], lc[2];
+        bool have[2] = {false, false};
+#pragma unroll
+        for (int n = 0; n < DT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f, mc[e] = NEG_INF, lc[e] = 0.f;
+
+        int c = blockIdx.z, sub = 0, st = 0;
+        __syncthreads();  // q read (first pass), the stages free
+        load(c, 0, 0);
+        while (true) {
+            int nc = c, ns = sub + 1;
+            if (ns >= subs(c)) nc = c + gridDim.z, ns = 0;
+            const bool more = nc <= lastc;
+            if (more) {
+                load(nc, ns, st ^ 1);
+                asm volatile("cp.async.wait_group 1;\n" ::);
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::);
+            }
+            __syncthreads();
+            if (busy) {
+                const u16* Kt = Ks + st * STAGE;
+                const u16* Vt = Vs + st * STAGE;
+                float s[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) s[j][i] = 0.f;
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ++ks) {
+                    const unsigned(&a)[4] = qa[ks];
+#pragma unroll
+                    for (int jt = 0; jt < NT / 2; ++jt) {
+                        unsigned b[4];
+                        ldsm_x4(b, Kt + (jt * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
+                        mma16(s[2 * jt], a, b[0], b[1]);
+                        mma16(s[2 * jt + 1], a, b[2], b[3]);
+                    }
+                }
+                const int kbase = c * PAGE + sub * KT + 2 * t;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float mx = NEG_INF;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int x = 0; x < 2; ++x) {
+                            if (kbase + j * 8 + x > p[e]) s[j][2 * e + x] = NEG_INF;
+                            mx = fmaxf(mx, s[j][2 * e + x]);
+                        }
+                    const float mn = fmaxf(mc[e], quad_max(mx));
+                    const float mu = mn == NEG_INF ? 0.f : mn;
+                    const float alpha = expf(__fsub_rn(mc[e], mu));
+                    float sum = 0.f;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+#pragma unroll
+                        for (int x = 0; x < 2; ++x) {
+                            const float pv = expf(__fsub_rn(s[j][2 * e + x], mu));
+                            s[j][2 * e + x] = pv;
+                            sum = __fadd_rn(sum, pv);
+                        }
+                    lc[e] = __fadd_rn(__fmul_rn(lc[e], alpha), quad_sum(sum));
+                    mc[e] = mn;
+#pragma unroll
+                    for (int n = 0; n < DT; ++n) {
+                        oc[n][2 * e] = __fmul_rn(oc[n][2 * e], alpha);
+                        oc[n][2 * e + 1] = __fmul_rn(oc[n][2 * e + 1], alpha);
+                    }
+                }
+#pragma unroll
+                for (int kk = 0; kk < KT / 16; ++kk) {
+                    const unsigned a[4] = {pack16(s[2 * kk][0], s[2 * kk][1]), pack16(s[2 * kk][2], s[2 * kk][3]),
+                                           pack16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                           pack16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                    for (int dp = 0; dp < DT / 2; ++dp) {
+                        unsigned b[4];
+                        ldsm_x4_t(b, Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+                        mma16(oc[2 * dp], a, b[0], b[1]);
+                        mma16(oc[2 * dp + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+            __syncthreads();  // the stage is free for the load after next
+            if (ns == 0 || !more) {  // chunk c done: its partial stored, or folded into the row's state
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (p[e] < 0 || c > p[e] / PAGE) continue;
+                    if (split) {
+                        float* dst = part + (((i64)(r0 + jr[e]) * n_heads + qh[e]) * W + c) * (D + 2);
+#pragma unroll
+                        for (int n = 0; n < DT; ++n) {
+                            dst[n * 8 + 2 * t] = oc[n][2 * e];
+                            dst[n * 8 + 2 * t + 1] = oc[n][2 * e + 1];
+                        }
+                        if (t == 0) dst[D] = mc[e], dst[D + 1] = lc[e];
+                    } else if (!have[e]) {
+                        have[e] = true;
+                        M[e] = mc[e], L[e] = lc[e];
+#pragma unroll
+                        for (int n = 0; n < DT; ++n)
+#pragma unroll
+                            for (int x = 0; x < 2; ++x) Os[(n * 4 + 2 * e + x) * THREADS + tid] = oc[n][2 * e + x];
+                    } else {
+                        float a, b, m_new;
+                        merge_coeffs(M[e], mc[e], a, b, m_new);
+                        L[e] = merge_add(L[e], a, lc[e], b);
+#pragma unroll
+                        for (int n = 0; n < DT; ++n)
+#pragma unroll
+                            for (int x = 0; x < 2; ++x) {
+                                float& o = Os[(n * 4 + 2 * e + x) * THREADS + tid];
+                                o = merge_add(o, a, oc[n][2 * e + x], b);
+                            }
+                        M[e] = m_new;
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < DT; ++n)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;
+            }
+            if (!more) break;
+            c = nc, sub = ns, st ^= 1;
+        }
+        if (!split) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (p[e] < 0) continue;
+                const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D + 2 * t;
+#pragma unroll
+                for (int n = 0; n < DT; ++n)
+#pragma unroll
+                    for (int x = 0; x < 2; ++x)
+                        store_out(out, at + n * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * THREADS + tid], L[e]));
+            }
+        }
+    }
+}
+
+// Folds a row's chunk partials in ascending order; one block per (row, query head), D threads.
+extern "C" __global__ void __launch_bounds__(D)
+attn_mma_merge(const float* __restrict__ part, const int* __restrict__ positions, float* __restrict__ out,
+               int n_heads, int W) {
+    pdl_start();
+    const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
+    store_out(out, ((i64)r * n_heads + qh) * D + d, merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W));
+}
