@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from shapes import SHAPES, kv_bytes_per_token, weight_bytes, write_shape  # noqa: E402
-from throughput import COPY_BANDWIDTH, cell, one_request, prompts_for  # noqa: E402
+from throughput import COPY_BANDWIDTH, cell, one_request, prompts_for, write_report  # noqa: E402
 
 from studio.evidence import EngineServer  # noqa: E402
 
@@ -133,12 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tmp", default="/tmp")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "longctx"))
     args = ap.parse_args(argv)
-    result = asyncio.run(run(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, asyncio.run(run(args)), markdown)
     return 0
 
 

@@ -232,13 +232,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "throughput"))
     ap.add_argument("--engine-args", default="", help="more engine flags for both servers, e.g. '--tp 2'")
     args = ap.parse_args(argv)
-    result = asyncio.run(run(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, asyncio.run(run(args)), markdown)
     return 0
+
+
+def write_report(out: str, result: dict, markdown) -> None:
+    """`out`.json and `out`.md (the markdown also printed)."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@
 //            (KP = D / 8), summed ascending (fmaf); the parts of a warp meet in an xor butterfly,
 //            then the warps are added in index order.
 // It writes (o, m, l) of the chunk to `part`. The chunks of a row are then folded in ascending
-// order with merge_coeffs/merge_add from common.cuh (merge_row): by the last of a row's blocks to
+// order with merge_coeffs/merge_add from common.cuh (merge_chunks): by the last of a row's blocks to
 // finish when `merge_here` (one launch), else by `attn_merge`. Which block computes which
 // chunk (blockIdx.z strides by gridDim.z) and which block merges change no bits: every chunk's
 // partial is stored as is and the merge order is fixed.
@@ -87,32 +87,6 @@ __device__ __forceinline__ void unpack(const uint4& u, float (&v)[PER_U]) {
 // Cache cells through L2 only (ld.global.cg): a line an SM's L1 held from before the wait (or from
 // an earlier step) can never stand in for a cell written since.
 __device__ __forceinline__ uint4 ld16(const kv_t* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
-
-// Output element d of query head qh of row r from its chunks 0..last. Partials are read through L2
-// (ld.cg): other blocks of this launch wrote them.
-__device__ __forceinline__ float merge_row(const float* __restrict__ part, int r, int qh, int d, int last,
-                                           int n_heads, int W) {
-    const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
-    float m = __ldcg(base + D), l = __ldcg(base + D + 1), acc = __ldcg(base + d);
-#pragma unroll 4
-    for (int c = 1; c <= last; ++c) {
-        const float* pc = base + (i64)c * (D + 2);
-        float a, b, m_new;
-        merge_coeffs(m, __ldcg(pc + D), a, b, m_new);
-        l = merge_add(l, a, __ldcg(pc + D + 1), b);
-        acc = merge_add(acc, a, __ldcg(pc + d), b);
-        m = m_new;
-    }
-    return __fdiv_rn(acc, l);
-}
-
-// One output value: a float, or (OUT16) rounded as the o projection's MMA rounds its input (pack_act).
-__device__ __forceinline__ void store_out(float* out, i64 at, float v) {
-    if (OUT16 == 0)
-        out[at] = v;
-    else
-        reinterpret_cast<u16*>(out)[at] = (u16)((OUT16 == 2 ? pack_bf16x2(v, 0.f) : pack_f16x2(v, 0.f)) & 0xffffu);
-}
 
 extern "C" __global__ void __launch_bounds__(PAGE, MIN_BLOCKS)
 attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_t* __restrict__ vc,
@@ -312,7 +286,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     __threadfence();
     for (int i = tid; i < ng * D; i += PAGE) {
         const int g = i / D, d = i % D, qh = h * G + g0 + g;
-        store_out(out, ((i64)r * n_heads + qh) * D + d, merge_row(part, r, qh, d, last, n_heads, W));
+        store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, merge_chunks<D>(part, r, qh, d, last, n_heads, W));
     }
 }
 
@@ -322,5 +296,6 @@ attn_merge(const float* __restrict__ part, const int* __restrict__ positions, fl
            int n_heads, int W) {
     pdl_start();
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    store_out(out, ((i64)r * n_heads + qh) * D + d, merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W));
+    const float v = merge_chunks<D>(part, r, qh, d, positions[r] / PAGE, n_heads, W);
+    store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, v);
 }

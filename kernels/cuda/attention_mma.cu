@@ -21,8 +21,8 @@
 // A block takes RB consecutive launch rows and one KV head (a sub-group of its query heads); rows of
 // different sequences among them are served in passes, one per sequence. With gridDim.z > 1
 // (flash-decoding) block z takes chunks z, z + Z, ..., stores each chunk's partial as it is and
-// attn_mma_merge folds them (merge_row, D threads a row and head: the fold's chain is long at long
-// contexts); with one block the partials are folded in registers in the same order. Either way the
+// attention.cu's attn_merge folds them (merge_chunks, D threads a row and head: the fold's chain is
+// long at long contexts); with one block the partials are folded in registers in the same order. Either way the
 // same bits. K/V sub-tiles go to shared memory
 // through cp.async (two stages); keys past the pass's last position are zero-filled. Shared memory:
 // attn_mma_smem in kernels/cuda/plan.py.
@@ -95,32 +95,6 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
     v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-// Output element d of query head qh of row r from its chunks 0..last (partials read through L2).
-__device__ __forceinline__ float merge_row(const float* __restrict__ part, int r, int qh, int d, int last,
-                                           int n_heads, int W) {
-    const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
-    float m = __ldcg(base + D), l = __ldcg(base + D + 1), acc = __ldcg(base + d);
-#pragma unroll 8
-    for (int c = 1; c <= last; ++c) {
-        const float* pc = base + (i64)c * (D + 2);
-        float a, b, m_new;
-        merge_coeffs(m, __ldcg(pc + D), a, b, m_new);
-        l = merge_add(l, a, __ldcg(pc + D + 1), b);
-        acc = merge_add(acc, a, __ldcg(pc + d), b);
-        m = m_new;
-    }
-    return __fdiv_rn(acc, l);
-}
-
-// One output value, its zero made +0: a float, or (OUT16) rounded as the o projection's MMA rounds its input.
-__device__ __forceinline__ void store_out(float* out, i64 at, float v) {
-    v = __fadd_rn(v, 0.f);
-    if (OUT16 == 0)
-        out[at] = v;
-    else
-        reinterpret_cast<u16*>(out)[at] = (u16)((OUT16 == 2 ? pack_bf16x2(v, 0.f) : pack_f16x2(v, 0.f)) & 0xffffu);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -357,17 +331,8 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                 for (int n = 0; n < DT; ++n)
 #pragma unroll
                     for (int x = 0; x < 2; ++x)
-                        store_out(out, at + n * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * THREADS + tid], L[e]));
+                        store_attn<OUT16>(out, at + n * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * THREADS + tid], L[e]));
             }
         }
     }
-}
-
-// Folds a row's chunk partials in ascending order; one block per (row, query head), D threads.
-extern "C" __global__ void __launch_bounds__(D)
-attn_mma_merge(const float* __restrict__ part, const int* __restrict__ positions, float* __restrict__ out,
-               int n_heads, int W) {
-    pdl_start();
-    const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    store_out(out, ((i64)r * n_heads + qh) * D + d, merge_row(part, r, qh, d, positions[r] / PAGE, n_heads, W));
 }

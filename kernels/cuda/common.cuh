@@ -251,6 +251,36 @@ __device__ __forceinline__ float merge_add(float x, float a, float y, float b) {
     return __fadd_rn(__fmul_rn(x, a), __fmul_rn(y, b));
 }
 
+// Output element d of query head qh of row r from its chunks 0..last: `part` holds (o[HD], m, l) per
+// (row, head, chunk), folded ascending, then o / l. Read through L2 (ld.cg): other blocks wrote them.
+template <int HD>
+__device__ __forceinline__ float merge_chunks(const float* __restrict__ part, int r, int qh, int d, int last,
+                                              int n_heads, int W) {
+    const float* base = part + ((i64)r * n_heads + qh) * W * (HD + 2);
+    float m = __ldcg(base + HD), l = __ldcg(base + HD + 1), acc = __ldcg(base + d);
+#pragma unroll 8
+    for (int c = 1; c <= last; ++c) {
+        const float* pc = base + (i64)c * (HD + 2);
+        float a, b, m_new;
+        merge_coeffs(m, __ldcg(pc + HD), a, b, m_new);
+        l = merge_add(l, a, __ldcg(pc + HD + 1), b);
+        acc = merge_add(acc, a, __ldcg(pc + d), b);
+        m = m_new;
+    }
+    return __fdiv_rn(acc, l);
+}
+
+// One attention output value, its zero made +0 (a zero's sign may depend on what shared the tile): a
+// float (OUT16 0), or rounded as the o projection's MMA rounds its input (1 f16, 2 bf16).
+template <int OUT16_>
+__device__ __forceinline__ void store_attn(float* out, i64 at, float v) {
+    v = __fadd_rn(v, 0.f);
+    if (OUT16_ == 0)
+        out[at] = v;
+    else
+        reinterpret_cast<u16*>(out)[at] = (u16)((OUT16_ == 2 ? pack_bf16x2(v, 0.f) : pack_f16x2(v, 0.f)) & 0xffffu);
+}
+
 // ---- K-quant planes (kernels/cuda/kquant.py): a Q4_K or Q6_K weight of `tiles` 16-row tiles and
 // C 32-value chunks, repacked so that a warp reads each plane whole. `w` is the low-nibble plane;
 // `aux` holds (Q6_K) the top-bit plane, the sub-block scales, the super-block scales.

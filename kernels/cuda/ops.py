@@ -559,7 +559,8 @@ class CudaOps:
                    (q[r0:r1], k16, v16, positions[r0:r1], seq[r0:r1], tables, part, _i32(r1 - r0), _i32(n_heads),
                     _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1]), shared=at.shared)
             if at.workers > 1:
-                launch(kernel("attention_mma.cu", "attn_mma_merge", defines), (r1 - r0, n_heads), (d,),
+                merge = kernel("attention.cu", "attn_merge", (("HEAD_DIM", d), ("OUT16", out16)))
+                launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
 
     def kv_read_pages(self, layer: CudaKVLayer, pages) -> tuple[np.ndarray, ...]:
