@@ -153,8 +153,9 @@ class Ops(Protocol):
         bias, in those bits (on CUDA one launch where the matmul can rotate and store)."""
     def attention(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float) -> Any:
         """q [T, heads, head_dim] -> [T, heads * head_dim]; row r sees keys 0..positions[r]."""
-    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
-        """Which build of its kernel attention runs t rows on (block tables `width` pages wide); exact
+    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int, kv_type: str = "f16") -> str:
+        """Which build of its kernel attention runs t rows on (block tables `width` pages wide, a
+        `kv_type` cache); exact
         mode promises every build the same bits for a row (the self-check probes each)."""
         return "attention"
     def attention_out(self, q: Any, layer: KVLayer, rows: PagedRows, scale: float, wo: Any, residual: Any) -> Any:

@@ -65,7 +65,7 @@ def qkv_rows(ops: Any, w: Any, max_rows: int) -> dict[str, int]:
 
 
 def attention_rows(ops: Any, s: AttentionShape, max_rows: int) -> dict[str, int]:
-    return first_rows(lambda m: ops.attention_build(m, s.n_heads, s.n_kv, s.head_dim, s.width), max_rows)
+    return first_rows(lambda m: ops.attention_build(m, s.n_heads, s.n_kv, s.head_dim, s.width, s.kv_type), max_rows)
 
 
 def _first_difference(choices: dict[str, int], row0: Callable[[int], bytes]) -> tuple[str, int] | None:

@@ -71,6 +71,20 @@ def test_attention_build_follows_the_batch_not_the_row():
     assert plan.attention_launch(512, 32, 8, 64, 4, 132).build == plan.LATE_VALUES_BUILD
 
 
+def test_mma_attention_launch_follows_the_batch_not_the_row():
+    """Tensor-core attention of 16-bit caches: decode-sized launches take one row a block (chunks over
+    workers while the blocks leave SMs idle); prefills 64 MMA rows a block in two blocks an SM."""
+    assert plan.mma_attention("f16", 128) and plan.mma_attention("bf16", 64)
+    assert not plan.mma_attention("f32", 128) and not plan.mma_attention("f16", 256)
+    one = plan.mma_attention_launch(1, 32, 8, 128, 128, 132)  # 8B decode at 32k
+    assert (one.gp, one.rb, one.threads, one.workers) == (4, 1, 32, 66)
+    tile = plan.mma_attention_launch(512, 32, 8, 128, 128, 132)
+    assert (tile.rb, tile.threads, tile.workers, tile.row_slice) == (16, 128, 1, 512)
+    assert 2 * tile.shared <= 227 * 1024  # two blocks an SM on an H100/H200
+    odd = plan.mma_attention_launch(100, 28, 4, 128, 16, 132)  # a group of 7: 8 MMA rows a query row
+    assert (odd.gp, odd.rb, odd.subgroups) == (8, 8, 1) and odd.row_slice % odd.rb == 0
+
+
 def test_norm_prologue_only_where_its_reads_stay_small():
     assert plan.norm_prologue(3072, 2048) and plan.norm_prologue(6144, 4096)  # q|k|v of 1B, 8B
     assert not plan.norm_prologue(28672, 4096) and not plan.norm_prologue(128256, 2048)  # 8B gate|up, lm_head

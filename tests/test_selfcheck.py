@@ -100,8 +100,8 @@ def flip_last_bit(a: np.ndarray) -> None:
 class FaultyAttentionOps(FaultyFamilyOps):
     """Fake, named as such: an attention build that changes row 0's last bit from 8 rows."""
 
-    def attention_build(self, t, n_heads, n_kv, head_dim, width):
-        return "fake_throughput" if t >= 8 else self.ops.attention_build(t, n_heads, n_kv, head_dim, width)
+    def attention_build(self, t, n_heads, n_kv, head_dim, width, kv_type="f16"):
+        return "fake_throughput" if t >= 8 else self.ops.attention_build(t, n_heads, n_kv, head_dim, width, kv_type)
 
     def matmul_family(self, t, w):
         return self.ops.matmul_family(t, w)
@@ -123,8 +123,8 @@ class FaultyQkvOps(FaultyAttentionOps):
         super().__init__(ops)
         self.what = what
 
-    def attention_build(self, t, n_heads, n_kv, head_dim, width):
-        return self.ops.attention_build(t, n_heads, n_kv, head_dim, width)
+    def attention_build(self, t, n_heads, n_kv, head_dim, width, kv_type="f16"):
+        return self.ops.attention_build(t, n_heads, n_kv, head_dim, width, kv_type)
 
     def attention(self, q, layer, rows, scale):
         return self.ops.attention(q, layer, rows, scale)
@@ -191,8 +191,8 @@ class Dispatching:
     def qkv_family(self, t, w):
         return dispatch.qkv_family(self.dev, t, w)
 
-    def attention_build(self, t, n_heads, n_kv, head_dim, width):
-        return dispatch.attention_build(self.dev, t, n_heads, n_kv, head_dim, width)
+    def attention_build(self, t, n_heads, n_kv, head_dim, width, kv_type="f16"):
+        return dispatch.attention_build(self.dev, t, n_heads, n_kv, head_dim, width, kv_type)
 
 
 QKV_8B = FakeCudaWeight("f16", (6144, 4096), rope_tiles=128)
@@ -211,14 +211,18 @@ def test_the_fused_qkv_projection_is_checked_under_each_kernel_it_may_take(dev, 
     assert "mm_tc+rope" not in qkv_rows(Dispatching(dev), FakeCudaWeight("f16", (6144, 4096)), 512)
 
 
-@pytest.mark.parametrize("dev, heads, want", [
-    # (row, head group) blocks up to a quarter of the SMs: the latency build (8B: 32 blocks up to 4 rows)
-    (H200, (32, 8, 128), {"latency": 1, "throughput": 8}),
-    (H200, (32, 8, 64), {"latency": 1, "late_values": 8}),  # 1B: values loaded late at head dim 64
-    (RTX3060, (32, 8, 128), {"throughput": 1}),  # 28 SMs: even one row's 32 blocks are too many for latency
+@pytest.mark.parametrize("dev, heads, kv, want", [
+    # scalar kernel (f32 cache): (row, head group) blocks up to a quarter of the SMs take the latency
+    # build (8B: 32 blocks up to 4 rows)
+    (H200, (32, 8, 128), "f32", {"latency": 1, "throughput": 8}),
+    (H200, (32, 8, 64), "f32", {"latency": 1, "late_values": 8}),  # 1B: values loaded late at head dim 64
+    (RTX3060, (32, 8, 128), "f32", {"throughput": 1}),  # 28 SMs: even one row's 32 blocks are too many
+    # tensor-core kernel (16-bit cache): one row a block up to 64 rows, chunks over workers while the
+    # blocks do not fill the SMs (8B: 8 a row, 132 SMs)
+    (H200, (32, 8, 128), "f16", {"mma_row+split": 1, "mma_row": 17, "mma_tile+split": 65, "mma_tile": 257}),
 ])
-def test_attention_is_checked_under_each_build_it_may_compile(dev, heads, want):
-    shape = AttentionShape(*heads, 64, "f16")
+def test_attention_is_checked_under_each_build_it_may_compile(dev, heads, kv, want):
+    shape = AttentionShape(*heads, 64, kv)
     assert attention_rows(Dispatching(dev), shape, 512) == want
 
 

@@ -268,7 +268,7 @@ class CpuOps(CpuMoeOps):
     def attention_out(self, q, layer: CpuKVLayer, rows: PagedRows, scale: float, wo, residual) -> np.ndarray:
         return self.matmul(self.attention(q, layer, rows, scale), wo, residual=residual)
 
-    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
+    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int, kv_type: str = "f16") -> str:
         return "attend_rows"  # one compiled loop for every batch
 
     def attention(self, q: np.ndarray, layer: CpuKVLayer, rows: PagedRows, scale: float) -> np.ndarray:

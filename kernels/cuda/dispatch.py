@@ -94,6 +94,12 @@ BUILD_NAMES = {plan.LATENCY_BUILD: "latency", plan.THROUGHPUT_BUILD: "throughput
                plan.LATE_VALUES_BUILD: "late_values"}
 
 
-def attention_build(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
-    """The attn_partial build attention compiles for t rows (plan.attention_launch)."""
+def attention_build(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
+                    kv_type: str = "f16") -> str:
+    """The kernel and build attention runs t rows on: the tensor-core kernel's one row or 64 MMA rows a
+    block, chunks over workers or not (plan.mma_attention_launch); else the attn_partial build
+    (plan.attention_launch)."""
+    if plan.mma_attention(kv_type, head_dim):
+        at = plan.mma_attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count)
+        return ("mma_row" if at.rb == 1 else "mma_tile") + ("+split" if at.workers > 1 else "")
     return BUILD_NAMES[plan.attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count).build]

@@ -268,8 +268,8 @@ class CudaOps:
     def qkv_family(self, t: int, w: CudaWeight) -> str:
         return dispatch.qkv_family(self, t, w)
 
-    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int) -> str:
-        return dispatch.attention_build(self, t, n_heads, n_kv, head_dim, width)
+    def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int, kv_type: str = "f16") -> str:
+        return dispatch.attention_build(self, t, n_heads, n_kv, head_dim, width, kv_type)
 
     def _to_cublas(self, t: int, w: CudaWeight) -> bool:
         return dispatch.to_cublas(self, t, w)
@@ -517,7 +517,7 @@ class CudaOps:
         positions, seq = _index(rows.positions), _index(rows.seq)
         tables = _index(rows.block_tables)
         width = int(tables.shape[1])
-        if layer.kv_type != "f32" and d in plan.MMA_HEAD_DIMS:
+        if plan.mma_attention(layer.kv_type, d):
             self._attention_mma(q, layer, positions, seq, tables, scale, out16, out)
             return out
         slots = cp.full(t, -1, cp.int64) if rows.slots is None else _index(rows.slots, cp.int64)

@@ -262,6 +262,11 @@ MMA_PREFILL_ROWS = 64  # MMA rows a prefill block takes (four warps, the most: q
 MMA_ONE_ROW_MAX = 64  # launches of at most this many rows (decode buckets, verify steps) take one row a block
 
 
+def mma_attention(kv_type: str, head_dim: int) -> bool:
+    """Whether attention of this cache runs on the tensor-core kernel (16-bit caches)."""
+    return kv_type in ("f16", "bf16") and head_dim in MMA_HEAD_DIMS
+
+
 @dataclass(frozen=True)
 class MmaAttentionLaunch:
     gp: int  # MMA rows per query row: the GQA group rounded up to a power of two, at most 16
