@@ -26,6 +26,8 @@ def test_responses_api_with_the_openai_client(eng):
     assert res.id.startswith("resp_") and res.output[0].id.startswith("msg_")
     assert res.output_text == chat.choices[0].message.content
     assert res.usage.input_tokens == chat.usage.prompt_tokens and res.usage.output_tokens == 6
+    count = client.responses.input_tokens.count(model="m", input=MESSAGES)
+    assert count.input_tokens == res.usage.input_tokens  # /v1/responses/input_tokens, nothing generated
     events = list(client.responses.create(model="m", input=MESSAGES, max_output_tokens=6, temperature=0,
                                           stream=True))
     kinds = [e.type for e in events]

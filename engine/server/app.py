@@ -57,6 +57,7 @@ def build_app(state: EngineState) -> web.Application:
         r.add_post(path, infill.infill)
     for path in ("/v1/responses", "/responses"):
         r.add_post(path, responses_api.responses)
+        r.add_post(path + "/input_tokens", responses_api.input_tokens)
     r.add_post("/slots/{id_slot}", slot_files.slot_action)
     r.add_post("/tokenize", native.tokenize)
     r.add_post("/detokenize", native.detokenize)

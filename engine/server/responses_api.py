@@ -108,6 +108,13 @@ async def responses(request: web.Request) -> web.StreamResponse:
         return await _stream(request, shape, gen, f.bool("timings_per_token", False))
 
 
+async def input_tokens(request: web.Request) -> web.Response:
+    """llama-server's /v1/responses/input_tokens: the rendered input's length, nothing generated."""
+    state = state_of(request)
+    chat = await build_prompt(state, Fields({"messages": _messages(Fields(await read_json(request)))}))
+    return web.json_response({"object": "response.input_tokens", "input_tokens": len(chat.ids)})
+
+
 async def _stream(request: web.Request, shape: Shape, gen: Generation, per_token: bool) -> web.StreamResponse:
     sse = EventStream(request)
     await sse.open()
