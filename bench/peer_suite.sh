@@ -3,8 +3,11 @@
 # llama-cpp-python sdist on PyPI), run unmodified against `lockstep-engine --device cpu` on the bundled
 # model through bench/peer/llama-server (LLAMA_SERVER_BIN_PATH). Writes bench/evidence/peer-suite-cpu.{json,md}.
 #
-#   bench/peer_suite.sh                       # the 14 main files
+#   bench/peer_suite.sh                       # the 16 main files
 #   bench/peer_suite.sh unit/test_basic.py    # chosen files or test ids (report under $CACHE only)
+#   PEER_BASE=bench/evidence/peer-suite-cpu.json PEER_NOTE="why" bench/peer_suite.sh unit/test_sleep.py
+#                                             # whole files re-run, their results replacing PEER_BASE's for
+#                                             # them: the report under bench/evidence (report.py merge)
 #
 # Environment: LOCKSTEP_PEER_CACHE (default ~/.cache/lockstep-peer: sdist, extracted suite, venv),
 # LOCKSTEP_PYTHON (the engine's python; default /work/main/.venv/bin/python if present, else python3),
@@ -45,9 +48,12 @@ fi
   "$VENV/bin/pip" install -q wget prometheus-client filelock openai requests pytest pytest-xdist
 
 MAIN_FILES="test_basic.py test_chat_completion.py test_completion.py test_compat_oai_responses.py test_ctx_shift.py
-test_ignore_eos.py test_infill.py test_metrics.py test_security.py test_slot_save.py test_speculative.py
-test_stream.py test_template.py test_tokenize.py"
-if [ $# -gt 0 ]; then SELECT=("$@"); OUT=$CACHE/partial; PEER_REPORT=${PEER_REPORT:-partial}; else
+test_ignore_eos.py test_infill.py test_metrics.py test_security.py test_sleep.py test_slot_save.py test_speculative.py
+test_stream.py test_template.py test_tokenize.py test_tool_call.py"
+MERGE=()
+if [ $# -gt 0 ] && [ -n "${PEER_BASE:-}" ]; then
+  SELECT=("$@"); OUT=$ROOT/bench/evidence; MERGE=(--base "$(cd "$ROOT" && realpath "$PEER_BASE")" --note "${PEER_NOTE:-}")
+elif [ $# -gt 0 ]; then SELECT=("$@"); OUT=$CACHE/partial; PEER_REPORT=${PEER_REPORT:-partial}; else
   SELECT=(); for f in $MAIN_FILES; do SELECT+=("unit/$f"); done; OUT=$ROOT/bench/evidence; fi
 mkdir -p "$OUT"
 DESELECT=$("$LOCKSTEP_PYTHON" "$ROOT/bench/peer/report.py" --deselect)
@@ -72,5 +78,5 @@ rc=$?
 set -e
 cp "$JUNIT" "$CACHE/last-junit.xml"  # the run's own copy goes with $RUN; report.py --junit reads it again
 "$LOCKSTEP_PYTHON" "$ROOT/bench/peer/report.py" --junit "$JUNIT" --out "$OUT/${PEER_REPORT:-peer-suite-cpu}" \
-  --version "$VERSION" --drop-unknown "${PEER_DROP_UNKNOWN:-0}"
+  --version "$VERSION" --drop-unknown "${PEER_DROP_UNKNOWN:-0}" "${MERGE[@]}"
 echo "pytest exit $rc; report: $OUT/peer-suite-cpu.md"
