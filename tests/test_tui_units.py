@@ -416,3 +416,29 @@ async def test_the_load_form_follows_an_exact_setting_saved_on_the_settings_scre
         await pilot.press("f2")
         text = str(offline_app.screen.query_one("#load-exact").render())
         assert "requested as on (the default stored in Settings)" in text, text
+
+
+async def test_the_load_screen_is_built_before_its_first_visit_and_filled_by_the_scan(tmp_path, tiny_llama):
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([tiny_llama.parent], include_bundled=False),
+                          env={}, logs=tmp_path / "logs")
+    app = LockstepApp(manager, api=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait(pilot, lambda: app.models is not None and "load" in app._screen_stacks, "the scan and the prebuild")
+        (built,) = app._screen_stacks["load"]
+        await wait(pilot, lambda: built.is_mounted, "the off-screen mount")
+        await wait(pilot, lambda: built.query_one("#field-model").value == tiny_llama.name, "the form to follow the scan")
+        await pilot.press("f2")
+        assert app.screen is built and not built.query_one("#load-button").disabled
+
+
+async def test_a_first_visit_does_not_restyle_the_whole_app(offline_app, monkeypatch):
+    calls = []
+    real = LockstepApp.refresh_css
+    monkeypatch.setattr(LockstepApp, "refresh_css", lambda self, animate=True: (calls.append(1), real(self, animate)))
+    async with offline_app.run_test(size=SIZE) as pilot:
+        await wait(pilot, lambda: offline_app.css_refreshed_at is not None, "the first styling")
+        before = len(calls)
+        for key in ("f3", "f4", "f7"):
+            await pilot.press(key)
+            await pilot.pause()
+        assert len(calls) == before, "switching to a new screen re-parsed and re-applied every stylesheet"

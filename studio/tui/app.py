@@ -91,12 +91,17 @@ class LockstepApp(App[int]):
         self._api_host, self._api_port = api_host, api_port
         self._poll_interval = poll_interval
         self.api: ApiServer | None = None
+        self.css_refreshed_at: int | None = None  # the style stamp the stylesheet was last parsed at
         self._poll_worker: Worker | None = None
         self._load_worker: Worker | None = None
         # Saved chats live beside the settings file.
         self.conversations_dir = Path(self.manager.store.path).parent / "conversations"
 
     # lifecycle -----------------------------------------------------------------------------------
+
+    def refresh_css(self, animate: bool = True) -> None:
+        super().refresh_css(animate)
+        self.css_refreshed_at = self._css_update_count  # see StudioScreen.__init__
 
     def on_mount(self) -> None:
         if self._want_api:
@@ -106,8 +111,21 @@ class LockstepApp(App[int]):
         self.rescan()
         self.poll_status()
         self.set_interval(self._poll_interval, self.poll_status)
+        self.call_after_refresh(self.prebuild, "load")  # the screen a new user visits next
         for problem in getattr(self.manager.store, "problems", []):
             self.notify(problem.message(), title="Settings file", severity="warning", timeout=15)
+
+    def prebuild(self, mode: str) -> None:
+        """Composes and mounts a mode's screen now, off screen, so that its first visit only lays it out:
+        building the Load form's hundred widgets is most of a first visit's work. Textual has no
+        public call for it; this is what its first switch_mode does, without making the screen current."""
+        if mode in self._screen_stacks:
+            return
+        screen = self.MODES[mode]()
+        self._get_screen(screen)
+        self._load_screen_css(screen)
+        screen._screen_resized(self.size)  # its width classes (-narrow/-wide) now, not a restyle on the visit
+        self._screen_stacks[mode] = [screen]
 
     async def on_unmount(self) -> None:
         # Our own requests (a streaming reply, a pull) end first, so the engine has none left to finish;

@@ -23,10 +23,11 @@ class StudioScreen(Screen):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # Textual restyles the whole app (re-parsing every stylesheet) when it switches to a screen whose
-        # style stamp lags the app's, and a new screen starts without one. Mounting styles a screen with
-        # the current CSS anyway; a theme change still bumps the app's stamp and restyles.
-        if self.app._css_update_count:  # 0 until the theme's first styling: the first screen waits for it
+        # Textual restyles the whole app (re-parsing every stylesheet), twice, when it switches to a screen
+        # whose style stamp lags the app's, and a new screen starts without one. Mounting styles a screen
+        # with the current CSS anyway, once the stylesheet has been parsed with the current stamp's theme
+        # variables (the first screen waits for that); a theme change still bumps the stamp and restyles.
+        if self.app.css_refreshed_at == self.app._css_update_count:
             self._css_update_count = self.app._css_update_count
         self._styled_once = False
 

@@ -79,9 +79,10 @@ class LoadScreen(StudioScreen):
     def on_mount(self) -> None:
         self._checked_with: tuple = ()
         self._filled: dict[str, str] = {}  # untouched, the form follows the selected model and the settings
-        self.action_reset()
-        self.watch(self.app, "models", self._show_models, init=True)
-        self.watch(self.app, "selected_model", self._select_model, init=True)
+        self._revalidating = False
+        self.watch(self.app, "models", self._show_models, init=False)
+        self.watch(self.app, "selected_model", self._select_model, init=False)
+        self._show_models(self.studio.models)  # fills the form once: the watchers' init would fill it twice more
 
     # the form's contents -------------------------------------------------------------------------
 
@@ -145,8 +146,14 @@ class LoadScreen(StudioScreen):
     def _changed(self, event: Input.Changed | Select.Changed) -> None:
         if event.control.id == "field-model":
             self._refill()  # another model: its native context, unless the user changed fields already
-        else:
-            self.revalidate()
+        elif not self._revalidating:
+            # a fill changes every field at once: one check after their Changed events, not one per field
+            self._revalidating = True
+            self.call_after_refresh(self._revalidate_once)
+
+    def _revalidate_once(self) -> None:
+        self._revalidating = False
+        self.revalidate()
 
     def check(self):
         manager = self.studio.manager
