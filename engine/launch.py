@@ -17,9 +17,11 @@ from engine.exits import MODEL_LOAD, Fatal, out_of_memory
 from engine.kv_cache import pages_for
 from engine.load_progress import CountedWeights
 from engine.loader import LoadedModel, load_model
+from engine.models.llama import STACKS
 from engine.models.qwen3_5 import hybrid_spec
 from engine.runner import Runner, make_ops
 from kernels.base import PAGE_SIZE
+from kernels.weights import Weight
 
 log = logging.getLogger("engine.launch")
 
@@ -60,9 +62,7 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
         need["state"] = n_seqs * spec.n_linear * spec.deltanet.state_bytes()
     if backend != "cuda":
         return need
-    from kernels.cuda.weights import device_bytes
-
-    need["weights"] = sum(device_bytes(w) for w in loaded.weights.values())
+    need["weights"] = cuda_weight_bytes(loaded.weights)
     pages = max_pages_per_seq or n_pages
     rows = max(ubatch, GRAPH_ROWS)
     # activations of the widest step (hidden, q|k|v, gate|up, with copies) and the attention scratch
@@ -70,6 +70,23 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
     need["work"] += 4 * min(rows * c.n_heads * pages * (c.head_dim + 2), 256 << 20)
     need["logits"] = 4 * rows * c.vocab_size
     return need
+
+
+def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
+    """Device bytes of the weights as the model uploads them: each layer's q|k|v and gate|up as one
+    stack (llama.STACKS), which is f16 on the device where its parts differ in type."""
+    from kernels.cuda.weights import device_bytes, stack_bytes
+
+    stacked: set[str] = set()
+    total = 0
+    for name in weights:
+        for stack in STACKS:
+            if name.endswith("." + stack[0]):
+                names = [name.removesuffix(stack[0]) + part for part in stack]
+                if all(n in weights for n in names):
+                    total += stack_bytes([weights[n] for n in names])
+                    stacked.update(names)
+    return total + sum(device_bytes(w) for n, w in weights.items() if n not in stacked)
 
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,

@@ -62,6 +62,12 @@ def check_weights(c: ModelConfig, weights: dict[str, Weight],
             raise ModelLoadError(f"tensor {name}: shape {tuple(w.shape)} does not match the config's {shape}")
 
 
+# Each layer's weights uploaded as one matmul operand (concat_rows), which memory planning counts so.
+QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+STACKS = (QKV, GATE_UP)
+
+
 @dataclass
 class _Layer:
     attn_norm: Any
@@ -106,7 +112,7 @@ class LlamaModel:
             bias = None
             if config.qkv_bias:
                 bias = Weight(np.concatenate([weights[a + f"{x}_proj.bias"].to_f32() for x in "qkv"]), "f32")
-            qkv = parts(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+            qkv = parts(*(p + n for n in QKV))
             if config.qk_norm:  # normalised per head before RoPE: the products in their own order
                 w_qkv, b_qkv = up(concat_rows(qkv)), None if bias is None else up(bias)
             else:
@@ -114,7 +120,7 @@ class LlamaModel:
             if config.moe is not None and config.moe.is_sparse(i):
                 ffn = (None, None, MoeBlock(config.moe, weights, m, ops))
             else:
-                ffn = (ops.upload_gate_up(*parts(m + "gate_proj.weight", m + "up_proj.weight")),
+                ffn = (ops.upload_gate_up(*parts(*(p + n for n in GATE_UP))),
                        up(weights[m + "down_proj.weight"]), None)
             self.layers.append(_Layer(
                 up(weights[p + "input_layernorm.weight"]),

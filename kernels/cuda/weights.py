@@ -3,7 +3,8 @@ to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scal
 Q6_K repacked into planes (kernels/cuda/kquant.py).
 
 The other quantized types have no CUDA kernels yet: they are dequantised to f16 at load
-(kernel_weight), and memory planning counts them at that size.
+(kernel_weight), and so are stacks of parts of different types (a Q4_K_M q|k|v whose v is Q6_K);
+memory planning counts both at that size (device_bytes, stack_bytes).
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def device_bytes(w: Weight) -> int:
     dtype = "f16" if w.blocks else w.dtype
     item = np.dtype(STORAGE[dtype]).itemsize
     return np_ * kp * item + (np_ * (kp // K_CHUNK) * 2 if dtype == "q8_0" else 0)
+
+
+def stack_bytes(parts: list[Weight]) -> int:
+    """Bytes concat_rows(parts) takes on the device: parts of one type as they are, parts of
+    different types as the one f16 weight kernel_weight makes of their RowStack."""
+    if len({w.dtype for w in parts}) == 1:
+        return sum(device_bytes(w) for w in parts)
+    np_, kp = padded_shape(sum(int(w.shape[0]) for w in parts), int(parts[0].shape[1]))
+    return np_ * kp * np.dtype(STORAGE["f16"]).itemsize
 
 
 def interleave_gate_up(a, f: int):
