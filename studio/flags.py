@@ -95,6 +95,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--context-shift",), False),
     Flag(("--no-context-shift",), False),
     Flag(("--cache-reuse",), True, _int(0)),
+    Flag(("--keep",), True, _int(-1)),
+    Flag(("--sleep-idle-seconds",), True, _int(-1)),
     Flag(("--spec-type",), True, _choice("none", "ngram")),
     Flag(("--spec-draft-n-max",), True, _int(0)),
     Flag(("--seed", "-s"), True, _int(-1)),
