@@ -73,6 +73,8 @@ class Settings(BaseModel):
     load: LoadDefaults = Field(default_factory=LoadDefaults)
     api: ApiSettings = Field(default_factory=ApiSettings)
     health_timeout_s: float = Field(180.0, gt=0, le=3600)
+    # A /v1 request naming a catalog model that is not loaded loads it (Ollama's way) instead of a 404.
+    auto_load: bool = False
 
 
 class LoadRequest(BaseModel):

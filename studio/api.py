@@ -24,7 +24,7 @@ from settings import EXACT_MODES, LoadRequest, SettingsConflict, SettingsError
 from studio.errors import StudioError, validation_message
 from studio.guard import Guard
 from studio.manager import LoadManager
-from studio.openai_front import RequestRecord, model_list, prepare_body
+from studio.openai_front import RequestRecord, load_on_demand, model_list, prepare_body
 from studio.proxy import forward, upstream_path
 from studio.pull_api import stream_pull
 from studio.settings_api import check_load_args, check_settings_patch
@@ -185,8 +185,10 @@ async def proxy(request: web.Request) -> web.StreamResponse:
     if path is None:
         raise StudioError(404, "not_found_error", f"{request.path!r} is not an API path the studio forwards")
     manager = _manager(request)
+    raw = await request.read()
+    await load_on_demand(manager, path, raw)
     child = await manager.engine()
-    body = prepare_body(manager, path, await request.read())
+    body = prepare_body(manager, path, raw)
     record = RequestRecord(path)
     status: int | str = "cancelled (the client left)"
     try:

@@ -3,16 +3,20 @@ against the loaded model, and a length limit for requests that give none.
 
 Clients send a model name with every request (the `openai` client requires one); serving whatever is
 loaded under any name would hide a mistake, so a name that is neither the loaded model's id, alias nor
-path is a 404 that names the loaded model, as Ollama answers for a model it does not have.
+path is a 404 that names the loaded model, as Ollama answers for a model it does not have. With the
+`auto_load` setting on, a name that is a catalog id is loaded instead (stored load defaults), as Ollama
+loads a model on its first request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 from typing import Any
 
+from settings import LoadRequest
 from studio.errors import StudioError
 from studio.manager import LoadManager
 
@@ -49,6 +53,34 @@ def _names(manager: LoadManager) -> set[str]:
     return {loaded.model_id, loaded.plan.alias, loaded.plan.model_path}
 
 
+def requested_model(path: str, raw: bytes) -> str | None:
+    """The model a generating request names, or None."""
+    if path not in GENERATING or not raw:
+        return None
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    name = body.get("model") if isinstance(body, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+async def load_on_demand(manager: LoadManager, path: str, raw: bytes) -> None:
+    """Under `auto_load`, loads the catalog model a request names when another one, or none, is loaded. Only
+    catalog ids: a request body is no way to read an arbitrary file. A failed load answers as /api/load's."""
+    name = requested_model(path, raw)
+    if name is None or not manager.store.settings.auto_load:
+        return
+    if name in _names(manager):
+        return  # a crashed engine of this model respawns in manager.engine()
+    # the catalog reads model headers from disk: off the event loop
+    models = await asyncio.to_thread(manager.catalog.scan)
+    if not any(m.id == name for m in models):
+        return
+    manager.log.info("auto_load: loading %s for a request that names it", name)
+    await manager.load(LoadRequest(model=name))
+
+
 def prepare_body(manager: LoadManager, path: str, raw: bytes) -> bytes:
     """The body to forward: checked model name, and the default limit when the request sets none."""
     if path not in GENERATING or not raw:
@@ -64,7 +96,8 @@ def prepare_body(manager: LoadManager, path: str, raw: bytes) -> bytes:
     if isinstance(name, str) and name and loaded is not None and name not in _names(manager):
         raise StudioError(404, "model_not_found",
                           f"model {name!r} is not loaded; the loaded model is {loaded.model_id!r} "
-                          "(load another with POST /api/load, or send its name)", loaded=loaded.model_id)
+                          "(load another with POST /api/load, send its name, or turn the auto_load setting on to load "
+                          "catalog models by name)", loaded=loaded.model_id)
     if any(body.get(k) is not None for k in LIMIT_FIELDS):
         return raw
     child = loaded.child if loaded is not None else None

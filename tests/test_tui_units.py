@@ -99,10 +99,10 @@ def test_sampling_options():
 
 def test_settings_patch():
     values = {"exact": "unset", "preempt": "park", "folders": " /a \n\n/b\n", "api_host": "127.0.0.1",
-              "api_port": "8765", "api_key": "", "health_timeout": "60"}
+              "api_port": "8765", "api_key": "", "health_timeout": "60", "auto_load": "on"}
     patch, errors = settings_patch(values)
     assert errors == {}
-    assert patch["exact_concurrency"] is None and patch["preempt_mode"] == "park"
+    assert patch["exact_concurrency"] is None and patch["preempt_mode"] == "park" and patch["auto_load"] is True
     assert patch["model_folders"] == ["/a", "/b"] and patch["api"] == {"host": "127.0.0.1", "api_key": None,
                                                                        "port": 8765}
     assert "api_port" in settings_patch({**values, "api_port": "http"})[1]
@@ -249,12 +249,14 @@ async def test_settings_are_saved_through_the_store(offline_app, tmp_path):
         await pilot.press("f7")
         screen = offline_app.screen
         screen.query_one("#set-exact").value = "on"
+        screen.query_one("#set-auto_load").value = "on"
         screen.query_one("#set-folders").text = str(tmp_path / "more-models")
         await pilot.press("ctrl+s")
         store_file = tmp_path / "config" / "settings.json"
         await wait(pilot, lambda: store_file.exists() and '"on"' in store_file.read_text(), "the saved file")
         saved = json.loads(store_file.read_text())
         assert saved["exact_concurrency"] == "on" and saved["model_folders"] == [str(tmp_path / "more-models")]
+        assert saved["auto_load"] is True
         assert "in effect: on" in str(screen.query_one("#help-exact").render())
 
 

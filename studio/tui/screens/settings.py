@@ -28,6 +28,7 @@ def settings_patch(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, st
         "preempt_mode": None if values["preempt"] == NOT_SET else values["preempt"],
         "model_folders": [line.strip() for line in values["folders"].splitlines() if line.strip()],
         "api": {"host": values["api_host"].strip(), "api_key": values["api_key"] or None},
+        "auto_load": values["auto_load"] == "on",
     }
     try:
         patch["api"]["port"] = int(values["api_port"])
@@ -63,6 +64,10 @@ class SettingsScreen(StudioScreen):
                 yield Label("Preemption mode", classes="field-label")
                 yield Select(preempt_options, allow_blank=False, id="set-preempt", compact=True)
                 yield Static("park: copy to host memory; recompute: drop and recompute", classes="field-help")
+            with HorizontalGroup(classes="field-row"):
+                yield Label("Load on demand", classes="field-label")
+                yield Select([("off", "off"), ("on", "on")], allow_blank=False, id="set-auto_load", compact=True)
+                yield Static("on: a /v1 request loads the catalog model it names", classes="field-help")
             with HorizontalGroup(classes="field-row -tall"):
                 yield Label("Model folders", classes="field-label")
                 yield TextArea(id="set-folders", soft_wrap=False, compact=True)
@@ -95,6 +100,7 @@ class SettingsScreen(StudioScreen):
         self._version = manager.store.version
         self.query_one("#set-exact", Select).value = s.exact_concurrency or NOT_SET
         self.query_one("#set-preempt", Select).value = s.preempt_mode or NOT_SET
+        self.query_one("#set-auto_load", Select).value = "on" if s.auto_load else "off"
         self.query_one("#set-folders", TextArea).text = "\n".join(s.model_folders)
         self.query_one("#set-api_host", Input).value = s.api.host
         self.query_one("#set-api_port", Input).value = str(s.api.port)
@@ -131,6 +137,7 @@ class SettingsScreen(StudioScreen):
         return {
             "exact": str(self.query_one("#set-exact", Select).value),
             "preempt": str(self.query_one("#set-preempt", Select).value),
+            "auto_load": str(self.query_one("#set-auto_load", Select).value),
             "folders": self.query_one("#set-folders", TextArea).text,
             "api_host": self.query_one("#set-api_host", Input).value,
             "api_port": self.query_one("#set-api_port", Input).value,
