@@ -1,8 +1,13 @@
-"""SVG snapshots of the studio's screens at 120x40 (and 80x24, where nothing may be cut), over a scripted manager so every run renders alike.
+"""SVG snapshots of the studio's screens at 120x40 (and 80x24, where nothing may be cut).
 
-The manager here answers with fixed figures (no engine, no clock, no ports or paths that vary); the
-Pilot tests in test_tui_pilot.py drive the real engine. Update after a deliberate change with
-`pytest tests/test_tui_snapshots.py --snapshot-update` and look at the SVGs before committing.
+Screens that show no engine (an empty catalog, Status with nothing loaded) run over the real LoadManager,
+settings store and catalog. The others run over stand-ins, named Fake*, for what a real engine child on
+this CPU cannot give twice alike or at all: a catalog of GPU-sized models that are not on this machine
+(a 1B BF16 folder, a Q8_0 GGUF), and a loaded engine's port, pid, argv, tokens/s, page use, parks and
+log lines, which change from run to run while a snapshot must render the same pixels. Their behaviour
+with the real engine (loading, the badge, streaming, the exactness check, logs) is what the Pilot tests
+in test_tui_pilot.py, test_tui_chat.py and test_studio_load_progress.py check. Update after a deliberate
+change with `pytest tests/test_tui_snapshots.py --snapshot-update` and look at the SVGs before committing.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from settings import Settings
-from studio.catalog import ModelInfo
+from settings import Settings, SettingsStore
+from studio.catalog import Catalog, ModelInfo
 from studio.evidence import Cell, Report
+from studio.manager import LoadManager
 from studio.tui.app import LockstepApp
 from studio.tui.messages import LoadOutcome
 
@@ -57,6 +63,8 @@ READY = {
 
 
 class FakeCatalog:
+    """Stands in for a catalog of MODELS, which are not on this machine (and too big for its tests)."""
+
     def __init__(self, models: list[ModelInfo]) -> None:
         self.models = models
 
@@ -71,6 +79,8 @@ class FakeCatalog:
 
 
 class FakeStore:
+    """A settings store at a fixed path (the real one's path is a temporary folder, shown on screen)."""
+
     path = Path("/home/ada/.config/lockstep/settings.json")
     problems: list = []
     version = "fixed"
@@ -87,7 +97,8 @@ class FakeStore:
 
 
 class FakeManager:
-    """The parts of LoadManager the TUI uses, answering with fixed data."""
+    """The parts of LoadManager the TUI uses, answering with a fixed status: a real engine's port, pid,
+    tokens/s, parks and log lines differ on every run."""
 
     def __init__(self, status: dict[str, Any] | None = None, models: list[ModelInfo] = MODELS) -> None:
         self.store = FakeStore()
@@ -158,9 +169,17 @@ def test_models_screen(snap_compare):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=settle)
 
 
-def test_models_screen_empty_catalog(snap_compare):
+def real_app(tmp_path) -> LockstepApp:
+    """The real LoadManager, settings store and catalog (over folders that hold no model): the screens that
+    show no engine need no stand-in."""
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([Path("/data/models"), BUNDLED],
+                          include_bundled=False), env={}, logs=tmp_path / "logs")
+    return LockstepApp(manager, api=False, poll_interval=3600)
+
+
+def test_models_screen_empty_catalog(snap_compare, tmp_path):
     """No models anywhere: the hint says where it looked and what to do."""
-    assert snap_compare(make_app(models=[]), terminal_size=SIZE, run_before=settle)
+    assert snap_compare(real_app(tmp_path), terminal_size=SIZE, run_before=settle)
 
 
 def test_load_screen(snap_compare):
@@ -200,8 +219,8 @@ def test_status_screen_unavailable(snap_compare):
     assert snap_compare(make_app(status), terminal_size=SIZE, run_before=on_screen("f3"))
 
 
-def test_status_screen_no_model(snap_compare):
-    assert snap_compare(make_app(), terminal_size=SIZE, run_before=on_screen("f3"))
+def test_status_screen_no_model(snap_compare, tmp_path):
+    assert snap_compare(real_app(tmp_path), terminal_size=SIZE, run_before=on_screen("f3"))
 
 
 async def chat_before(pilot):
