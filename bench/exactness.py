@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 from studio.evidence import ENGINE_CMD, EvidenceError, run_matrix  # noqa: E402
 
 
-def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
+def _tiny_model(where: Path, arch: str, positions: int = 8192) -> tuple[str, int]:
+    """A tiny random model of `arch`; the llama with room for `positions` positions (at least 8192)."""
     if arch == "qwen3_moe":
         from tests.tiny_moe import make_moe_hf_model
 
@@ -38,7 +39,7 @@ def _tiny_model(where: Path, arch: str) -> tuple[str, int]:
     else:
         from tests.tiny_models import make_hf_model
 
-        path = make_hf_model(where, arch)
+        path = make_hf_model(where, arch, max_pos=max(8192, positions))
     from engine.loader import load_model
 
     return str(path), load_model(path).config.vocab_size
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--parks-every", type=int, default=0, metavar="N",
                     help="add cells parked every N tokens beside 7 neighbours, at -ub 512, 16 and 24")
+    ap.add_argument("--long-prompt", type=int, default=0, metavar="N",
+                    help="add a cell: an N-token prompt (e.g. 20000) beside 7 others, parked every 7 tokens")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "exactness-cpu"),
                     help="report path without extension (.json and .md are written)")
     ap.add_argument("--engine-args", default="", help="more engine flags for every server, e.g. '--tp 2'")
@@ -74,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
 
             model, vocab = args.model, load_model(args.model).config.vocab_size
         else:
-            model, vocab = _tiny_model(Path(tmp), args.tiny)
+            model, vocab = _tiny_model(Path(tmp), args.tiny, args.long_prompt + 4096)
         try:
             report = asyncio.run(run_matrix(model, vocab=vocab, device=args.device, exact=args.exact == "on",
                                             n_predict=args.n_predict, prompt_len=args.prompt_len,
                                             progress=lambda m: print(m, flush=True), extra_variants=extra,
+                                            long_prompt=args.long_prompt,
                                             engine_cmd=[*ENGINE_CMD, *shlex.split(args.engine_args)]))
         except EvidenceError as e:
             print(f"exactness run failed: {e}", file=sys.stderr)

@@ -195,10 +195,13 @@ Completer = Callable[..., Awaitable[list[Sample]]]
 async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: int = 48, n_predict: int = 24,
                      device: str = "cpu", exact: bool = True, engine_cmd: Sequence[str] = ENGINE_CMD,
                      log_dir: Path | None = None, progress: Callable[[str], None] | None = None,
-                     complete_fn: Completer = complete, extra_variants: Sequence[tuple] = ()) -> Report:
+                     complete_fn: Completer = complete, extra_variants: Sequence[tuple] = (),
+                     long_prompt: int = 0, long_parks: int = 7) -> Report:
     """Runs every cell; raises EvidenceError when any worker fails (no partial report).
     `extra_variants`: more server cells after the standard ones, each (name, description, flags,
-    env, neighbours) like theirs."""
+    env, neighbours) like theirs. `long_prompt`: a last cell, a prompt of that many tokens beside 7
+    others and parked every `long_parks` tokens, against the same prompt alone (both servers with the
+    context it needs)."""
     t0 = time.monotonic()
     say = progress or (lambda _msg: None)
     mode = "on" if exact else "off"
@@ -269,6 +272,19 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
                 say(f"starting a server for {name}")
                 s = await server(session, flags, env)
                 cell(name, desc, ref, await (beside(s, k) if k else solo(s)))
+                await s.stop()
+            if long_prompt:
+                p_long = make_prompts(1, long_prompt, vocab, seed=1)[0]
+                flags = ("--ctx-size", str(long_prompt + 4096))
+                say(f"starting the servers for a {long_prompt}-token prompt")
+                s = await server(session, flags)
+                alone = (await complete_fn(session, s.url, p_long, n_predict))[0]
+                await s.stop()
+                s = await server(session, flags, {"LOCKSTEP_PREEMPT_EVERY": str(long_parks)})
+                jobs = [complete_fn(session, s.url, p, n_predict) for p in [p_long, *prompts[1:8]]]
+                cell(f"long_{long_prompt}_beside_7_parks_{long_parks}",
+                     f"a {long_prompt}-token prompt beside 7, parked every {long_parks} tokens", alone,
+                     (await asyncio.gather(*jobs))[0][0])
                 await s.stop()
     except EvidenceError:
         raise

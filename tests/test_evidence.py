@@ -26,12 +26,13 @@ def vocab(tiny_llama):
 
 
 def test_every_cell_identical_with_exact_on(tiny_llama, vocab):
-    report = asyncio.run(run_matrix(str(tiny_llama), vocab=vocab, n_predict=24))
-    assert tuple(c.name for c in report.cells) == CELLS
+    # with the long-prompt cell (a 700-token prompt: three pages, beside 7, parked every 7 tokens)
+    report = asyncio.run(run_matrix(str(tiny_llama), vocab=vocab, n_predict=24, long_prompt=700))
+    assert tuple(c.name for c in report.cells) == (*CELLS, "long_700_beside_7_parks_7")
     assert report.all_identical, report.table()
     assert all(c.n_tokens == 24 for c in report.cells)
     parks = [s for s in report.servers if s["inherited_env"].get("LOCKSTEP_PREEMPT_EVERY") == "7"]
-    assert len(parks) == 2, "the report records the environment the child really inherited"
+    assert len(parks) == 3, "the report records the environment the child really inherited"
     assert all("--exact-concurrency" in s["argv"] for s in report.servers)
     assert not _engine_children()
 
