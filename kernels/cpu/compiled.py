@@ -49,20 +49,6 @@ def _bf16(typingctx, h):
 
 
 @njit(**_FLAGS)
-def _widen(src, kind, dst, n):
-    """n values into dst[:n] as float32: kind 0 float32 as they are; 16-bit (kind 1 f16, 2 bf16,
-    stored as uint16) widened."""
-    if kind == 0:
-        dst[:n] = src[:n]
-    elif kind == 1:
-        for i in range(n):
-            dst[i] = _f16(src[i])
-    else:
-        for i in range(n):
-            dst[i] = _bf16(src[i])
-
-
-@njit(**_FLAGS)
 def rows_matvec(x, w, out, n0):
     """out[r, n0 + j] = x[r] . w[j] for every row r: each weight row is read once for all token rows."""
     t, k = x.shape
@@ -140,74 +126,6 @@ def silu_mul_rows(y, f, out):
             out[r, i] = g / (np.float32(1.0) + np.exp(-g)) * y[r, f + i]
 
 
-@njit(**_FLAGS)
-def attend_chunk(q, k, v, kind, out):
-    """One query row over the keys of one chunk. q [kv, group, hd] (scaled); k, v [n, kv, hd] float32
-    (kind 0) or 16-bit (kind 1 f16, 2 bf16, as uint16). Writes the chunk's unnormalised sum of values
-    into out [kv, group, hd]; returns its score max and exp-sum per [kv, group] (the caller merges
-    chunks in ascending order)."""
-    n, n_kv, hd = k.shape
-    group = q.shape[1]
-    m = np.empty((n_kv, group), np.float32)
-    lsum = np.empty((n_kv, group), np.float32)
-    s = np.empty((group, n), np.float32)
-    row = np.empty(hd, np.float32)
-    for h in range(n_kv):
-        for p in range(n):
-            _widen(k[p, h], kind, row, hd)
-            for g in range(group):
-                s[g, p] = _dot(row, q[h, g], hd)
-        for g in range(group):
-            mx = np.float32(-np.inf)
-            for p in range(n):
-                mx = max(mx, s[g, p])
-            tot = np.float32(0.0)
-            for p in range(n):
-                s[g, p] = np.exp(s[g, p] - mx)
-                tot += s[g, p]
-            m[h, g] = mx
-            lsum[h, g] = tot
-            out[h, g] = 0.0
-        for p in range(n):
-            _widen(v[p, h], kind, row, hd)
-            for g in range(group):
-                e = s[g, p]
-                o = out[h, g]
-                for i in range(hd):
-                    o[i] += e * row[i]
-    return m, lsum
-
-
-@njit(**_FLAGS)
-def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
-    """Every query row over keys 0..its position, in page-size chunks in logical order, the chunks merged
-    in ascending order (the page table gives each chunk's physical page, so placement cannot matter).
-    q, out [T, kv, group, hd]; k_pages, v_pages [pages, page_size, kv, hd] as attend_chunk takes them."""
-    o_c = np.empty(q.shape[1:], np.float32)
-    for r in range(q.shape[0]):
-        pos = positions[r]
-        table = tables[seqs[r]]
-        last = pos // page_size
-        acc = out[r]
-        m, lsum = attend_chunk(q[r], k_pages[table[0], : (page_size if last > 0 else pos + 1)],
-                               v_pages[table[0], : (page_size if last > 0 else pos + 1)], kind, acc)
-        for c in range(1, last + 1):
-            n = page_size if c < last else pos % page_size + 1
-            m_c, l_c = attend_chunk(q[r], k_pages[table[c], :n], v_pages[table[c], :n], kind, o_c)
-            for h in range(m.shape[0]):
-                for g in range(m.shape[1]):
-                    m_new = max(m[h, g], m_c[h, g])
-                    a, b = np.exp(m[h, g] - m_new), np.exp(m_c[h, g] - m_new)
-                    lsum[h, g] = lsum[h, g] * a + l_c[h, g] * b
-                    for i in range(acc.shape[2]):
-                        acc[h, g, i] = acc[h, g, i] * a + o_c[h, g, i] * b
-                    m[h, g] = m_new
-        for h in range(m.shape[0]):
-            for g in range(m.shape[1]):
-                for i in range(acc.shape[2]):
-                    acc[h, g, i] = acc[h, g, i] / lsum[h, g]
-
-
 def usable_threads(n: int) -> int:
     """At most the pool numba started with (NUMBA_NUM_THREADS, fixed once numba is imported)."""
     return max(1, min(n, numba.config.NUMBA_NUM_THREADS))
@@ -235,8 +153,3 @@ def warm_up() -> None:
         rows_matvec_16_parallel(x, w16, 1, out, 4)
     rms_norm_rows(x, x[0].copy(), np.float32(1e-5), x.copy())
     silu_mul_rows(x, 16, x[:, :16].copy())
-    q = np.ones((2, 2, 32), np.float32)
-    rows, table = np.zeros(2, np.int64), np.zeros((1, 1), np.int64)
-    for kv in (np.ones((1, 4, 2, 32), np.float32), np.ones((1, 4, 2, 32), np.uint16)):
-        attend_rows(q[None].repeat(2, 0), kv, kv, 0 if kv.dtype == np.float32 else 1, rows, rows, table, 4,
-                    np.empty((2, *q.shape), np.float32))

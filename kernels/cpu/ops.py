@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
-from kernels.cpu import compiled, deltanet
+from kernels.cpu import attend, compiled, deltanet, rope_write
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.quant_matmul import f32_tiles
 from kernels.weights import QK8_0, RowStack, Weight, bf16_to_f32, concat_rows, f32_to_bf16
@@ -84,6 +84,11 @@ def _decode(data: np.ndarray, scale: np.ndarray | None, kv_type: str) -> np.ndar
     return (q * scale.astype(np.float32)[..., None]).reshape(data.shape)
 
 
+def _int64(a) -> np.ndarray:
+    """Index arrays reach the kernels as int64 only (one compiled specialisation)."""
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
 class CpuOps(CpuMoeOps):
     name = "cpu"
     recurrent_chunk = deltanet.CHUNK
@@ -102,6 +107,8 @@ class CpuOps(CpuMoeOps):
         self._copy_f32 = False
         self.threads = compiled.usable_threads(threads)
         compiled.warm_up()
+        attend.warm_up()
+        rope_write.warm_up()
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
         return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
@@ -198,16 +205,9 @@ class CpuOps(CpuMoeOps):
         return out
 
     def rope(self, x: np.ndarray, positions, table: RopeTable) -> np.ndarray:
-        cos = table.cos[positions][:, None, :]
-        sin = table.sin[positions][:, None, :]
-        half = x.shape[-1] // 2
-        if table.neox:
-            x1, x2 = x[..., :half], x[..., half:]
-            return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-        xe, xo = x[..., 0::2], x[..., 1::2]
+        x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
-        out[..., 0::2] = xe * cos - xo * sin
-        out[..., 1::2] = xo * cos + xe * sin
+        rope_write.rope_rows(x, np.asarray(positions, dtype=np.int64), table.cos, table.sin, table.neox, out)
         return out
 
     def norm_matmul(self, x, norm_weight, eps: float, w, bias=None) -> np.ndarray:
@@ -253,7 +253,16 @@ class CpuOps(CpuMoeOps):
 
     def qkv_rope_write(self, qkv: np.ndarray, rows: PagedRows, table: RopeTable, layer: CpuKVLayer,
                        n_heads: int, n_kv: int) -> np.ndarray:
-        return split_qkv_rope_write(self, qkv, rows, table, layer, n_heads, n_kv)
+        kind = rope_write.KV_KINDS.get(layer.kv_type)
+        if kind is None or layer.v_type != layer.kv_type:  # q8_0, or K and V of different types
+            return split_qkv_rope_write(self, qkv, rows, table, layer, n_heads, n_kv)
+        t, d = qkv.shape[0], qkv.shape[1] // (n_heads + 2 * n_kv)
+        q = np.empty((t, n_heads, d), dtype=np.float32)
+        view = np.float32 if kind == 0 else np.uint16
+        cells = (a.view(view).reshape(-1, n_kv, d) for a in (layer.k, layer.v))
+        rope_write.qkv_rope_write(np.ascontiguousarray(qkv, dtype=np.float32), _int64(rows.positions),
+                                  _int64(rows.slots), table.cos, table.sin, table.neox, n_heads, n_kv, *cells, kind, q)
+        return q
 
     def norm_qkv_rope_write(self, x, norm_weight, eps: float, w, bias, rows: PagedRows, table: RopeTable,
                             layer: CpuKVLayer, n_heads: int, n_kv: int) -> np.ndarray:
@@ -280,8 +289,8 @@ class CpuOps(CpuMoeOps):
         positions, seqs, tables = rows.positions, rows.seq, rows.block_tables
         if layer.kv_type == layer.v_type and layer.kv_type in _KERNEL_KV:
             view, kind = _KERNEL_KV[layer.kv_type]
-            index = [np.ascontiguousarray(a, dtype=np.int64) for a in (positions, seqs, tables)]
-            compiled.attend_rows(qs, layer.k.view(view), layer.v.view(view), kind, *index, PAGE_SIZE, out)
+            index = [_int64(a) for a in (positions, seqs, tables)]
+            attend.attend_rows(qs, layer.k.view(view), layer.v.view(view), kind, *index, PAGE_SIZE, out)
         else:  # q8_0, or K and V of different types: each row's pages decoded to float32
             for r in range(t):
                 out[r] = self._attend_row(qs[r], layer, int(positions[r]), tables[int(seqs[r])])
@@ -295,7 +304,7 @@ class CpuOps(CpuMoeOps):
             n = PAGE_SIZE if c < last else pos % PAGE_SIZE + 1
             k, v = self._page(layer, int(table[c]), n)
             o_c = np.empty_like(q)
-            m_c, l_c = compiled.attend_chunk(q, np.ascontiguousarray(k, dtype=np.float32),
+            m_c, l_c = attend.attend_chunk(q, np.ascontiguousarray(k, dtype=np.float32),
                                              np.ascontiguousarray(v, dtype=np.float32), 0, o_c)
             if m is None:
                 m, l_sum, acc = m_c, l_c, o_c
