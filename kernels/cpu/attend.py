@@ -15,7 +15,7 @@ from numba import njit
 from kernels.cpu.compiled import _FLAGS, _bf16, _dot, _f16
 
 
-@njit(**_FLAGS)
+@njit(inline="always", **_FLAGS)
 def _widen_page(src, kind, n, dst):
     """Rows 0..n of one KV page [page_size, kv, hd] into dst [>= n, kv, hd] as float32."""
     n_kv, hd = src.shape[1], src.shape[2]
@@ -32,7 +32,7 @@ def _widen_page(src, kind, n, dst):
                     dst[p, h, i] = _bf16(src[p, h, i])
 
 
-@njit(**_FLAGS)
+@njit(inline="always", **_FLAGS)
 def _chunk(q, k, v, n, s, m, lsum, out):
     """One query row q [kv, group, hd] (scaled) over the chunk's n float32 keys and values k, v
     [>= n, kv, hd]: the unnormalised sum of values into out [kv, group, hd], the score max and

@@ -23,7 +23,7 @@ _FLAGS = {"cache": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}, "no
           "error_model": "numpy", "boundscheck": False}
 
 
-@njit(**_FLAGS)
+@njit(inline="always", **_FLAGS)
 def _dot(x, w, k):
     acc = np.float32(0.0)
     for i in range(k):
@@ -72,36 +72,63 @@ def rows_matvec_parallel(x, w, out, n0):
                 out[r, n0 + j] = _dot(x[r], wj, k)
 
 
+PLAIN, RESIDUAL, GATE_UP = 0, 1, 2  # what rows_16 writes (see there)
+
+
+@njit(inline="always", **_FLAGS)
+def _dot_16(x, w, kind, k):
+    """x . w for a 16-bit w, widened as it is read (one vcvtph2ps per vector for f16)."""
+    acc = np.float32(0.0)
+    if kind == 1:
+        for i in range(k):
+            acc += x[i] * _f16(w[i])
+    else:
+        for i in range(k):
+            acc += x[i] * _bf16(w[i])
+    return acc
+
+
+@njit(inline="always", **_FLAGS)
+def _silu_mul(g, u):
+    return g / (np.float32(1.0) + np.exp(-g)) * u
+
+
 @njit(**_FLAGS)
-def _rows_matvec_16(x, w, kind, out, n0, j0, j1):
+def _rows_16(x, w, kind, out, n0, res, mode, j0, j1):
     t, k = x.shape
+    f = w.shape[0] // 2
     for j in range(j0, j1):
         wj = w[j]
-        for r in range(t):
-            xr = x[r]
-            acc = np.float32(0.0)
-            if kind == 1:
-                for i in range(k):
-                    acc += xr[i] * _f16(wj[i])
-            else:
-                for i in range(k):
-                    acc += xr[i] * _bf16(wj[i])
-            out[r, n0 + j] = acc
+        if mode == GATE_UP:
+            uj = w[f + j]
+            for r in range(t):
+                out[r, j] = _silu_mul(_dot_16(x[r], wj, kind, k), _dot_16(x[r], uj, kind, k))
+        elif mode == RESIDUAL:
+            for r in range(t):
+                out[r, j] = res[r, j] + _dot_16(x[r], wj, kind, k)
+        else:
+            for r in range(t):
+                out[r, n0 + j] = _dot_16(x[r], wj, kind, k)
 
 
 @njit(**_FLAGS)
-def rows_matvec_16(x, w, kind, out, n0):
-    """rows_matvec over a 16-bit weight (kind 1 f16, 2 bf16, as uint16), widened as it is read: half
-    the bytes of a float32 copy."""
-    _rows_matvec_16(x, w, kind, out, n0, 0, w.shape[0])
+def rows_16(x, w, kind, out, n0, res, mode):
+    """The row kernel over a 16-bit weight w [N, K] (kind 1 f16, 2 bf16, as uint16), widened as it is
+    read (half the bytes of a float32 copy); each weight row is read once for all token rows. PLAIN: out[r, n0 + j] = x[r] . w[j]; RESIDUAL:
+    out[r, j] = res[r, j] + x[r] . w[j]; GATE_UP (w = gate | up, N = 2F): out[r, j] =
+    silu(x[r] . w[j]) * (x[r] . w[F + j]) for j < F."""
+    n = w.shape[0] // 2 if mode == GATE_UP else w.shape[0]
+    _rows_16(x, w, kind, out, n0, res, mode, 0, n)
 
 
 @njit(parallel=True, **_FLAGS)
-def rows_matvec_16_parallel(x, w, kind, out, n0):
-    n = w.shape[0]
+def rows_16_parallel(x, w, kind, out, n0, res, mode):
+    """rows_16 with the weight rows split across threads: whichever thread computes an output runs the
+    same loops, so the split cannot change a bit."""
+    n = w.shape[0] // 2 if mode == GATE_UP else w.shape[0]
     step = 64
     for c in prange((n + step - 1) // step):
-        _rows_matvec_16(x, w, kind, out, n0, c * step, min(n, c * step + step))
+        _rows_16(x, w, kind, out, n0, res, mode, c * step, min(n, c * step + step))
 
 
 @njit(**_FLAGS)
@@ -123,7 +150,7 @@ def silu_mul_rows(y, f, out):
     for r in range(y.shape[0]):
         for i in range(f):
             g = y[r, i]
-            out[r, i] = g / (np.float32(1.0) + np.exp(-g)) * y[r, f + i]
+            out[r, i] = _silu_mul(g, y[r, f + i])
 
 
 def usable_threads(n: int) -> int:
@@ -149,7 +176,8 @@ def warm_up() -> None:
         w.flags.writeable = w16.flags.writeable = writable
         rows_matvec(x, w, out, 4)
         rows_matvec_parallel(x, w, out, 4)
-        rows_matvec_16(x, w16, 1, out, 4)
-        rows_matvec_16_parallel(x, w16, 1, out, 4)
+        for mode in (PLAIN, RESIDUAL, GATE_UP):
+            rows_16(x, w16, 1, out, 0, out, mode)
+            rows_16_parallel(x, w16, 1, out, 0, out, mode)
     rms_norm_rows(x, x[0].copy(), np.float32(1e-5), x.copy())
     silu_mul_rows(x, 16, x[:, :16].copy())

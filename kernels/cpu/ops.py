@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
-from kernels.cpu import attend, compiled, deltanet, rope_write
+from kernels.cpu import attend, compiled, deltanet, fused, rope_write
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.quant_matmul import f32_tiles
 from kernels.weights import QK8_0, RowStack, Weight, bf16_to_f32, concat_rows, f32_to_bf16
@@ -84,6 +84,10 @@ def _decode(data: np.ndarray, scale: np.ndarray | None, kv_type: str) -> np.ndar
     return (q * scale.astype(np.float32)[..., None]).reshape(data.shape)
 
 
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
 def _int64(a) -> np.ndarray:
     """Index arrays reach the kernels as int64 only (one compiled specialisation)."""
     return np.ascontiguousarray(a, dtype=np.int64)
@@ -109,6 +113,7 @@ class CpuOps(CpuMoeOps):
         compiled.warm_up()
         attend.warm_up()
         rope_write.warm_up()
+        fused.warm_up()
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
         return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
@@ -147,6 +152,13 @@ class CpuOps(CpuMoeOps):
     # --- math
     def embedding(self, table: Weight, ids) -> np.ndarray:
         ids = np.asarray(ids)
+        if table.dtype in _WIDE_KINDS:
+            ids = _int64(ids).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+                raise IndexError(f"token ids must lie in 0..{table.shape[0] - 1}")
+            out = np.empty((ids.size, table.shape[1]), dtype=np.float32)
+            fused.embed_16(np.ascontiguousarray(table.data).view(np.uint16), ids, _WIDE_KINDS[table.dtype], out)
+            return out
         scales = table.scales[ids] if table.scales is not None else None
         rows = Weight(table.data[ids], table.dtype, scales)
         return np.array(rows.to_f32(), dtype=np.float32, copy=True)
@@ -167,24 +179,20 @@ class CpuOps(CpuMoeOps):
 
     def matmul(self, x: np.ndarray, w: Weight, bias: np.ndarray | None = None,
                residual: np.ndarray | None = None) -> np.ndarray:
-        if isinstance(w, GateUp):
-            if bias is not None or residual is not None:
-                raise ValueError("a gated product takes no bias or residual")
-            return self._silu_mul_stacked(self.matmul(x, w.stacked))
+        gated = isinstance(w, GateUp)
+        if gated and (bias is not None or residual is not None):
+            raise ValueError("a gated product takes no bias or residual")
         x = np.ascontiguousarray(x, dtype=np.float32)
         t, k = x.shape
+        stored = w.stacked if gated else w
+        if stored.shape[1] != k:
+            raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {stored.shape}")
+        if stored.dtype in _WIDE_KINDS and (self.exact or t <= KERNEL_ROWS):
+            return self._rows_16(x, stored, gated, bias, residual)
+        if gated:
+            return self._silu_mul_stacked(self.matmul(x, stored))
         n = w.shape[0]
-        if w.shape[1] != k:
-            raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {w.shape}")
         out = np.empty((t, n), dtype=np.float32)
-        if w.dtype in _WIDE_KINDS and (self.exact or t <= KERNEL_ROWS):
-            data = np.ascontiguousarray(w.data).view(np.uint16)
-            if self.threads > 1 and data.size >= PARALLEL_VALUES:
-                compiled.in_threads(self.threads, compiled.rows_matvec_16_parallel, x, data, _WIDE_KINDS[w.dtype],
-                                    out, 0)
-            else:
-                compiled.rows_matvec_16(x, data, _WIDE_KINDS[w.dtype], out, 0)
-            return self._bias_residual(out, bias, residual)
         for n0, block in f32_tiles(w, n if w.dtype == "f32" else BLOCK_N):
             if self.exact or t <= KERNEL_ROWS:
                 block = np.ascontiguousarray(block, dtype=np.float32)
@@ -194,6 +202,19 @@ class CpuOps(CpuMoeOps):
                     compiled.rows_matvec(x, block, out, n0)
             else:
                 out[:, n0 : n0 + block.shape[0]] = x @ block.T
+        return self._bias_residual(out, bias, residual)
+
+    def _rows_16(self, x: np.ndarray, w: Weight, gated: bool, bias, residual) -> np.ndarray:
+        """The compiled row kernel over a 16-bit weight, with the gate or the residual applied as it
+        writes (no [T, 2F] product, no second pass over the output)."""
+        data = np.ascontiguousarray(w.data).view(np.uint16)
+        mode = compiled.GATE_UP if gated else compiled.PLAIN
+        out = np.empty((x.shape[0], w.shape[0] // 2 if gated else w.shape[0]), dtype=np.float32)
+        res = out
+        if residual is not None and bias is None:
+            mode, res, residual = compiled.RESIDUAL, np.ascontiguousarray(residual, dtype=np.float32), None
+        args = (x, data, _WIDE_KINDS[w.dtype], out, 0, res, mode)
+        self._call(self._threaded(data), compiled.rows_16, compiled.rows_16_parallel, *args)
         return self._bias_residual(out, bias, residual)
 
     @staticmethod
@@ -211,10 +232,44 @@ class CpuOps(CpuMoeOps):
         return out
 
     def norm_matmul(self, x, norm_weight, eps: float, w, bias=None) -> np.ndarray:
-        return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
+        stored = w.stacked if isinstance(w, GateUp) else w
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if not self._fuses(x, stored) or (bias is not None and isinstance(w, GateUp)):
+            return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
+        gated = isinstance(w, GateUp)
+        data = np.ascontiguousarray(stored.data).view(np.uint16)
+        out = np.empty((x.shape[0], stored.shape[0] // 2 if gated else stored.shape[0]), dtype=np.float32)
+        self._call(self._threaded(data), fused.norm_rows_16, fused.norm_rows_16_parallel, x, _f32(norm_weight),
+                   np.float32(eps), data, _WIDE_KINDS[stored.dtype], out, out,
+                   compiled.GATE_UP if gated else compiled.PLAIN)
+        return self._bias_residual(out, bias, None)
 
     def ffn(self, x, norm_weight, eps: float, w_gate_up, w_down) -> np.ndarray:
-        return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        gu = w_gate_up.stacked if isinstance(w_gate_up, GateUp) else None
+        if gu is None or not (self._fuses(x, gu) and self._fuses(x, w_down)) or gu.dtype != w_down.dtype:
+            return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
+        data_gu, data_d = (np.ascontiguousarray(w.data).view(np.uint16) for w in (gu, w_down))
+        threaded = self._threaded(data_gu)
+        if threaded != self._threaded(data_d):  # one split, one not: the separate ops choose each
+            return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
+        out = np.empty_like(x)
+        self._call(threaded, fused.ffn_16, fused.ffn_16_parallel, x, _f32(norm_weight), np.float32(eps), data_gu,
+                   data_d, _WIDE_KINDS[gu.dtype], out)
+        return out
+
+    def _fuses(self, x: np.ndarray, w) -> bool:
+        """Whether x's rows go through the compiled row kernel for a 16-bit w (fused.py joins steps there)."""
+        return isinstance(w, Weight) and w.dtype in _WIDE_KINDS and (self.exact or x.shape[0] <= KERNEL_ROWS)
+
+    def _threaded(self, data: np.ndarray) -> bool:
+        return self.threads > 1 and data.size >= PARALLEL_VALUES
+
+    def _call(self, threaded: bool, kernel, parallel_kernel, *args) -> None:
+        if threaded:
+            compiled.in_threads(self.threads, parallel_kernel, *args)
+        else:
+            kernel(*args)
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return self._silu_mul_stacked(np.concatenate([gate, up], axis=-1, dtype=np.float32))

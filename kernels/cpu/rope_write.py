@@ -33,14 +33,14 @@ def _bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
-@njit(**_FLAGS)
+@njit(inline="always", **_FLAGS)
 def _to_bf16(x):
     """kernels.weights.f32_to_bf16 for one value."""
     bits = _bits(x)
     return np.uint16((bits + (((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF))) >> np.uint32(16))
 
 
-@njit(**_FLAGS)
+@njit(inline="always", **_FLAGS)
 def _rotate(src, cos, sin, neox, dst):
     """One head's rotation: src, dst [d]; cos, sin [d // 2] of the row's position."""
     half = src.shape[0] // 2
@@ -65,7 +65,7 @@ def rope_rows(x, positions, cos, sin, neox, out):
             _rotate(x[r, h], cos[p], sin[p], neox, out[r, h])
 
 
-@njit(**_FLAGS)
+@njit(inline="always", **_FLAGS)
 def _store(src, kind, dst):
     """One head's values into a cache cell: float32 as they are, or as f16 / bf16 bits."""
     for i in range(src.shape[0]):
