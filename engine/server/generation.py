@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -59,14 +60,32 @@ class Choice:
         return {"parks": d.parks if d else 0, "restores": d.restores if d else 0}
 
 
-def loop_dispatch(loop: asyncio.AbstractEventLoop):
-    """The scheduler's dispatch for a server: a step's events reach the loop in one wake-up."""
+class LoopDispatch:
+    """The scheduler's dispatch for a server: a step's events reach the loop in one wake-up, and
+    steps whose events the loop has not taken yet join that wake-up instead of writing another.
 
-    def dispatch(batch) -> None:  # compute thread
+    A wake-up is a write to the loop's self-pipe, which releases the GIL: the woken loop then holds
+    it while the compute thread waits to go on, so each one saved is a stall saved. The flag and the
+    deque are touched under the GIL only (no lock): the loop clears the flag before it drains, so a
+    batch appended while the flag still read set is drained by that same callback."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._batches: deque = deque()
+        self._armed = False
+
+    def __call__(self, batch) -> None:  # compute thread
+        self._batches.append(batch)
+        if self._armed:
+            return
+        self._armed = True
         with contextlib.suppress(RuntimeError):  # the loop closed at shutdown: nobody is listening
-            loop.call_soon_threadsafe(call_each, batch)
+            self.loop.call_soon_threadsafe(self._drain)
 
-    return dispatch
+    def _drain(self) -> None:  # event loop
+        self._armed = False
+        while self._batches:
+            call_each(self._batches.popleft())
 
 
 class Generation:
@@ -85,7 +104,7 @@ class Generation:
             raise ApiError(400, f"the request exceeds the available context size: {n_prompt} prompt tokens, "
                                 f"{n_ctx} per slot (raise --ctx-size)", "exceed_context_size_error",
                            extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
-        try:  # events arrive on the event loop (the scheduler's dispatch is loop_dispatch)
+        try:  # events arrive on the event loop (the scheduler's dispatch is LoopDispatch)
             self.request_id = self.scheduler.submit(self.request, self._queue.put_nowait)
         except QueueFullError as e:
             raise ApiError(503, f"server busy: {e}; retry later") from None

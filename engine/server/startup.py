@@ -30,7 +30,7 @@ from engine.scheduler import Scheduler
 from engine.selfcheck import self_check
 from engine.server.app import build_app
 from engine.server.errors import ApiError
-from engine.server.generation import loop_dispatch
+from engine.server.generation import LoopDispatch
 from engine.server.protocol import GuardedRunner
 from engine.server.sleep import Sleeper
 from engine.server.state import EngineState
@@ -225,7 +225,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
                           spec_n_max=spec_n,
-                          dispatch=loop_dispatch(loop), preempt_mode=opts.preempt_mode,
+                          dispatch=LoopDispatch(loop), preempt_mode=opts.preempt_mode,
                           context_shift=_context_shift(opts, runner))
     _cap_slot_context(scheduler, opts, config)
     if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
