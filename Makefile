@@ -8,10 +8,17 @@ TESTDEPS := $(VENV)/.test-installed
 PIP := $(PY) -m pip install --progress-bar on --disable-pip-version-check
 
 .PHONY: run test lint clean
+# A recipe that fails leaves no target behind: a venv whose pip never installed would otherwise pass for
+# a made one on the next run.
+.DELETE_ON_ERROR:
 
 $(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "Lockstep needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo missing)."; \
+	  echo "Name another interpreter: make run PYTHON=python3.11"; exit 1; }
 	@echo "==> creating the virtual environment in $(VENV)"
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  echo "could not create $(VENV) (on Debian/Ubuntu: apt install python3-venv)"; exit 1; }
 
 # Reinstall when the project's metadata changes; pick the CuPy build matching the NVIDIA driver.
 $(RUNTIME): pyproject.toml | $(PY)

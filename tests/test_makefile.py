@@ -34,3 +34,30 @@ def test_make_test_adds_the_test_extras_on_a_stamp_of_its_own(tmp_path):
     assert any("[test]" in line for line in installs), installs
     assert ".runtime-installed" in plan and ".test-installed" in plan
     assert "pytest" in plan
+
+
+def test_an_old_python_is_refused_by_name_before_anything_is_made(tmp_path):
+    # A stand-in interpreter that answers as Python 3.10 does: this machine has no old Python to run.
+    old = tmp_path / "python3.10"
+    old.write_text('#!/bin/sh\n[ "$1" = "-V" ] && echo "Python 3.10.12" && exit 0\nexit 1\n')
+    old.chmod(0o755)
+    done = subprocess.run(["make", f"VENV={tmp_path / 'venv'}", f"PYTHON={old}", "run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "needs Python 3.11 or newer" in done.stdout and "Python 3.10.12" in done.stdout, done.stdout
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_venv_that_could_not_be_made_is_not_left_to_pass_for_one(tmp_path):
+    # A stand-in interpreter whose venv module fails half-way, as one without ensurepip does (Debian's
+    # python3 without python3-venv), which this machine's Python cannot be made to do.
+    broken = tmp_path / "python3"
+    broken.write_text('#!/bin/sh\n[ "$1" = "-c" ] && exit 0\n'
+                      '[ "$2" = "venv" ] && mkdir -p "$3/bin" && touch "$3/bin/python" && exit 1\nexit 1\n')
+    broken.chmod(0o755)
+    for _ in range(2):  # the second run tries again rather than trusting what the first left
+        done = subprocess.run(["make", f"VENV={tmp_path / 'venv'}", f"PYTHON={broken}", "run"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert "could not create" in done.stdout and "python3-venv" in done.stdout, done.stdout
+        assert not (tmp_path / "venv").exists()
