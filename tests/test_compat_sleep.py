@@ -2,9 +2,11 @@
 read-only endpoints keep answering without waking it, the next request reloads it, and what it computes after
 the reload is bit for bit what it computed before."""
 
+import asyncio
 import time
 import urllib.request
 
+import aiohttp
 import pytest
 from openai import OpenAI
 
@@ -71,6 +73,20 @@ def test_sleeps_answers_read_only_and_wakes_to_the_same_bits(eng):
     assert not sleeping(eng) and "woke: the model is loaded again" in eng.output()
     assert after == before  # token ids and logprobs, compared as the exact floats they are
     assert metric(metrics_text(eng), "lockstep:tokens_predicted_total") == tokens_before + 12  # counts carry on
+
+
+async def test_requests_arriving_together_wake_it_once(eng):
+    wait_asleep(eng)
+    woke = eng.output().count("woke: the model is loaded again")
+    body = {"prompt": PROMPT, "n_predict": 4, "temperature": 0}
+    async with aiohttp.ClientSession() as s:
+        async def one():
+            async with s.post(eng.base + "/completion", json=body) as r:
+                return r.status, (await r.json())["content"]
+
+        results = await asyncio.gather(*(one() for _ in range(3)))
+    assert [status for status, _ in results] == [200] * 3 and len({text for _, text in results}) == 1
+    assert eng.output().count("woke: the model is loaded again") == woke + 1
 
 
 def test_tokenize_wakes_it(eng):

@@ -51,7 +51,11 @@ class Sleeper:
             if self.busy or self.sleeping or self.state.generations or due > 0:
                 await asyncio.sleep(self.seconds if self.busy or self.sleeping else max(due, 0.05))
                 continue
-            await self._sleep()
+            try:
+                await self._sleep()
+            except Exception:  # the model stays as it was left; the watch goes on
+                log.exception("going to sleep failed")
+                self.last = time.monotonic()
 
     async def _sleep(self) -> None:
         async with self.lock:
