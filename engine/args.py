@@ -34,6 +34,8 @@ class EngineArgs:
     cache_reuse: int
     spec_type: SpecType
     spec_draft_n_max: int
+    model_draft: str | None
+    n_gpu_layers_draft: str | None
     seed: int
     api_key: str | None  # from --api-key, --api-key-file or LLAMA_API_KEY
     api_key_file: str | None

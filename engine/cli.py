@@ -109,7 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding: none, or ngram drafts looked up in the sequence's own tokens (drafts only change "
              "speed: a draft token is kept only when it equals the token the model samples) (default: %(default)s)")
     add("--spec-draft-n-max", type=_int_at_least(0), default=16, metavar="N",
-        help="most draft tokens per step with --spec-type ngram (default: %(default)s)")
+        help="most draft tokens per step with --spec-type ngram or -md (default: %(default)s)")
+    add("-md", "--model-draft", "--spec-draft-model", dest="model_draft", metavar="PATH",
+        help="a draft model (same vocabulary) whose greedy continuation is the draft, up to --spec-draft-n-max "
+             "tokens; kept only where it equals the model's samples, so answers do not change")
+    add("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", dest="n_gpu_layers_draft",
+        metavar="N", help="accepted: the draft model runs wholly on the model's backend")
     add("-s", "--seed", type=_int_at_least(-1), default=-1, metavar="N",
         help="seed for requests that give none; -1 = a random seed per request, returned in its response "
              "(default: %(default)s)")

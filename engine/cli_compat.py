@@ -7,12 +7,10 @@ import argparse
 
 from engine.threads import THREADS_HELP
 
-# A draft model would need its own KV pages beside every sequence's, parked, restored and forked with them;
-# n-gram drafts need none and are exact by the same acceptance rule.
-DRAFT_MODEL = ("draft-model speculation is not supported; use --spec-type ngram --spec-draft-n-max N (drafts "
-               "looked up in the sequence's own tokens, kept only when they equal the model's samples)")
-DRAFT_FLAGS = ("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
-               "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl", "-devd", "--device-draft",
+# the draft model (-md) runs on the model's backend with its settings: its own ones are not supported
+DRAFT_MODEL = ("settings of the draft model are not supported: -md PATH runs it on the model's backend with the "
+               "model's KV cache types and --threads")
+DRAFT_FLAGS = ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-devd", "--device-draft",
                "--spec-draft-device", "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", "-ctvd",
                "--cache-type-v-draft", "--spec-draft-type-v", "-td", "--threads-draft", "--spec-draft-threads", "-tbd",
                "--threads-batch-draft", "--spec-draft-threads-batch", "--spec-draft-p-min", "--draft-p-min")

@@ -99,6 +99,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--sleep-idle-seconds",), True, _int(-1)),
     Flag(("--spec-type",), True, _choice("none", "ngram")),
     Flag(("--spec-draft-n-max",), True, _int(0)),
+    Flag(("--model-draft", "-md", "--spec-draft-model"), True, _nonempty, reads_file=True),
+    Flag(("--gpu-layers-draft", "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl"), True, _nonempty),
     Flag(("--seed", "-s"), True, _int(-1)),
     Flag(("--metrics",), False),
     Flag(("--jinja",), False),

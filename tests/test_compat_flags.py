@@ -61,9 +61,9 @@ def test_slot_context_is_ctx_over_parallel(engine_factory, tiny_llama_noeos):
 
 @pytest.mark.parametrize("flag,reason", [(["--lora", "x.gguf"], "LoRA adapters are not supported"),
                                          (["--grp-attn-n", "4"], "self-extend"),
-                                         (["-md", "draft.gguf"], "draft-model speculation is not supported; use "
-                                                                 "--spec-type ngram --spec-draft-n-max N"),
-                                         (["--model-draft=d.gguf", "-ngld", "99"], "--model-draft, -ngld: draft-model")])
+                                         (["-devd", "CUDA1"], "settings of the draft model are not supported: "
+                                                              "-md PATH runs it on the model's backend"),
+                                         (["--device-draft=CUDA1", "-ctkd", "q8_0"], "--device-draft, -ctkd: settings")])
 def test_llama_server_flag_we_lack_is_named_with_its_reason(tiny_llama, flag, reason):
     r = run_engine(["-m", str(tiny_llama), "--port", "0", "--device", "cpu", *flag])
     assert r.returncode == 2 and flag[0] in r.stderr and reason in r.stderr

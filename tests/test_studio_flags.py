@@ -148,7 +148,8 @@ def test_flag_table_covers_the_engine_flags_of_the_design():
               "--chat-template-file --device --preempt-ram --exact-concurrency").split()
     compat = ("--temp --n-predict --threads --threads-batch --cont-batching --slots --no-slots --tags --no-jinja "
               "--chat-template --reasoning-format --reasoning --no-webui --verbose --slot-save-path --cache-ram "
-              "--swa-full --spec-draft-n-min --backend-sampling --keep --sleep-idle-seconds").split()  # llama-server's, engine/cli_compat.py
+              "--swa-full --spec-draft-n-min --backend-sampling --keep --sleep-idle-seconds --model-draft "
+              "--gpu-layers-draft").split()  # llama-server's, engine/cli_compat.py
     gpus = "--tp --tensor-split --split-mode --main-gpu".split()  # engine/parallel
     assert sorted(design + compat + gpus) == sorted(f.canonical for f in FLAGS)
     for short in ("-m", "-c", "-np", "-b", "-ub", "-kvu", "-fa", "-ngl", "-nkvo", "-ctk", "-ctv", "-s"):

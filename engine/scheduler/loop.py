@@ -46,7 +46,7 @@ class Scheduler:
                  max_queue: int = 64, spec_n_max: int = 0,
                  dispatch: Callable[[list[tuple[Callable, Event]]], None] = call_each,
                  states: list[SeqState] | None = None, preempt_mode: PreemptMode = "auto",
-                 context_shift: bool = False):
+                 context_shift: bool = False, drafter: Callable | None = None):
         """`dispatch` receives each step's events at once, on the compute thread: a server hands the
         whole batch to its event loop with one wake-up instead of one per token. `states`: holders
         of per-sequence state besides KV pages (see `memory.SeqState`). `preempt_mode`: see
@@ -64,7 +64,7 @@ class Scheduler:
         if runner.recurrent:
             states = [*(states or []), RecurrentStates(runner)]
         self.mem = StateManager(self.pool, self.slots_, self.ctx, states)
-        self.planner = Planner(runner, self.mem, self.ctx)
+        self.planner = Planner(runner, self.mem, self.ctx, drafter)
         self.emitter = Emitter(tokenizer, self.mem, self.slots_, self.ctx)
         self.dispatch = dispatch
         self.inbox = Inbox(max_queue)

@@ -3,6 +3,8 @@ speculative drafts for decoding sequences; and the decode step that may be launc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.kv_cache import pages_for
 from engine.recurrent_state import snap_points
 from engine.runner import Runner, StepEntry
@@ -16,8 +18,11 @@ Plan = list[tuple[Seq, StepEntry]]
 
 
 class Planner:
-    def __init__(self, runner: Runner, mem: StateManager, ctx: Context):
+    def __init__(self, runner: Runner, mem: StateManager, ctx: Context,
+                 drafter: Callable[[Seq, int], list[int]] | None = None):
+        """`drafter(seq, k)`: up to k draft tokens for the sequence (a draft model's); None = n-gram lookup."""
         self.runner, self.mem, self.ctx = runner, mem, ctx
+        self.drafter = drafter
 
     def plan(self) -> Plan:
         """The next step; a sequence that cannot get its pages is parked instead."""
@@ -130,4 +135,4 @@ class Planner:
         room = min(seq.spec.length, budget - 1, self.ctx.n_ctx_seq - len(seq.tokens) - 1)
         if seq.req.max_tokens >= 0:
             room = min(room, seq.req.max_tokens - seq.generated - 1)
-        return lookup(seq.tokens, room)
+        return self.drafter(seq, room) if self.drafter is not None else lookup(seq.tokens, room)

@@ -22,6 +22,7 @@ from engine import load_progress
 from engine.args import EngineArgs
 from engine.cli import check_supported
 from engine.device import resolve_device
+from engine.draft_model import load_draft
 from engine.exact import ExactStatus, check_launch, check_model, disable_inexact_features, exact_requested
 from engine.exits import CANNOT_BIND, Fatal, bad_flag
 from engine.kv_cache import pages_for, seq_context
@@ -200,7 +201,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           threads=opts.threads or DEFAULT_THREADS, plan=plan)
     load_progress.phase("warmup")  # the exactness self-check, the kernels' warm-up, the scheduler's start
     t_weights = time.perf_counter()
-    spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" else 0
+    spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" or opts.model_draft else 0
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
             self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1),
@@ -221,12 +222,18 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           "warm_up_graphs": warm["buckets"]}
     log.info("load: weights %.2f s, self-check %.2f s, warm-up %.2f s", t_weights - t0, t_check - t_weights,
              t_end - t_check)
+    drafter = None
+    if spec_n and opts.model_draft:
+        draft = load_draft(opts, loaded, state.backend, seq_pages, opts.threads or DEFAULT_THREADS)
+        drafter = lambda seq, k: draft.propose(seq.slot, seq.tokens, k)  # noqa: E731
+        log.info("speculative drafts from the draft model %s (%s, up to %d tokens)", opts.model_draft,
+                 draft.runner.config.arch, spec_n)
     scheduler = Scheduler(runner, loaded.tokenizer, n_slots=opts.parallel, n_ctx=n_pages * PAGE_SIZE,
                           n_batch=opts.batch_size, n_ubatch=opts.ubatch_size, kv_unified=opts.kv_unified,
                           preempt_ram_bytes=opts.preempt_ram << 20, max_queue=MAX_QUEUE,
                           spec_n_max=spec_n,
                           dispatch=LoopDispatch(loop), preempt_mode=opts.preempt_mode,
-                          context_shift=_context_shift(opts, runner))
+                          context_shift=_context_shift(opts, runner), drafter=drafter)
     _cap_slot_context(scheduler, opts, config)
     if config.sliding_window and scheduler.n_ctx_seq > config.sliding_window:
         # the model code attends to every earlier position; within the window that is the same thing

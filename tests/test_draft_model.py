@@ -1,0 +1,72 @@
+"""-md / --model-draft (issue 27): a draft model's greedy continuation is the speculative draft. A draft token is
+kept only where it equals the token the model samples, so answers are bit for bit those without a draft model,
+whatever the draft model (the model itself, or another one with the same vocabulary), exact mode on."""
+
+import json
+import shutil
+import urllib.request
+
+import pytest
+
+from tests.engine_helpers import last_line, run_engine
+
+EXACT = ("--exact-concurrency", "on", "--metrics")
+PROMPTS = ["def fibonacci(n):", "    return fibonacci(n - 1) +", "if n < 2:\n"]
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    from tests.tiny_models import make_hf_model
+
+    return make_hf_model(tmp_path_factory.mktemp("draft"), "llama", seed=1)
+
+
+def post(eng, body: dict) -> dict:
+    req = urllib.request.Request(eng.base + "/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def answers(eng) -> list:
+    out = []
+    for prompt in PROMPTS:
+        for sampling in ({"temperature": 0}, {"temperature": 0.9, "seed": 5}):
+            r = post(eng, {"prompt": prompt, "n_predict": 24, "n_probs": 2, "return_tokens": True,
+                           "cache_prompt": False, **sampling})
+            out.append((r["tokens"], r["completion_probabilities"]))
+    return out
+
+
+def test_draft_models_change_no_bit(engine_factory, tiny_llama_noeos, other_draft):
+    plain = answers(engine_factory(tiny_llama_noeos, *EXACT))
+    itself = engine_factory(tiny_llama_noeos, *EXACT, "-md", str(tiny_llama_noeos), "--spec-draft-n-max", "4")
+    assert answers(itself) == plain
+    m = itself.metrics()
+    assert m["drafted_total"] > 0 and m["draft_accepted_total"] > 0  # the model drafting for itself is right often
+    assert "speculative drafts from the draft model" in itself.output()
+    other = engine_factory(tiny_llama_noeos, *EXACT, "--model-draft", str(other_draft), "-ngld", "99")
+    assert answers(other) == plain
+    assert other.metrics()["drafted_total"] > 0
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tiny_llama_noeos, tmp_path):
+    from tokenizers import Tokenizer
+
+    draft = shutil.copytree(tiny_llama_noeos, tmp_path / "other-vocab")
+    tok = Tokenizer.from_file(str(draft / "tokenizer.json"))
+    vocab = tok.get_vocab()
+    first = min(vocab, key=vocab.get)  # the same size, one entry spelled differently
+    text = (draft / "tokenizer.json").read_text().replace(json.dumps(first), json.dumps(first + "\u00e9"), 1)
+    (draft / "tokenizer.json").write_text(text)
+    r = run_engine(["-m", str(tiny_llama_noeos), "--port", "0", "--device", "cpu", "-md", str(draft)])
+    assert r.returncode == 2, r.stderr
+    assert "the draft model's vocabulary differs from the model's" in last_line(r.stderr)
+
+
+def test_a_recurrent_draft_model_is_refused(tiny_llama_noeos, tmp_path):
+    from tests.tiny_hybrid import make_hybrid_model
+
+    r = run_engine(["-m", str(tiny_llama_noeos), "--port", "0", "--device", "cpu", "-md",
+                    str(make_hybrid_model(tmp_path))])
+    assert r.returncode == 2 and "a draft model with a recurrent state is not supported" in last_line(r.stderr)
