@@ -11,7 +11,7 @@ from engine.modes import PreemptMode
 
 OnOffAuto = Literal["on", "off", "auto"]
 Device = Literal["auto", "cuda", "cpu"]
-SpecType = Literal["none", "ngram"]
+SpecType = Literal["none", "ngram", "draft-simple"]
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cache-reuse", type=_int_at_least(0), default=0, metavar="N",
         help="reuse cached KV chunks of at least N tokens at shifted positions (not supported yet; disabled in "
              "exact mode); 0 = off (default)")
-    add("--spec-type", choices=("none", "ngram"), default="none",
-        help="speculative decoding: none, or ngram drafts looked up in the sequence's own tokens (drafts only change "
-             "speed: a draft token is kept only when it equals the token the model samples) (default: %(default)s)")
+    add("--spec-type", choices=("none", "ngram", "draft-simple"), default="none",
+        help="speculative decoding: none, ngram drafts looked up in the sequence's own tokens, or draft-simple (the "
+             "-md model's; -md alone turns it on); drafts only change speed: a draft token is kept only when it "
+             "equals the token the model samples (default: %(default)s)")
     add("--spec-draft-n-max", type=_int_at_least(0), default=16, metavar="N",
         help="most draft tokens per step with --spec-type ngram or -md (default: %(default)s)")
     add("-md", "--model-draft", "--spec-draft-model", dest="model_draft", metavar="PATH",
@@ -281,8 +282,14 @@ def read_api_key(opts: argparse.Namespace, env: Mapping[str, str]) -> str | None
 
 def check_supported(opts: EngineArgs, backend: str) -> None:
     """Flags accepted for compatibility whose feature does not exist yet: an explicit error, never ignored."""
-    if opts.spec_type == "ngram" and opts.spec_draft_n_max < 1:
-        raise bad_flag("--spec-type ngram needs --spec-draft-n-max >= 1")
+    if (opts.spec_type != "none" or opts.model_draft) and opts.spec_draft_n_max < 1:
+        raise bad_flag(f"--spec-type {opts.spec_type if opts.spec_type != 'none' else 'draft-simple'} needs "
+                       "--spec-draft-n-max >= 1")
+    if opts.spec_type == "draft-simple" and not opts.model_draft:
+        raise bad_flag("--spec-type draft-simple needs a draft model: -md PATH")
+    if opts.spec_type == "ngram" and opts.model_draft:
+        raise bad_flag("--spec-type ngram with -md: one kind of draft at a time; drop -md, or use --spec-type "
+                       "draft-simple")
     if opts.flash_attn == "off":
         raise bad_flag("-fa off is not supported yet (the paged flash kernel is the only attention); "
                        "use -fa on or auto")

@@ -10,7 +10,7 @@ from engine.threads import THREADS_HELP
 # the draft model (-md) runs on the model's backend with its settings: its own ones are not supported
 DRAFT_MODEL = ("settings of the draft model are not supported: -md PATH runs it on the model's backend with the "
                "model's KV cache types and --threads")
-DRAFT_FLAGS = ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-devd", "--device-draft",
+DRAFT_FLAGS = ("-devd", "--device-draft",
                "--spec-draft-device", "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", "-ctvd",
                "--cache-type-v-draft", "--spec-draft-type-v", "-td", "--threads-draft", "--spec-draft-threads", "-tbd",
                "--threads-batch-draft", "--spec-draft-threads-batch", "--spec-draft-p-min", "--draft-p-min")
@@ -18,6 +18,8 @@ DRAFT_FLAGS = ("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "-devd", "
 # llama-server flags without an equivalent here: an unrecognized one is named with its reason.
 LACKING = {
     **dict.fromkeys(DRAFT_FLAGS, DRAFT_MODEL),
+    **dict.fromkeys(("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
+                    "the engine reads local model files only (use -md PATH)"),
     "--lora": "LoRA adapters are not supported",
     "--lora-scaled": "LoRA adapters are not supported",
     "--grp-attn-n": "self-extend (group attention) is not supported",

@@ -97,7 +97,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--cache-reuse",), True, _int(0)),
     Flag(("--keep",), True, _int(-1)),
     Flag(("--sleep-idle-seconds",), True, _int(-1)),
-    Flag(("--spec-type",), True, _choice("none", "ngram")),
+    Flag(("--spec-type",), True, _choice("none", "ngram", "draft-simple")),
     Flag(("--spec-draft-n-max",), True, _int(0)),
     Flag(("--model-draft", "-md", "--spec-draft-model"), True, _nonempty, reads_file=True),
     Flag(("--gpu-layers-draft", "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl"), True, _nonempty),

@@ -45,7 +45,8 @@ def test_draft_models_change_no_bit(engine_factory, tiny_llama_noeos, other_draf
     m = itself.metrics()
     assert m["drafted_total"] > 0 and m["draft_accepted_total"] > 0  # the model drafting for itself is right often
     assert "speculative drafts from the draft model" in itself.output()
-    other = engine_factory(tiny_llama_noeos, *EXACT, "--model-draft", str(other_draft), "-ngld", "99")
+    other = engine_factory(tiny_llama_noeos, *EXACT, "--model-draft", str(other_draft), "-ngld", "99",
+                           "--spec-type", "draft-simple")
     assert answers(other) == plain
     assert other.metrics()["drafted_total"] > 0
 
@@ -70,3 +71,12 @@ def test_a_recurrent_draft_model_is_refused(tiny_llama_noeos, tmp_path):
     r = run_engine(["-m", str(tiny_llama_noeos), "--port", "0", "--device", "cpu", "-md",
                     str(make_hybrid_model(tmp_path))])
     assert r.returncode == 2 and "a draft model with a recurrent state is not supported" in last_line(r.stderr)
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--spec-type", "draft-simple"], "error: --spec-type draft-simple needs a draft model: -md PATH"),
+    (["--spec-type", "ngram", "-md", "x"], "error: --spec-type ngram with -md: one kind of draft at a time"),
+])
+def test_draft_flags_that_contradict_are_named(tiny_llama_noeos, args, line):
+    r = run_engine(["-m", str(tiny_llama_noeos), "--port", "0", "--device", "cpu", *args])
+    assert r.returncode == 2 and last_line(r.stderr).startswith(line)

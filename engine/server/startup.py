@@ -201,7 +201,7 @@ def _load(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
                           threads=opts.threads or DEFAULT_THREADS, plan=plan)
     load_progress.phase("warmup")  # the exactness self-check, the kernels' warm-up, the scheduler's start
     t_weights = time.perf_counter()
-    spec_n = opts.spec_draft_n_max if opts.spec_type == "ngram" or opts.model_draft else 0
+    spec_n = opts.spec_draft_n_max if opts.spec_type != "none" or opts.model_draft else 0
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
             self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1),
