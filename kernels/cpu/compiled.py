@@ -73,6 +73,7 @@ def rows_matvec_parallel(x, w, out, n0):
 
 
 PLAIN, RESIDUAL, GATE_UP = 0, 1, 2  # what rows_16 writes (see there)
+_STEP = 64  # weight rows per task of the threaded kernels
 
 
 @njit(inline="always", **_FLAGS)
@@ -94,16 +95,20 @@ def _silu_mul(g, u):
 
 
 @njit(**_FLAGS)
+def silu_mul_rows(y, f, out):
+    """y [T, 2F] holds gate | up: out = silu(gate) * up."""
+    for r in range(y.shape[0]):
+        for i in range(f):
+            g = y[r, i]
+            out[r, i] = _silu_mul(g, y[r, f + i])
+
+
+@njit(**_FLAGS)
 def _rows_16(x, w, kind, out, n0, res, mode, j0, j1):
     t, k = x.shape
-    f = w.shape[0] // 2
     for j in range(j0, j1):
         wj = w[j]
-        if mode == GATE_UP:
-            uj = w[f + j]
-            for r in range(t):
-                out[r, j] = _silu_mul(_dot_16(x[r], wj, kind, k), _dot_16(x[r], uj, kind, k))
-        elif mode == RESIDUAL:
+        if mode == RESIDUAL:
             for r in range(t):
                 out[r, j] = res[r, j] + _dot_16(x[r], wj, kind, k)
         else:
@@ -114,21 +119,28 @@ def _rows_16(x, w, kind, out, n0, res, mode, j0, j1):
 @njit(**_FLAGS)
 def rows_16(x, w, kind, out, n0, res, mode):
     """The row kernel over a 16-bit weight w [N, K] (kind 1 f16, 2 bf16, as uint16), widened as it is
-    read (half the bytes of a float32 copy); each weight row is read once for all token rows. PLAIN: out[r, n0 + j] = x[r] . w[j]; RESIDUAL:
-    out[r, j] = res[r, j] + x[r] . w[j]; GATE_UP (w = gate | up, N = 2F): out[r, j] =
-    silu(x[r] . w[j]) * (x[r] . w[F + j]) for j < F."""
-    n = w.shape[0] // 2 if mode == GATE_UP else w.shape[0]
-    _rows_16(x, w, kind, out, n0, res, mode, 0, n)
+    read (half the bytes of a float32 copy); each weight row is read once for all token rows. PLAIN:
+    out[r, n0 + j] = x[r] . w[j]; RESIDUAL: out[r, j] = res[r, j] + x[r] . w[j]; GATE_UP (w = gate |
+    up, N = 2F): out [T, F] = silu_mul_rows of the PLAIN product."""
+    if mode == GATE_UP:
+        y = np.empty((x.shape[0], w.shape[0]), np.float32)
+        _rows_16(x, w, kind, y, 0, y, PLAIN, 0, w.shape[0])
+        silu_mul_rows(y, w.shape[0] // 2, out)
+    else:
+        _rows_16(x, w, kind, out, n0, res, mode, 0, w.shape[0])
 
 
 @njit(parallel=True, **_FLAGS)
 def rows_16_parallel(x, w, kind, out, n0, res, mode):
     """rows_16 with the weight rows split across threads: whichever thread computes an output runs the
     same loops, so the split cannot change a bit."""
-    n = w.shape[0] // 2 if mode == GATE_UP else w.shape[0]
-    step = 64
-    for c in prange((n + step - 1) // step):
-        _rows_16(x, w, kind, out, n0, res, mode, c * step, min(n, c * step + step))
+    n = w.shape[0]
+    y = np.empty((x.shape[0], n), np.float32) if mode == GATE_UP else out
+    inner = PLAIN if mode == GATE_UP else mode
+    for c in prange((n + _STEP - 1) // _STEP):
+        _rows_16(x, w, kind, y, 0 if mode == GATE_UP else n0, res, inner, c * _STEP, min(n, c * _STEP + _STEP))
+    if mode == GATE_UP:
+        silu_mul_rows(y, n // 2, out)
 
 
 @njit(**_FLAGS)
@@ -142,15 +154,6 @@ def rms_norm_rows(x, weight, eps, out):
         inv = np.float32(1.0) / np.sqrt(ss / np.float32(d) + eps)
         for i in range(d):
             out[r, i] = (xr[i] * inv) * weight[i]
-
-
-@njit(**_FLAGS)
-def silu_mul_rows(y, f, out):
-    """y [T, 2F] holds gate | up: out = silu(gate) * up."""
-    for r in range(y.shape[0]):
-        for i in range(f):
-            g = y[r, i]
-            out[r, i] = _silu_mul(g, y[r, f + i])
 
 
 def usable_threads(n: int) -> int:

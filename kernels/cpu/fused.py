@@ -2,18 +2,26 @@
 RMS norm before a product, a whole FFN (norm, gate | up, silu, down, residual), an embedding lookup.
 
 Each is the standalone kernels' arithmetic in the standalone kernels' order (the same compiled
-functions: rms_norm_rows, _rows_16), so a row gets the bits it gets through the separate ops, and
+functions: rms_norm_rows, rows_16), so a row gets the bits it gets through the separate ops, and
 none of it depends on the number of rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from kernels.cpu.compiled import _FLAGS, GATE_UP, PLAIN, RESIDUAL, _bf16, _f16, _rows_16, rms_norm_rows
-
-_STEP = 64  # weight rows per task of the threaded kernels
+from kernels.cpu.compiled import (
+    _FLAGS,
+    GATE_UP,
+    PLAIN,
+    RESIDUAL,
+    _bf16,
+    _f16,
+    rms_norm_rows,
+    rows_16,
+    rows_16_parallel,
+)
 
 
 @njit(**_FLAGS)
@@ -21,16 +29,14 @@ def norm_rows_16(x, norm_w, eps, w, kind, out, res, mode):
     """rows_16(rms_norm(x), w, ...) (res, mode as rows_16 takes them)."""
     xn = np.empty_like(x)
     rms_norm_rows(x, norm_w, eps, xn)
-    _rows_16(xn, w, kind, out, 0, res, mode, 0, w.shape[0] // 2 if mode == GATE_UP else w.shape[0])
+    rows_16(xn, w, kind, out, 0, res, mode)
 
 
-@njit(parallel=True, **_FLAGS)
+@njit(**_FLAGS)
 def norm_rows_16_parallel(x, norm_w, eps, w, kind, out, res, mode):
     xn = np.empty_like(x)
     rms_norm_rows(x, norm_w, eps, xn)
-    n = w.shape[0] // 2 if mode == GATE_UP else w.shape[0]
-    for c in prange((n + _STEP - 1) // _STEP):
-        _rows_16(xn, w, kind, out, 0, res, mode, c * _STEP, min(n, c * _STEP + _STEP))
+    rows_16_parallel(xn, w, kind, out, 0, res, mode)
 
 
 @njit(**_FLAGS)
@@ -38,20 +44,14 @@ def ffn_16(x, norm_w, eps, w_gate_up, w_down, kind, out):
     """out = x + down(silu(gate(xn)) * up(xn)), xn = rms_norm(x)."""
     h = np.empty((x.shape[0], w_gate_up.shape[0] // 2), np.float32)
     norm_rows_16(x, norm_w, eps, w_gate_up, kind, h, h, GATE_UP)
-    _rows_16(h, w_down, kind, out, 0, x, RESIDUAL, 0, w_down.shape[0])
+    rows_16(h, w_down, kind, out, 0, x, RESIDUAL)
 
 
-@njit(parallel=True, **_FLAGS)
+@njit(**_FLAGS)
 def ffn_16_parallel(x, norm_w, eps, w_gate_up, w_down, kind, out):
     h = np.empty((x.shape[0], w_gate_up.shape[0] // 2), np.float32)
-    xn = np.empty_like(x)
-    rms_norm_rows(x, norm_w, eps, xn)
-    f = h.shape[1]
-    for c in prange((f + _STEP - 1) // _STEP):
-        _rows_16(xn, w_gate_up, kind, h, 0, h, GATE_UP, c * _STEP, min(f, c * _STEP + _STEP))
-    n = w_down.shape[0]
-    for c in prange((n + _STEP - 1) // _STEP):
-        _rows_16(h, w_down, kind, out, 0, x, RESIDUAL, c * _STEP, min(n, c * _STEP + _STEP))
+    norm_rows_16_parallel(x, norm_w, eps, w_gate_up, kind, h, h, GATE_UP)
+    rows_16_parallel(h, w_down, kind, out, 0, x, RESIDUAL)
 
 
 @njit(**_FLAGS)
