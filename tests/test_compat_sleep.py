@@ -3,6 +3,8 @@ read-only endpoints keep answering without waking it, the next request reloads i
 the reload is bit for bit what it computed before."""
 
 import asyncio
+import json
+import socket
 import time
 import urllib.request
 
@@ -87,6 +89,30 @@ async def test_requests_arriving_together_wake_it_once(eng):
         results = await asyncio.gather(*(one() for _ in range(3)))
     assert [status for status, _ in results] == [200] * 3 and len({text for _, text in results}) == 1
     assert eng.output().count("woke: the model is loaded again") == woke + 1
+
+
+def poll(done, what: str, eng, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not done():
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what}:\n{eng.output()}")
+        time.sleep(0.02)  # a poll interval, bounded by the deadline
+
+
+def test_a_client_leaving_during_the_wake_leaves_one_load_that_completes(eng):
+    wait_asleep(eng)
+    loads, woke = eng.output().count("load progress: phase=read"), eng.output().count("woke: the model")
+    body = json.dumps({"prompt": PROMPT, "n_predict": 4}).encode()
+    host, port = eng.base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"POST /completion HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (host.encode(), port.encode(), len(body), body))
+        poll(lambda: eng.output().count("load progress: phase=read") > loads, "the wake did not start", eng)
+    # the client is gone mid-load: the wake finishes all the same, and the next request finds the model awake
+    poll(lambda: eng.output().count("woke: the model") > woke, "the wake was abandoned", eng)
+    assert not sleeping(eng)
+    assert sample(eng)[0]
+    assert eng.output().count("load progress: phase=read") == loads + 1  # loaded once, not again beside it
 
 
 def test_tokenize_wakes_it(eng):

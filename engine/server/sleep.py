@@ -33,7 +33,7 @@ class Sleeper:
         self.busy = 0  # requests in progress that use the model
         self.last = time.monotonic()
         self.lock = asyncio.Lock()
-        self.wakes = 0
+        self._waking: asyncio.Future | None = None  # the wake in progress
 
     @property
     def sleeping(self) -> bool:
@@ -72,6 +72,20 @@ class Sleeper:
             log.info("sleeping after %g s idle: the model's weights and KV cache are freed", self.seconds)
 
     async def wake(self) -> None:
+        """Every request that finds the model asleep awaits the same wake, shielded: a client that leaves
+        while the model loads cancels only its own wait, never the load, which the thread would finish
+        anyway (a second wake would then load the model again beside it)."""
+        if self._waking is None:
+            self._waking = asyncio.ensure_future(self._wake())
+            self._waking.add_done_callback(self._woken)
+        await asyncio.shield(self._waking)
+
+    def _woken(self, task: asyncio.Task) -> None:
+        self._waking = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a wake that failed with nobody left waiting is logged by _wake
+
+    async def _wake(self) -> None:
         async with self.lock:
             if not self.sleeping:
                 return
@@ -82,7 +96,6 @@ class Sleeper:
                 log.error("waking failed: %s", e)
                 raise ApiError(503, f"the model could not be loaded again after sleeping: {e}") from None
             self.asleep = None
-            self.wakes += 1
             log.info("woke: the model is loaded again (%.2f s)", time.perf_counter() - t0)
 
     @web.middleware
