@@ -38,7 +38,8 @@ def tool_call_grammar(tools: list[dict], style: str, parallel: bool, prefix: str
     """One call (several with `parallel`) to one of `tools`, after the literal `prefix` (a reasoning block's
     close tag when the prompt left one open). A bad `parameters` schema raises SchemaError."""
     for t in tools:  # each schema alone first, so an error names its function
-        schema_rules(t["function"].get("parameters") or {}, f"function {t['function']['name']!r} parameters")
+        params = t["function"].get("parameters")
+        schema_rules({} if params is None else params, f"function {t['function']['name']!r} parameters")
     rules, call = schema_rules(_call_schema(tools, style))
     if style == "hermes":
         one, sep, head, tail = '"<tool_call>\\n" ' + call + ' "</tool_call>"', '"\\n"', "", ""

@@ -75,6 +75,8 @@ def test_named_function_is_the_one_called_also_streamed(hermes):
      "cannot be combined"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "tuple"}}}],
       "tool_choice": "required"}, "'tools': function 'f' parameters.type must be one of"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": False}}], "tool_choice": "required"},
+     "'tools': function 'f' parameters must be an object, not bool"),
 ])
 def test_bad_tool_choice_is_a_400(hermes, extra, needle):
     with pytest.raises(openai.BadRequestError) as e:
