@@ -38,15 +38,19 @@ def sleeping(eng) -> bool:
     return eng.get_json("/props")["is_sleeping"]
 
 
+def poll(done, what: str, eng, deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not done():
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what}:\n{eng.output()}")
+        time.sleep(0.02)  # a poll interval, bounded by the deadline
+
+
 def wait_asleep(eng, deadline_s: float = 30.0) -> None:
     """Until /props says so and the log says the model is freed (the last step of going to sleep)."""
-    end = time.monotonic() + deadline_s
     freed = eng.output().count(FREED)
-    while time.monotonic() < end:
-        if sleeping(eng) and eng.output().count(FREED) > freed:
-            return
-        time.sleep(0.05)  # a poll interval, bounded by the deadline
-    raise TimeoutError(f"the engine did not go to sleep:\n{eng.output()}")
+    poll(lambda: sleeping(eng) and eng.output().count(FREED) > freed, "the engine did not go to sleep", eng,
+         deadline_s)
 
 
 def sample(eng):
@@ -89,14 +93,6 @@ async def test_requests_arriving_together_wake_it_once(eng):
         results = await asyncio.gather(*(one() for _ in range(3)))
     assert [status for status, _ in results] == [200] * 3 and len({text for _, text in results}) == 1
     assert eng.output().count("woke: the model is loaded again") == woke + 1
-
-
-def poll(done, what: str, eng, deadline_s: float = 60.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not done():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what}:\n{eng.output()}")
-        time.sleep(0.02)  # a poll interval, bounded by the deadline
 
 
 def test_a_client_leaving_during_the_wake_leaves_one_load_that_completes(eng):
