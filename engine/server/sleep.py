@@ -49,7 +49,8 @@ class Sleeper:
         while True:
             due = self.last + self.seconds - time.monotonic()
             if self.busy or self.sleeping or self.state.generations or due > 0:
-                await asyncio.sleep(self.seconds if self.busy or self.sleeping else max(due, 0.05))
+                # no deadline while busy or asleep: look again within a second (a wait of N could sleep at 2N)
+                await asyncio.sleep(min(self.seconds, 1.0) if self.busy or self.sleeping else max(due, 0.05))
                 continue
             try:
                 await self._sleep()
