@@ -1,9 +1,10 @@
 """Every kernel a model can need, built before the engine reports ready.
 
 Kernels are compiled (or read back from CuPy's disk cache) the first time a shape asks for them, so
-without this the first requests pay for it and run slower than the ones after. At load the decode graphs of every batch bucket are captured (each capture runs
-its step once, which builds that step's kernels) and throwaway prompts run at the row counts where
-the kernel plan may change its choice, up to -ub rows, on pages that go back to the pool after.
+without this the first requests pay for it and run slower than the ones after. At load the decode
+graphs of every batch bucket are captured (each capture runs its step once, which builds that step's
+kernels) and throwaway prompts run at the row counts where the kernel plan may change its choice, up
+to -ub rows, on pages that go back to the pool after.
 """
 
 from __future__ import annotations
