@@ -68,6 +68,8 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
     # activations of the widest step (hidden, q|k|v, gate|up, with copies) and the attention scratch
     need["work"] = 4 * rows * (6 * c.hidden + 3 * c.ffn + 3 * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
     need["work"] += 4 * min(rows * c.n_heads * pages * (c.head_dim + 2), 256 << 20)
+    if c.moe is not None:  # each (token, expert) pair's row, gated products and output
+        need["work"] += 4 * rows * c.moe.top_k * (2 * c.hidden + 3 * c.moe.expert_ffn)
     need["logits"] = 4 * rows * c.vocab_size
     return need
 
@@ -97,9 +99,6 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if backend == "cuda" and hybrid_spec(loaded.config):
         raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: gated DeltaNet layers are not "
                                 "supported on the CUDA backend yet; use --device cpu")
-    if backend == "cuda" and loaded.config.moe is not None:
-        raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: mixture-of-experts layers are "
-                                "not supported on the CUDA backend yet; use --device cpu")
     parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type, n_seqs)
     if plan is not None:
         parts = rank_share(parts, loaded, plan.tp)

@@ -167,3 +167,23 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
                 assert wg.split == plan.split_k(n, k, 132) and wg.kernel == f"mm_wgmma_tma_{dtype}"
                 assert wg.grid[1] * rows >= n and wg.grid[0] * plan.WIDE_M >= m
                 assert wg.shared == plan.wgmma_smem(rows) <= (227 * 1024) // (128 // rows)
+
+
+def test_moe_tiles_bound_every_routing():
+    """The grouped matmul's grid holds the tiles of any routing: each expert's rows in tiles of `rows`."""
+    rng = np.random.default_rng(0)
+    for t, k, e in [(1, 8, 128), (16, 8, 128), (512, 8, 128), (7, 2, 8), (300, 4, 16)]:
+        for rows in (8, 16, 32, 64):
+            bound = plan.moe_tiles(t * k, e, rows)
+            routings = [rng.permuted(np.tile(np.arange(e), (t, 1)), axis=1)[:, :k],  # spread
+                        np.tile(np.arange(k), (t, 1))]  # every token to the same k experts
+            for ids in routings:
+                counts = np.bincount(ids.ravel(), minlength=e)
+                assert sum(-(-c // rows) for c in counts) <= bound
+
+
+def test_moe_token_tiles_follow_rows_per_expert_within_the_cap():
+    assert plan.moe_token_tiles(8, 128, 8) == 1  # one decode token: one row per expert
+    assert plan.moe_token_tiles(16 * 8, 128, 8) == 1
+    assert plan.moe_token_tiles(512 * 8, 128, 8) == 4  # 32 rows an expert
+    assert plan.moe_token_tiles(512 * 8, 128, 2) == 2

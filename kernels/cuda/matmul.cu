@@ -212,13 +212,12 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags, const float* __restrict__ nw, float eps,
-                                      int ldx, const QkvOut& qkv, int kv) {
+                                      int ldx, const QkvOut& qkv, int kv, int m_base) {
     extern __shared__ float red[];
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16;
-    const int m_base = blockIdx.y * (8 * TM);
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
@@ -499,7 +498,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
         int kv) {                                                                                        \
         mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,             \
-                              QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv);        \
+                              QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv,         \
+                              blockIdx.y * (8 * TM));                                                    \
     }
 
 // The variants of one weight type; U12, U4, U8, U1: chunks a batch at 1-2, 4, 8 token tiles and one row.
@@ -520,21 +520,46 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
 MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
 
+// Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
+// scale words apart) and a tile table of int4 (expert, first row, rows, 0) written on the device
+// (moe.cu's moe_schedule); block y takes tile y, rows first .. first + rows - 1 of x and out, and
+// runs mm_tc on its expert's weights as if they were one weight of rows M = rows. mm_tc's sums do
+// not depend on M, the tile's place or TM, so a (token, expert) pair has the bits of a dense matmul
+// of its row on that expert, however many rows chose it. The table is read after pdl_start: the
+// kernel before wrote it.
+#define MM_TCG(NAME, WT, TM, U)                                                                          \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
+        const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,        \
+        const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo) {                 \
+        pdl_start();                                                                                     \
+        const int4 tile = tiles[blockIdx.y];                                                             \
+        if (tile.z <= 0) return;                                                                         \
+        mm_tc<WT, TM, U, 0>(w + tile.x * w_stride, scales + tile.x * s_stride, x + (i64)tile.y * ldx,     \
+                            nullptr, nullptr, out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags, nullptr, 0.f, \
+                            ldx, QkvOut{}, 0, 0);                                                        \
+    }
+#define MM_TCG_SET(T, WT, U12, U4, U8) \
+    MM_TCG(mmg_##T##_tm1, WT, 1, U12)  \
+    MM_TCG(mmg_##T##_tm2, WT, 2, U12)  \
+    MM_TCG(mmg_##T##_tm4, WT, 4, U4)   \
+    MM_TCG(mmg_##T##_tm8, WT, 8, U8)
+
+MM_TCG_SET(f16, WT_F16, 2, 2, 1)
+MM_TCG_SET(bf16, WT_BF16, 2, 2, 1)
+MM_TCG_SET(q8, WT_Q8, 2, 2, 1)
+
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with
 // the same per-row arithmetic, so M never changes a row's bits.
 #define F32_TOKENS 4
-extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict__ w, const float* __restrict__ x,
-                                                         const float* __restrict__ bias, const float* __restrict__ res,
-                                                         float* __restrict__ out, int M, int N, int K, int Kp,
-                                                         int flags, int rows_per_y) {
-    pdl_start();
+__device__ __forceinline__ void mm_f32_rows(const float* __restrict__ w, const float* __restrict__ x,
+                                            const float* __restrict__ bias, const float* __restrict__ res,
+                                            float* __restrict__ out, int N, int K, int Kp, int flags, int m_first,
+                                            int m_last) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + warp;
     if (n >= N) return;  // no block-wide barrier below
     const float* wr = w + (i64)n * Kp;
-    const int m_first = blockIdx.y * rows_per_y;
-    const int m_last = imin(M, m_first + rows_per_y);
     for (int m0 = m_first; m0 < m_last; m0 += F32_TOKENS) {
         float acc[F32_TOKENS];
 #pragma unroll
@@ -561,6 +586,26 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
             if (lane == 0 && m < m_last) out[(i64)m * N + n] = epilogue(v, bias, res, m, n, N, flags);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict__ w, const float* __restrict__ x,
+                                                         const float* __restrict__ bias, const float* __restrict__ res,
+                                                         float* __restrict__ out, int M, int N, int K, int Kp,
+                                                         int flags, int rows_per_y) {
+    pdl_start();
+    const int m_first = blockIdx.y * rows_per_y;
+    mm_f32_rows(w, x, bias, res, out, N, K, Kp, flags, m_first, imin(M, m_first + rows_per_y));
+}
+
+// mm_f32 grouped as MM_TCG is (w_stride in floats; x rows K apart, out rows N apart).
+extern "C" __global__ void __launch_bounds__(256) mmg_f32(const float* __restrict__ w, i64 w_stride,
+                                                          const int4* __restrict__ tiles, const float* __restrict__ x,
+                                                          float* __restrict__ out, int N, int K, int Kp, int flags) {
+    pdl_start();
+    const int4 tile = tiles[blockIdx.y];
+    if (tile.z <= 0) return;
+    mm_f32_rows(w + tile.x * w_stride, x + (i64)tile.y * K, nullptr, nullptr, out + (i64)tile.y * N, N, K, Kp, flags,
+                0, tile.z);
 }
 
 // Activations to 16 bits, zero-padded to Kp columns (a multiple of 32), with pack_act's rounding:

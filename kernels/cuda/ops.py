@@ -23,9 +23,13 @@ import numpy as np
 
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable
 from kernels.cuda import dispatch, kquant, plan, tensor_map
+from kernels.cuda.arrays import f32_rows as _rows
+from kernels.cuda.arrays import i32 as _i32
+from kernels.cuda.arrays import index as _index
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
+from kernels.cuda.moe import CudaMoeOps
 from kernels.cuda.weights import (
     CudaWeight,
     device_bytes,
@@ -52,16 +56,6 @@ class CudaKVLayer:
     v: Any
 
 
-def _i32(v: int) -> np.int32:
-    return np.int32(v)
-
-
-def _rows(x) -> Any:
-    """float32, C-contiguous, 16-byte aligned (the matmul reads rows 16 bytes at a time)."""
-    x = cp.ascontiguousarray(x, dtype=cp.float32)
-    return x if x.data.ptr % 16 == 0 else x.copy()
-
-
 def _halves(gate, up) -> tuple[Any, Any]:
     """gate and up as read in place: the two column halves of one float32 matrix (a fused gate|up
     output) share a row stride; anything else is made contiguous."""
@@ -69,10 +63,6 @@ def _halves(gate, up) -> tuple[Any, Any]:
             and gate.strides == up.strides and gate.strides[1] == 4):
         return gate, up
     return _rows(gate), _rows(up)
-
-
-def _index(a, dtype=cp.int32) -> Any:
-    return cp.ascontiguousarray(cp.asarray(a), dtype=dtype)
 
 
 def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0, norm_weight=None, eps: float = 0.0,
@@ -87,7 +77,7 @@ def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0
             + (qkv_out or (d,) * 6 + (_i32(0),) * 4))
 
 
-class CudaOps:
+class CudaOps(CudaMoeOps):
     name = "cuda"
     asynchronous = True  # ops queue device work and return; a host copy waits for it
 

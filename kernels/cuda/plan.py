@@ -98,6 +98,23 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
+def moe_token_tiles(pairs: int, experts: int, cap: int) -> int:
+    """Token tiles a block of the grouped expert matmul (mmg_*) carries: enough for the mean rows of
+    an expert that got any, at most `cap` (max_token_tiles of the experts' splits). It decides which
+    rows share a block, never a row's sums."""
+    want = ceil_div(ceil_div(pairs, max(1, min(experts, pairs))), TOKEN_TILE)
+    tm = 1
+    while tm < want and tm < cap:
+        tm *= 2
+    return tm
+
+
+def moe_tiles(pairs: int, experts: int, rows: int) -> int:
+    """Tiles of at most `rows` rows the grouped matmul's grid holds for `pairs` (token, expert) pairs
+    however they route: sum over experts of ceil(c_e / rows) <= pairs / rows + the experts used."""
+    return ceil_div(pairs, rows) + min(experts, pairs)
+
+
 def reads_16bit(m: int, n: int, k: int, sm_count: int, dtype: str = "f16") -> bool:
     """Whether a normalised input of m rows reaches the streaming kernel rounded to 16 bits already
     (rms_norm_16, the pairs the MMAs take): the 9-16-row kernel, whose float32 rows with a batch's

@@ -70,11 +70,11 @@ def pad_host(w: Weight) -> tuple[np.ndarray, np.ndarray | None]:
     return data, scales
 
 
-def kernel_weight(w: Weight | RowStack) -> Weight:
-    """The weight in a type the kernels read: raw blocks without kernels, and stacks of parts of
-    different types, become f16, converted a tile of rows at a time (never a float32 copy of the
-    whole tensor)."""
-    if not w.blocks or streams_blocks(w.dtype):
+def kernel_weight(w: Weight | RowStack, planes: bool = True) -> Weight:
+    """The weight in a type the kernels read: raw blocks without kernels (all blocks where a kernel
+    reads no planes, `planes` False), and stacks of parts of different types, become f16, converted
+    a tile of rows at a time (never a float32 copy of the whole tensor)."""
+    if not w.blocks or (planes and streams_blocks(w.dtype)):
         return w
     out = np.empty(w.shape, dtype=np.float16)
     for n0, tile in f32_tiles(w, 4096):

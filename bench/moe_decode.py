@@ -1,0 +1,139 @@
+"""Decode and prefill speed of a MoE shape on CUDA, built in memory (no GGUF on disk: the 30B-A3B file
+is 60 GB at F16): random F16 weights from a seed, one stacked expert set shared by every layer on the
+host (each layer gets its own device copy), the engine's model class and decode graphs, exact on and
+off (at decode buckets both run the same kernels; prefill past 64 rows takes cuBLAS off).
+
+    python bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --out /tmp/moe-decode.json
+
+Decode tok/s = rows / wall time of a replayed step (inputs copied in, logits left on the device, argmax
+computed in the graph), at --ctx tokens of context per sequence. Prefill: one --prompt-token prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from shapes import SHAPES, weight_bytes  # noqa: E402
+
+from engine.config import ModelConfig, MoeConfig  # noqa: E402
+from engine.models.llama import LlamaModel  # noqa: E402
+from engine.models.moe import expert_views  # noqa: E402
+from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from kernels.weights import Weight  # noqa: E402
+
+
+def build(ops, shape: str, layers: int, seed: int, max_pages: int):
+    s = SHAPES[shape]
+    h, f, v, n_e = s["hidden"], s["ffn"], s["vocab"], s["experts"]
+    q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    rng = np.random.default_rng(seed)
+
+    def mat(n: int, k: int) -> Weight:  # 1024 random rows repeated, as bench/shapes.py writes them
+        block = (rng.standard_normal((min(n, 1024), k), dtype=np.float32) * np.float32(0.02)).astype(np.float16)
+        return Weight(np.resize(block, (n, k)), "f16")
+
+    cfg = ModelConfig(arch="qwen3_moe", vocab_size=v, hidden=h, n_layers=layers, n_heads=s["heads"],
+                      n_kv_heads=s["kv_heads"], head_dim=s["head_dim"], ffn=f, qk_norm=True, rope_theta=500000.0,
+                      moe=MoeConfig(n_experts=n_e, top_k=s["top_k"], expert_ffn=f))
+    ones, norm = Weight(np.ones(h, np.float32), "f32"), Weight(np.ones(s["head_dim"], np.float32), "f32")
+    stacked = {p: Weight(mat(n_e * a, b).data.reshape(n_e, a, b), "f16")
+               for p, (a, b) in {"gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}.items()}
+    w = {"model.embed_tokens.weight": mat(v, h), "lm_head.weight": mat(v, h), "model.norm.weight": ones}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w |= {p + "input_layernorm.weight": ones, p + "post_attention_layernorm.weight": ones,
+              p + "self_attn.q_proj.weight": mat(q, h), p + "self_attn.k_proj.weight": mat(kv, h),
+              p + "self_attn.v_proj.weight": mat(kv, h), p + "self_attn.o_proj.weight": mat(h, q),
+              p + "self_attn.q_norm.weight": norm, p + "self_attn.k_norm.weight": norm,
+              p + "mlp.gate.weight": Weight(rng.standard_normal((n_e, h), dtype=np.float32).astype(np.float16), "f16")}
+        for proj, st in stacked.items():
+            w |= expert_views(p + "mlp.", proj, st)
+    return cfg, LlamaModel(cfg, w, ops, max_pages * PAGE_SIZE)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="30b-a3b", choices=[k for k, s in SHAPES.items() if "experts" in s])
+    ap.add_argument("--layers", type=int, default=0, help="fewer layers than the shape's (0: all)")
+    ap.add_argument("--buckets", default="1,16")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--out", default="moe-decode.json")
+    args = ap.parse_args(argv)
+    import cupy as cp
+
+    from engine.kv_cache import PagePool
+    from kernels.cuda.ops import CudaOps
+
+    buckets = [int(b) for b in args.buckets.split(",")]
+    ops = CudaOps(exact=True)
+    layers = args.layers or SHAPES[args.shape]["layers"]
+    max_pages = -(-(args.ctx + args.steps + 1) // PAGE_SIZE)
+    t0 = time.perf_counter()
+    cfg, model = build(ops, args.shape, layers, 0, max_pages)
+    n_seq = max(buckets)
+    pool = PagePool(ops, layers, max_pages * n_seq + 1, cfg.n_kv_heads, cfg.head_dim, "f16")
+    pages = np.arange(max_pages * n_seq, dtype=np.int32).reshape(n_seq, max_pages)
+    cp.cuda.Device().synchronize()
+    report = {"shape": args.shape, "layers": layers, "ctx": args.ctx, "load_s": round(time.perf_counter() - t0, 1),
+              "active_weight_gb_per_token": round(weight_bytes(args.shape) * layers / SHAPES[args.shape]["layers"]
+                                                  / 1e9, 2), "decode": [], "prefill": []}
+
+    def forward(ids, rows, logit_rows):
+        return model.forward(ids, rows, pool.layers, logit_rows)
+
+    rng = np.random.default_rng(1)
+    for exact in (True, False):
+        ops.exact = exact
+        n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
+        pos = np.arange(n, dtype=np.int32)
+        slots = pages[0][pos // PAGE_SIZE].astype(np.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        rows = PagedRows(cp.asarray(pos), cp.zeros(n, cp.int32), cp.asarray(pages[:1]), cp.asarray(slots))
+        ids = cp.asarray(rng.integers(0, cfg.vocab_size, n).astype(np.int32))
+        last = cp.asarray(np.array([n - 1], np.int64))
+        for rep in range(3):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            forward(ids, rows, last)
+            cp.cuda.Device().synchronize()
+            if rep:
+                report["prefill"].append({"exact": exact, "tokens": n, "tok_s": round(n / (time.perf_counter() - t))})
+        graphs = ops.decode_graphs(forward, max_pages=max_pages, buckets=tuple(buckets))
+        for b in buckets:
+            seqs = range(b)
+            p = np.full(b, args.ctx, np.int32)
+            tables = pages[list(seqs)]
+            sl = np.array([pages[s][args.ctx // PAGE_SIZE] * PAGE_SIZE + args.ctx % PAGE_SIZE for s in seqs], np.int64)
+            toks = rng.integers(0, cfg.vocab_size, b).astype(np.int32)
+            graphs(toks, p, tables, sl)  # captured here
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                graphs(toks, p, tables, sl)
+            cp.cuda.Device().synchronize()
+            step = (time.perf_counter() - t) / args.steps
+            report["decode"].append({"exact": exact, "rows": b, "step_ms": round(step * 1e3, 3),
+                                     "tok_s": round(b / step, 1)})
+            print(f"exact {'on' if exact else 'off'}: {b} rows {step * 1e3:.2f} ms/step, {b / step:.1f} tok/s",
+                  flush=True)
+    for b in buckets:
+        on, off = (next(d["tok_s"] for d in report["decode"] if d["rows"] == b and d["exact"] == e) for e in (1, 0))
+        report.setdefault("on_off", {})[str(b)] = round(on / off, 3)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Mixture-of-experts ops of the CUDA backend (mixed into CudaOps), kernels in moe.cu and matmul.cu's mmg_*.
+
+A step routes on the device (moe_route), groups its (token, slot) pairs by expert on the device
+(moe_schedule: a tile table), gathers each pair's row, and runs the gate|up and down projections
+of every expert in one grouped launch each: block y takes tile y's rows and its expert's weights,
+with the streaming matmul's arithmetic (mm_tc, mm_f32), whose sums do not depend on how many rows a
+launch holds. So a pair's output has the bits of the dense matmul of its row on that expert, however
+the neighbours routed; the weighted sum over a token's slots runs in slot order (moe_combine). Only
+the routed experts' weights are read, and nothing waits for the host: decode steps are captured
+into CUDA graphs with the MoE layers inside. Exact mode on or off runs the same kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from kernels.cuda import kquant, plan
+from kernels.cuda.arrays import f32_rows, i32, index
+from kernels.cuda.launch import launch
+from kernels.cuda.modules import kernel
+from kernels.cuda.weights import kernel_weight
+from kernels.weights import Weight
+
+MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_E
+SCHED_THREADS = 1024  # moe.cu's SCHED_THREADS: one thread per expert
+SHORT = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}
+EPI_SILU = 8  # matmul.cu's epilogue flag
+
+
+@dataclass
+class StackedWeight:
+    """One projection of every expert: data [E, Np, Kp] as CudaOps.upload stores one (scales [E, Np,
+    Kp / 32] for Q8_0), shape the logical (N, K) of one; gate_up as CudaWeight's."""
+
+    dtype: str
+    shape: tuple[int, int]
+    data: Any
+    scales: Any = None
+    gate_up: str | None = None
+    split: int = 1  # plan.split_k of one expert's shape (the 16-bit and int8 kernels)
+
+    @property
+    def kp(self) -> int:
+        return int(self.data.shape[2])
+
+
+@dataclass
+class CudaExperts:
+    n: int
+    gate_up: StackedWeight  # products silu(gate) * up, as upload_gate_up's
+    down: StackedWeight
+    token_tiles_cap: int  # the most token tiles a grouped block of both projections may carry
+    shared_gate_up: Any = None
+    shared_down: Any = None
+    shared_gate: Any = None  # [1, H]: the shared expert's sigmoid gate
+
+
+class CudaMoeOps:
+    def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
+                       shared: tuple[Weight, Weight, Weight, Weight] | None = None) -> CudaExperts:
+        if not len(gate) == len(up) == len(down):
+            raise ValueError(f"experts: {len(gate)} gate, {len(up)} up and {len(down)} down projections")
+        if len(gate) > MAX_EXPERTS:
+            raise ValueError(f"{len(gate)} experts: the CUDA router takes at most {MAX_EXPERTS}")
+        # K-quant experts are f16 here: the grouped kernels read no planes yet
+        f16 = [[kernel_weight(w, planes=False) for w in ws] for ws in (gate, up, down)]
+        gate_up = self._stack([self.upload_gate_up(g, u) for g, u in zip(f16[0], f16[1], strict=True)])
+        down_w = self._stack([self.upload(w) for w in f16[2]])
+        cap = min(plan.max_token_tiles(gate_up.split), plan.max_token_tiles(down_w.split))
+        ex = CudaExperts(len(gate), gate_up, down_w, cap)
+        if shared is not None:
+            s_gate, s_up, s_down, s_inp = shared
+            ex.shared_gate_up = self.upload_gate_up(s_gate, s_up)
+            ex.shared_down, ex.shared_gate = self.upload(s_down), self.upload(s_inp)
+        return ex
+
+    def _stack(self, ws: list) -> StackedWeight:
+        """Per-expert uploads (all of one type and shape) as one [E, ...] device array each."""
+        first = ws[0]
+        if first.dtype in kquant.KQUANT_TYPES or any(w.dtype != first.dtype or w.shape != first.shape for w in ws):
+            raise ValueError("experts of one projection must share a type and shape")
+        data = cp.empty((len(ws),) + first.data.shape, dtype=first.data.dtype)
+        scales = None if first.scales is None else cp.empty((len(ws),) + first.scales.shape, first.scales.dtype)
+        for e, w in enumerate(ws):
+            data[e] = w.data
+            if scales is not None:
+                scales[e] = w.scales
+        split = 1 if first.dtype == "f32" else plan.split_k(first.shape[0], first.shape[1], self.sm_count, first.dtype)
+        return StackedWeight(first.dtype, first.shape, data, scales, first.gate_up, split)
+
+    def moe_route(self, logits, top_k: int, renormalize: bool):
+        x = f32_rows(logits)
+        t, e = (int(s) for s in x.shape)
+        if not 0 < top_k <= min(e, 32):
+            raise ValueError(f"top {top_k} of {e} experts: the CUDA router takes 1 to 32 of at most {MAX_EXPERTS}")
+        ids, weights = cp.empty((t, top_k), dtype=cp.int32), cp.empty((t, top_k), dtype=cp.float32)
+        if t:
+            launch(kernel("moe.cu", "moe_route"), (t,), (32,), (x, ids, weights, i32(e), i32(top_k), i32(renormalize)))
+        return ids, weights
+
+    def moe_ffn(self, x, experts: CudaExperts, ids, weights, residual=None):
+        x = f32_rows(x)
+        t, h = (int(s) for s in x.shape)
+        out = cp.empty((t, h), dtype=cp.float32)
+        if not t:
+            return out
+        ids, weights = index(ids), f32_rows(weights)
+        k = int(ids.shape[1])
+        p = t * k
+        tm = plan.moe_token_tiles(p, experts.n, experts.token_tiles_cap)
+        rows = plan.TOKEN_TILE * tm
+        n_tiles = plan.moe_tiles(p, experts.n, rows)
+        pos, src = cp.empty(p, dtype=cp.int32), cp.empty(p, dtype=cp.int32)
+        tiles = cp.empty((n_tiles, 4), dtype=cp.int32)
+        launch(kernel("moe.cu", "moe_schedule"), (1,), (SCHED_THREADS,),
+               (ids, i32(p), i32(k), i32(experts.n), i32(rows), i32(n_tiles), pos, src, tiles))
+        xs = cp.empty((p, h), dtype=cp.float32)
+        grid, block = plan.elementwise_grid(p * h)
+        launch(kernel("moe.cu", "moe_gather"), grid, block, (x, src, xs, i32(p), i32(h)))
+        act = self._grouped(experts.gate_up, xs, tiles, tm)
+        if experts.gate_up.gate_up == "halves":
+            f = experts.gate_up.shape[0] // 2
+            act = self.silu_mul(act[:, :f], act[:, f:])
+        y = self._grouped(experts.down, act, tiles, tm)
+        shared = gate = self._dummy
+        if experts.shared_gate_up is not None:
+            shared = self.matmul(self.matmul(x, experts.shared_gate_up), experts.shared_down)
+            gate = self.matmul(x, experts.shared_gate)
+        res = self._dummy if residual is None else f32_rows(residual)
+        grid, block = plan.elementwise_grid(t * h)
+        launch(kernel("moe.cu", "moe_combine"), grid, block,
+               (y, pos, weights, shared, gate, res, out, i32(t), i32(h), i32(k),
+                i32(experts.shared_gate_up is not None), i32(residual is not None)))
+        return out
+
+    def _grouped(self, w: StackedWeight, xs, tiles, tm: int):
+        """xs [P, K] (rows grouped by expert as `tiles` says) through each row's expert: [P, N], or
+        [P, N / 2] gated products for a "tiles" gate|up weight."""
+        n, k = w.shape
+        p, n_tiles = int(xs.shape[0]), int(tiles.shape[0])
+        silu = w.gate_up == "tiles"
+        out = cp.empty((p, n // 2 if silu else n), dtype=cp.float32)
+        xs = f32_rows(xs)
+        if w.dtype == "f32":
+            launch(kernel("matmul.cu", "mmg_f32"), (plan.ceil_div(n, 8), n_tiles, 1), (256, 1, 1),
+                   (w.data, np.int64(w.data[0].size), tiles, xs, out, i32(n), i32(k), i32(w.kp), i32(0)))
+            return out
+        scales = self._dummy if w.scales is None else w.scales
+        s_stride = 0 if w.scales is None else int(w.scales[0].size)
+        launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_tm{tm}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
+               (32 * w.split, 1, 1),
+               (w.data, scales, np.int64(w.data[0].nbytes), np.int64(s_stride), tiles, xs, out, i32(n), i32(k),
+                i32(w.kp), i32(EPI_SILU if silu else 0), i32(k), i32(out.shape[1])),
+               shared=plan.combine_bytes(w.split, tm))
+        return out
