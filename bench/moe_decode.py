@@ -90,6 +90,11 @@ def main(argv=None) -> int:
               "active_weight_gb_per_token": round(weight_bytes(args.shape) * layers / SHAPES[args.shape]["layers"]
                                                   / 1e9, 2), "decode": [], "prefill": []}
 
+    def save() -> None:  # after every measurement: a run cut short keeps what it measured
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+    save()
+
     def forward(ids, rows, logit_rows):
         return model.forward(ids, rows, pool.layers, logit_rows)
 
@@ -109,6 +114,7 @@ def main(argv=None) -> int:
             cp.cuda.Device().synchronize()
             if rep:
                 report["prefill"].append({"exact": exact, "tokens": n, "tok_s": round(n / (time.perf_counter() - t))})
+        save()
         graphs = ops.decode_graphs(forward, max_pages=max_pages, buckets=tuple(buckets))
         for b in buckets:
             seqs = range(b)
@@ -127,10 +133,11 @@ def main(argv=None) -> int:
                                      "tok_s": round(b / step, 1)})
             print(f"exact {'on' if exact else 'off'}: {b} rows {step * 1e3:.2f} ms/step, {b / step:.1f} tok/s",
                   flush=True)
+            save()
     for b in buckets:
         on, off = (next(d["tok_s"] for d in report["decode"] if d["rows"] == b and d["exact"] == e) for e in (1, 0))
         report.setdefault("on_off", {})[str(b)] = round(on / off, 3)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    save()
     print(json.dumps(report))
     return 0
 
