@@ -4,7 +4,8 @@
 # 30B-A3B shape built in memory, then the dense graph tests the grouped matmul's kernel change touches.
 # Each step gets at most what is left of the budget; a step cut short keeps the results before it.
 # JSON under $OUT (at most 8 files come back), a summary last.
-#   bench/gpu_moe.sh [BUDGET_S] [LAYERS]   (defaults: 220 s; 48 layers, the whole 30B-A3B shape)
+#   bench/gpu_moe.sh [BUDGET_S] [LAYERS] [engine]   (defaults: 220 s; 48 layers, the whole 30B-A3B shape;
+#   engine: only bench/throughput.py on a LAYERS-layer 30B-A3B GGUF, its bandwidth column counts 48 layers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-moe}
@@ -15,6 +16,20 @@ budget=${1:-220}; layers=${2:-48}
 start=$(date +%s)
 left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 1 ? l : 1 )); }
 lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
+
+if [ "${3:-}" = engine ]; then  # instead: the real engine's throughput on the shape at LAYERS layers (a GGUF on disk)
+  python3 - "$layers" <<'PY'
+import sys; sys.path.insert(0, "bench")
+import shapes
+shapes.SHAPES["30b-a3b"] = dict(shapes.SHAPES["30b-a3b"], layers=int(sys.argv[1]))
+shapes.write_shape("/tmp/moe-30b-a3b.gguf", "30b-a3b", 0)
+PY
+  lap "gguf written"
+  timeout "$(left 300)" python3 bench/throughput.py -m /tmp/moe-30b-a3b.gguf --shape 30b-a3b --vocab 151936 \
+    --cells 1,16 --repeats 1 --gen 64 --out "$OUT/throughput-30b-a3b-l$layers" 2>&1 | tail -n 12
+  lap throughput
+  exit 0
+fi
 
 timeout "$(left 110)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE -s --durations=5 \
   --junitxml="$OUT/moe-tests.xml" tests/test_cuda_moe.py 2>&1 | tee "$work/moe-tests.txt" | grep -v '^$' | tail -n 30
