@@ -95,7 +95,7 @@ class CudaMoeOps:
     def moe_route(self, logits, top_k: int, renormalize: bool):
         x = f32_rows(logits)
         t, e = (int(s) for s in x.shape)
-        if not 0 < top_k <= min(e, 32):
+        if e > MAX_EXPERTS or not 0 < top_k <= min(e, 32):
             raise ValueError(f"top {top_k} of {e} experts: the CUDA router takes 1 to 32 of at most {MAX_EXPERTS}")
         ids, weights = cp.empty((t, top_k), dtype=cp.int32), cp.empty((t, top_k), dtype=cp.float32)
         if t:
