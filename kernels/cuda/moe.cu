@@ -59,6 +59,15 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restri
     }
 }
 
+// Pair ids p0 .. p0 + n - 1 into shared memory once every thread is done with the previous ones; n.
+__device__ __forceinline__ int stage_ids(const int* __restrict__ ids, int p0, int P, int* stage) {
+    const int n = imin(SCHED_STAGE, P - p0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += SCHED_THREADS) stage[i] = ids[p0 + i];
+    __syncthreads();
+    return n;
+}
+
 // The P = T * k pairs grouped by expert, one block: thread e counts expert e's pairs, the experts'
 // rows are laid out in expert order, and within an expert in pair order. pos[p]: where pair p's row
 // sits; src[q]: the token row at place q; tiles: int4 (expert, first place, rows, 0) of at most R
@@ -74,10 +83,7 @@ extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_schedule(const i
     const int e = threadIdx.x;
     int count = 0;
     for (int p0 = 0; p0 < P; p0 += SCHED_STAGE) {
-        const int n = imin(SCHED_STAGE, P - p0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < n; i += SCHED_THREADS) stage[i] = ids[p0 + i];
-        __syncthreads();
+        const int n = stage_ids(ids, p0, P, stage);
         if (e < E)
             for (int i = 0; i < n; ++i) count += stage[i] == e;
     }
@@ -101,10 +107,7 @@ extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_schedule(const i
     for (int i = tile0[E] + threadIdx.x; i < n_tiles; i += SCHED_THREADS) tiles[i] = make_int4(0, 0, 0, 0);
     int q = e < E ? first[e] : 0;
     for (int p0 = 0; p0 < P; p0 += SCHED_STAGE) {
-        const int n = imin(SCHED_STAGE, P - p0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < n; i += SCHED_THREADS) stage[i] = ids[p0 + i];
-        __syncthreads();
+        const int n = stage_ids(ids, p0, P, stage);
         if (e < E)
             for (int i = 0; i < n; ++i)
                 if (stage[i] == e) {
