@@ -69,6 +69,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--modes", default="on,off")
+    ap.add_argument("--dense-split", action="store_true",
+                    help="then exact on again with the experts split as one dense weight each (the split before "
+                         "upload_experts took the active count)")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -98,8 +102,20 @@ def main(argv=None) -> int:
     def forward(ids, rows, logit_rows):
         return model.forward(ids, rows, pool.layers, logit_rows)
 
+    def dense_split() -> None:
+        from kernels.cuda import plan
+
+        for layer in model.layers:
+            ex = layer.moe.experts
+            for sw in (ex.gate_up, ex.down):
+                sw.split = plan.split_k(*sw.shape, ops.sm_count, sw.dtype)
+            ex.token_tiles_cap = min(plan.max_token_tiles(ex.gate_up.split), plan.max_token_tiles(ex.down.split))
+
     rng = np.random.default_rng(1)
-    for exact in (True, False):
+    runs = [(m == "on", "active") for m in args.modes.split(",")] + ([(True, "dense")] if args.dense_split else [])
+    for exact, split in runs:
+        if split == "dense":
+            dense_split()
         ops.exact = exact
         n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
         pos = np.arange(n, dtype=np.int32)
@@ -113,7 +129,8 @@ def main(argv=None) -> int:
             forward(ids, rows, last)
             cp.cuda.Device().synchronize()
             if rep:
-                report["prefill"].append({"exact": exact, "tokens": n, "tok_s": round(n / (time.perf_counter() - t))})
+                report["prefill"].append({"exact": exact, "split": split, "tokens": n,
+                                          "tok_s": round(n / (time.perf_counter() - t))})
         save()
         graphs = ops.decode_graphs(forward, max_pages=max_pages, buckets=tuple(buckets))
         for b in buckets:
@@ -129,14 +146,15 @@ def main(argv=None) -> int:
                 graphs(toks, p, tables, sl)
             cp.cuda.Device().synchronize()
             step = (time.perf_counter() - t) / args.steps
-            report["decode"].append({"exact": exact, "rows": b, "step_ms": round(step * 1e3, 3),
+            report["decode"].append({"exact": exact, "split": split, "rows": b, "step_ms": round(step * 1e3, 3),
                                      "tok_s": round(b / step, 1)})
-            print(f"exact {'on' if exact else 'off'}: {b} rows {step * 1e3:.2f} ms/step, {b / step:.1f} tok/s",
+            print(f"exact {'on' if exact else 'off'}, {split} split: {b} rows {step * 1e3:.2f} ms/step, {b / step:.1f} tok/s",
                   flush=True)
             save()
     for b in buckets:
-        on, off = (next(d["tok_s"] for d in report["decode"] if d["rows"] == b and d["exact"] == e) for e in (1, 0))
-        report.setdefault("on_off", {})[str(b)] = round(on / off, 3)
+        got = {d["exact"]: d["tok_s"] for d in report["decode"] if d["rows"] == b and d["split"] == "active"}
+        if len(got) == 2:
+            report.setdefault("on_off", {})[str(b)] = round(got[True] / got[False], 3)
     save()
     print(json.dumps(report))
     return 0

@@ -123,10 +123,11 @@ class Ops(Protocol):
 
     # --- mixture of experts
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
-                       shared: tuple[Weight, Weight, Weight, Weight] | None = None) -> Any:
+                       shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> Any:
         """The experts of one MoE FFN, per expert its gate and up [F, H] and down [H, F] (views of a
         stacked tensor where the file stacks them: never copied per call); `shared` is an always-on
-        expert's (gate, up, down, sigmoid gate [1, H])."""
+        expert's (gate, up, down, sigmoid gate [1, H]); `active`: experts a token routes to (a
+        backend may fix its summation order by it: it is the model's, never the batch's)."""
     def moe_route(self, logits: Any, top_k: int, renormalize: bool) -> tuple[Any, Any]:
         """Router logits [T, E] -> (expert ids [T, k] int32, weights [T, k] float32): softmax in
         float32, the k largest in descending order with ties to the lowest expert index, divided by

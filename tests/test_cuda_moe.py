@@ -95,7 +95,7 @@ def test_ffn_follows_cpu(gpu, dtype, shared):
     x, res = _rand(t, h), _rand(t, h)
     ids, w = cpu.moe_route(_rand(t, n_e, scale=3.0), k, True)
     ref = cpu.moe_ffn(x, cpu.upload_experts(gate, up, down, sh), ids, w, res)
-    got = gpu.moe_ffn(cp.asarray(x), gpu.upload_experts(gate, up, down, sh), cp.asarray(ids), cp.asarray(w),
+    got = gpu.moe_ffn(cp.asarray(x), gpu.upload_experts(gate, up, down, sh, k), cp.asarray(ids), cp.asarray(w),
                       cp.asarray(res))
     assert _rel(cp.asnumpy(got) - res, ref - res) < TOL[dtype]
 
@@ -105,7 +105,7 @@ def test_ffn_row_invariant(gpu, dtype, f):
     """F = 36: gate and up side by side ("halves"), gated apart from the matmul."""
     h, n_e, k = 128, 64, 8
     (gate, up, down), sh = _experts(n_e, h, f, dtype, shared=True)
-    ex = gpu.upload_experts(gate, up, down, sh)
+    ex = gpu.upload_experts(gate, up, down, sh, active=k)
     router = gpu.upload(Weight.from_f32(_rand(n_e, h), dtype))
     row = _rand(1, h)
 
@@ -125,10 +125,10 @@ def test_ffn_row_invariant(gpu, dtype, f):
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "f32"])
 def test_pair_has_the_dense_matmul_bits(gpu, dtype):
     """Every row routed to one expert with weight 1: the dense gate|up and down matmuls' bits, at
-    widths that take each dense kernel family."""
+    widths that take each dense kernel family (one active expert: the dense split)."""
     h, f, n_e = 256, 128, 4
     (gate, up, down), _ = _experts(n_e, h, f, dtype)
-    ex = gpu.upload_experts(gate, up, down)
+    ex = gpu.upload_experts(gate, up, down, active=1)
     e = 2
     w_gu, w_down = gpu.upload_gate_up(gate[e], up[e]), gpu.upload(down[e])
     for t in (1, 7, 16, 40, 200, 600):

@@ -75,7 +75,7 @@ class MoeBlock:
         self.router = ops.upload(weights[f"{prefix}gate.weight"])
         per = [[weights[expert_name(prefix, e, p)] for e in range(moe.n_experts)] for p in PROJECTIONS]
         shared = tuple(weights[prefix + n] for n in SHARED) if moe.shared_ffn else None
-        self.experts = ops.upload_experts(*per, shared=shared)
+        self.experts = ops.upload_experts(*per, shared=shared, active=moe.top_k)
 
     def __call__(self, x: Any, residual: Any | None = None) -> Any:
         ops = self.ops

@@ -31,7 +31,7 @@ class CpuExperts:
 
 class CpuMoeOps:
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
-                       shared: tuple[Weight, Weight, Weight, Weight] | None = None) -> CpuExperts:
+                       shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CpuExperts:
         if not len(gate) == len(up) == len(down):
             raise ValueError(f"experts: {len(gate)} gate, {len(up)} up and {len(down)} down projections")
         ex = CpuExperts([self.upload(w) for w in gate], [self.upload(w) for w in up], [self.upload(w) for w in down])

@@ -61,15 +61,15 @@ class CudaExperts:
 
 class CudaMoeOps:
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
-                       shared: tuple[Weight, Weight, Weight, Weight] | None = None) -> CudaExperts:
+                       shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
         if not len(gate) == len(up) == len(down):
             raise ValueError(f"experts: {len(gate)} gate, {len(up)} up and {len(down)} down projections")
         if len(gate) > MAX_EXPERTS:
             raise ValueError(f"{len(gate)} experts: the CUDA router takes at most {MAX_EXPERTS}")
         # K-quant experts are f16 here: the grouped kernels read no planes yet
         f16 = [[kernel_weight(w, planes=False) for w in ws] for ws in (gate, up, down)]
-        gate_up = self._stack([self.upload_gate_up(g, u) for g, u in zip(f16[0], f16[1], strict=True)])
-        down_w = self._stack([self.upload(w) for w in f16[2]])
+        gate_up = self._stack([self.upload_gate_up(g, u) for g, u in zip(f16[0], f16[1], strict=True)], active)
+        down_w = self._stack([self.upload(w) for w in f16[2]], active)
         cap = min(plan.max_token_tiles(gate_up.split), plan.max_token_tiles(down_w.split))
         ex = CudaExperts(len(gate), gate_up, down_w, cap)
         if shared is not None:
@@ -78,8 +78,10 @@ class CudaMoeOps:
             ex.shared_down, ex.shared_gate = self.upload(s_down), self.upload(s_inp)
         return ex
 
-    def _stack(self, ws: list) -> StackedWeight:
-        """Per-expert uploads (all of one type and shape) as one [E, ...] device array each."""
+    def _stack(self, ws: list, active: int) -> StackedWeight:
+        """Per-expert uploads (all of one type and shape) as one [E, ...] device array each. Split as
+        plan.split_k splits one weight of `active` times the rows: a decode step streams that many
+        experts at once, so each needs fewer warps to keep the device's loads in flight."""
         first = ws[0]
         if first.dtype in kquant.KQUANT_TYPES or any(w.dtype != first.dtype or w.shape != first.shape for w in ws):
             raise ValueError("experts of one projection must share a type and shape")
@@ -89,7 +91,8 @@ class CudaMoeOps:
             data[e] = w.data
             if scales is not None:
                 scales[e] = w.scales
-        split = 1 if first.dtype == "f32" else plan.split_k(first.shape[0], first.shape[1], self.sm_count, first.dtype)
+        n, k = first.shape
+        split = 1 if first.dtype == "f32" else plan.split_k(n * max(1, active), k, self.sm_count, first.dtype)
         return StackedWeight(first.dtype, first.shape, data, scales, first.gate_up, split)
 
     def moe_route(self, logits, top_k: int, renormalize: bool):
