@@ -88,7 +88,9 @@ def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
                 if all(n in weights for n in names):
                     total += stack_bytes([weights[n] for n in names])
                     stacked.update(names)
-    return total + sum(device_bytes(w) for n, w in weights.items() if n not in stacked)
+    # routed experts are f16 on the device whatever their blocks (kernels/cuda/moe.py reads no planes yet)
+    return total + sum(device_bytes(w, planes=".mlp.experts." not in n) for n, w in weights.items()
+                       if n not in stacked)
 
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,

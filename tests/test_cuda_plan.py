@@ -187,3 +187,14 @@ def test_moe_token_tiles_follow_rows_per_expert_within_the_cap():
     assert plan.moe_token_tiles(16 * 8, 128, 8) == 1
     assert plan.moe_token_tiles(512 * 8, 128, 8) == 4  # 32 rows an expert
     assert plan.moe_token_tiles(512 * 8, 128, 2) == 2
+
+
+def test_routed_experts_are_planned_at_their_f16_size():
+    """K-quant experts are f16 on the device (the grouped kernels read no planes); dense K-quants stay planes."""
+    from engine.launch import cuda_weight_bytes
+
+    w = Weight.from_f32(np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32), "q4_k")
+    got = cuda_weight_bytes({"model.layers.0.mlp.experts.3.up_proj.weight": w,
+                             "model.layers.0.self_attn.o_proj.weight": w})
+    assert device_bytes(w) < 64 * 256 * 2
+    assert got == 64 * 256 * 2 + device_bytes(w)

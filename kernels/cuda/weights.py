@@ -87,12 +87,12 @@ def streams_blocks(dtype: str) -> bool:
     return KQUANT_KERNELS and dtype in kquant.KQUANT_TYPES
 
 
-def device_bytes(w: Weight) -> int:
-    """Bytes a weight takes on the device (for sizing memory before a load)."""
+def device_bytes(w: Weight, planes: bool = True) -> int:
+    """Bytes a weight takes on the device (for sizing memory before a load); `planes` as kernel_weight's."""
     if w.data.ndim == 1:
         return w.size * 4
     n, k = w.shape
-    if streams_blocks(w.dtype):
+    if planes and streams_blocks(w.dtype):
         return kquant.packed_bytes(n, k, w.dtype)
     np_, kp = padded_shape(n, k)
     dtype = "f16" if w.blocks else w.dtype
