@@ -169,18 +169,22 @@ def in_threads(n: int, kernel, *args) -> None:
     kernel(*args)
 
 
-def warm_up() -> None:
+def warm_up(parallel: bool) -> None:
     """Compiles (first run) or loads (later runs) every kernel for each signature it is called with:
-    weights come writable or read-only (memory-mapped files), a distinct type to numba."""
+    weights come writable or read-only (memory-mapped files), a distinct type to numba. The threaded
+    kernels only with `parallel` (one thread never calls them, and they take longest to compile)."""
     x = np.ones((2, 32), np.float32)
     out = np.empty((2, 8), np.float32)
+    w16 = np.ones((4, 32), np.uint16)
+    w16.flags.writeable = False  # as CpuOps hands 16-bit weights over (ops._bits16)
+    rows_16(x, w16, 1, out, 0, out, GATE_UP)
+    if parallel:
+        rows_16_parallel(x, w16, 1, out, 0, out, GATE_UP)
     for writable in (True, False):
-        w, w16 = np.ones((4, 32), np.float32), np.ones((4, 32), np.uint16)
-        w.flags.writeable = w16.flags.writeable = writable
+        w = np.ones((4, 32), np.float32)
+        w.flags.writeable = writable
         rows_matvec(x, w, out, 4)
-        rows_matvec_parallel(x, w, out, 4)
-        for mode in (PLAIN, RESIDUAL, GATE_UP):
-            rows_16(x, w16, 1, out, 0, out, mode)
-            rows_16_parallel(x, w16, 1, out, 0, out, mode)
+        if parallel:
+            rows_matvec_parallel(x, w, out, 4)
     rms_norm_rows(x, x[0].copy(), np.float32(1e-5), x.copy())
     silu_mul_rows(x, 16, x[:, :16].copy())

@@ -67,16 +67,15 @@ def embed_16(table, ids, kind, out):
                 out[r, i] = _bf16(row[i])
 
 
-def warm_up() -> None:
+def warm_up(parallel: bool) -> None:
     x = np.ones((2, 32), np.float32)
     nw = np.ones(32, np.float32)
-    for writable in (True, False):
-        w, wd = np.ones((8, 32), np.uint16), np.ones((32, 4), np.uint16)
-        w.flags.writeable = wd.flags.writeable = writable
-        out = np.empty((2, 8), np.float32)
-        for mode in (PLAIN, RESIDUAL, GATE_UP):
-            norm_rows_16(x, nw, np.float32(1e-5), w, 1, out, out, mode)
-            norm_rows_16_parallel(x, nw, np.float32(1e-5), w, 1, out, out, mode)
-        ffn_16(x, nw, np.float32(1e-5), w, wd, 1, np.empty_like(x))
+    w, wd = np.ones((8, 32), np.uint16), np.ones((32, 4), np.uint16)
+    w.flags.writeable = wd.flags.writeable = False  # as CpuOps hands 16-bit weights over (ops._bits16)
+    out = np.empty((2, 8), np.float32)
+    norm_rows_16(x, nw, np.float32(1e-5), w, 1, out, out, PLAIN)
+    ffn_16(x, nw, np.float32(1e-5), w, wd, 1, np.empty_like(x))
+    if parallel:
+        norm_rows_16_parallel(x, nw, np.float32(1e-5), w, 1, out, out, PLAIN)
         ffn_16_parallel(x, nw, np.float32(1e-5), w, wd, 1, np.empty_like(x))
-        embed_16(w, np.zeros(2, np.int64), 1, np.empty((2, 32), np.float32))
+    embed_16(w, np.zeros(2, np.int64), 1, np.empty((2, 32), np.float32))

@@ -38,6 +38,17 @@ class GateUp:
     stacked: Weight
 
 
+def _bits16(w: Weight) -> np.ndarray:
+    """A 16-bit weight's bits as a read-only uint16 view: weights come writable (stacked at load) or
+    read-only (memory-mapped), two types to numba; one type means one compiled specialisation per
+    kernel, all of them built by warm_up."""
+    bits = np.ascontiguousarray(w.data).view(np.uint16)
+    if bits.flags.writeable:
+        bits = bits.view()
+        bits.flags.writeable = False
+    return bits
+
+
 def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -59,8 +70,8 @@ class CpuOps(PagedOps, CpuMoeOps):
         self.f32_copy_limit = f32_copy_limit
         self._copy_f32 = False
         self.threads = compiled.usable_threads(threads)
-        compiled.warm_up()
-        fused.warm_up()
+        compiled.warm_up(self.threads > 1)
+        fused.warm_up(self.threads > 1)
         PagedOps.warm_up_paged()
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
@@ -105,7 +116,7 @@ class CpuOps(PagedOps, CpuMoeOps):
             if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
                 raise IndexError(f"token ids must lie in 0..{table.shape[0] - 1}")
             out = np.empty((ids.size, table.shape[1]), dtype=np.float32)
-            fused.embed_16(np.ascontiguousarray(table.data).view(np.uint16), ids, _WIDE_KINDS[table.dtype], out)
+            fused.embed_16(_bits16(table), ids, _WIDE_KINDS[table.dtype], out)
             return out
         scales = table.scales[ids] if table.scales is not None else None
         rows = Weight(table.data[ids], table.dtype, scales)
@@ -155,7 +166,7 @@ class CpuOps(PagedOps, CpuMoeOps):
     def _rows_16(self, x: np.ndarray, w: Weight, gated: bool, bias, residual) -> np.ndarray:
         """The compiled row kernel over a 16-bit weight, with the gate or the residual applied as it
         writes (no [T, 2F] product, no second pass over the output)."""
-        data = np.ascontiguousarray(w.data).view(np.uint16)
+        data = _bits16(w)
         mode = compiled.GATE_UP if gated else compiled.PLAIN
         out = np.empty((x.shape[0], w.shape[0] // 2 if gated else w.shape[0]), dtype=np.float32)
         res = out
@@ -179,7 +190,7 @@ class CpuOps(PagedOps, CpuMoeOps):
         if not self._fuses(x, stored) or (bias is not None and isinstance(w, GateUp)):
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         gated = isinstance(w, GateUp)
-        data = np.ascontiguousarray(stored.data).view(np.uint16)
+        data = _bits16(stored)
         out = np.empty((x.shape[0], stored.shape[0] // 2 if gated else stored.shape[0]), dtype=np.float32)
         self._call(self._threaded(data), fused.norm_rows_16, fused.norm_rows_16_parallel, x, _f32(norm_weight),
                    np.float32(eps), data, _WIDE_KINDS[stored.dtype], out, out,
@@ -191,7 +202,7 @@ class CpuOps(PagedOps, CpuMoeOps):
         gu = w_gate_up.stacked if isinstance(w_gate_up, GateUp) else None
         if gu is None or not (self._fuses(x, gu) and self._fuses(x, w_down)) or gu.dtype != w_down.dtype:
             return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
-        data_gu, data_d = (np.ascontiguousarray(w.data).view(np.uint16) for w in (gu, w_down))
+        data_gu, data_d = _bits16(gu), _bits16(w_down)
         threaded = self._threaded(data_gu)
         if threaded != self._threaded(data_d):  # one split, one not: the separate ops choose each
             return self.matmul(self.norm_matmul(x, norm_weight, eps, w_gate_up), w_down, residual=x)
