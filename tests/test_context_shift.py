@@ -79,3 +79,31 @@ def test_a_recurrent_model_keeps_it_off(engine_factory, tmp_path):
     assert "--context-shift disabled: qwen3_5 keeps a recurrent state" in hybrid.output()
     tokens, _, out = run(hybrid, PROMPT, 80)
     assert len(tokens) == N_CTX_SEQ - len(PROMPT) and out["truncated"] is True
+
+
+def post_to(eng, path: str, body: dict) -> dict:
+    req = urllib.request.Request(eng.base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_each_of_n_completions_shifts_on_its_own(eng):
+    before = shifts(eng)
+    out = post_to(eng, "/v1/completions", {"prompt": PROMPT, "n": 2, "max_tokens": 80, "temperature": 0})
+    texts = [c["text"] for c in sorted(out["choices"], key=lambda c: c["index"])]
+    assert out["usage"]["completion_tokens"] == 160 and shifts(eng) == before + 2
+    solo = post_to(eng, "/v1/completions", {"prompt": PROMPT, "max_tokens": 80, "temperature": 0})
+    assert texts == [solo["choices"][0]["text"]] * 2  # greedy: each copy goes on as one request alone does
+
+
+def test_a_prompt_cache_left_by_a_shifted_sequence_holds_the_shifted_tokens(eng):
+    tokens, _, _ = run(eng, PROMPT, 80, cache_prompt=True)
+    at = N_CTX_SEQ - len(PROMPT)
+    full = PROMPT + tokens[:at]
+    shifted = full[N_CTX_SEQ // 2:]  # --keep 0 and no BOS: the first half went
+    # the slot's cache is the shifted sequence (KV recomputed at the new positions): a prompt of those tokens
+    # reuses it and continues as the shifted sequence did
+    ref, _, out = run(eng, shifted + tokens[at:at + 8], 80 - at - 8, cache_prompt=True)
+    assert out["tokens_cached"] > len(shifted) // 2
+    assert ref == tokens[at + 8:]
