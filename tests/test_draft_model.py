@@ -38,8 +38,12 @@ def answers(eng) -> list:
     return out
 
 
-def test_draft_models_change_no_bit(engine_factory, tiny_llama_noeos, other_draft):
-    plain = answers(engine_factory(tiny_llama_noeos, *EXACT))
+@pytest.fixture(scope="module")
+def plain(engine_factory, tiny_llama_noeos) -> list:
+    return answers(engine_factory(tiny_llama_noeos, *EXACT))
+
+
+def test_draft_models_change_no_bit(engine_factory, tiny_llama_noeos, other_draft, plain):
     itself = engine_factory(tiny_llama_noeos, *EXACT, "-md", str(tiny_llama_noeos), "--spec-draft-n-max", "4")
     assert answers(itself) == plain
     m = itself.metrics()
@@ -49,6 +53,23 @@ def test_draft_models_change_no_bit(engine_factory, tiny_llama_noeos, other_draf
                            "--spec-type", "draft-simple")
     assert answers(other) == plain
     assert other.metrics()["drafted_total"] > 0
+
+
+def test_drafts_across_parks_and_an_aborted_neighbour_change_no_bit(engine_factory, tiny_llama_noeos, plain):
+    eng = engine_factory(tiny_llama_noeos, *EXACT, "-md", str(tiny_llama_noeos), "--spec-draft-n-max", "4",
+                         "-np", "2", env={"LOCKSTEP_PREEMPT_EVERY": "3"})
+    body = json.dumps({"prompt": PROMPTS[0], "n_predict": 200, "stream": True, "cache_prompt": False}).encode()
+    stream = urllib.request.urlopen(urllib.request.Request(eng.base + "/completion", data=body, headers={
+        "Content-Type": "application/json"}), timeout=120)
+    with stream:  # a few tokens in, the client leaves: its slot's draft KV is left behind, half used
+        events = 0
+        while events < 4:
+            line = stream.readline()
+            assert line, "the stream ended before its fourth token"
+            events += line.startswith(b"data: ")
+    assert answers(eng) == plain
+    m = eng.metrics()
+    assert m["parks_total"] > 0 and m["restores_total"] > 0 and m["draft_accepted_total"] > 0
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused(tiny_llama_noeos, tmp_path):
