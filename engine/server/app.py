@@ -37,9 +37,10 @@ async def loading_middleware(request: web.Request, handler):
 
 
 def build_app(state: EngineState) -> web.Application:
-    sleeper = [state.sleeper.middleware] if state.sleeper is not None else []  # after auth: a refusal wakes nothing
-    app = web.Application(middlewares=[errors_middleware, guard.guard_middleware, auth_middleware, *sleeper,
-                                       loading_middleware],
+    # last: neither a refused request nor one arriving during shutdown wakes the model
+    sleeper = [state.sleeper.middleware] if state.sleeper is not None else []
+    app = web.Application(middlewares=[errors_middleware, guard.guard_middleware, auth_middleware,
+                                       loading_middleware, *sleeper],
                           client_max_size=state.opts.body_limit << 20)
     app[STATE] = state
     guard.install(app, state.opts)
