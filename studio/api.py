@@ -173,11 +173,13 @@ async def logs(request: web.Request) -> web.Response:
         tail = int(request.query.get("tail", "65536"))
     except ValueError as exc:
         raise StudioError(400, "invalid_request_error", "tail must be a number of bytes") from exc
-    return web.json_response(_manager(request).logs(max(0, min(tail, 16 * 1024 * 1024))))
+    # up to 16 MiB of each attempt's log: read off the event loop
+    return web.json_response(await asyncio.to_thread(_manager(request).logs, max(0, min(tail, 16 * 1024 * 1024))))
 
 
 async def v1_models(request: web.Request) -> web.Response:
-    return web.json_response(model_list(_manager(request)))
+    manager = _manager(request)
+    return web.json_response(model_list(manager, await asyncio.to_thread(manager.catalog.scan)))
 
 
 async def proxy(request: web.Request) -> web.StreamResponse:

@@ -168,7 +168,8 @@ class LoadManager:
         return info.id, plan, warnings, key
 
     async def load(self, request: LoadRequest) -> dict[str, Any]:
-        model_id, plan, warnings, key = self.prepare(request)
+        # prepare scans the catalog (model headers on disk): off the event loop
+        model_id, plan, warnings, key = await asyncio.to_thread(self.prepare, request)
         async with self._lock:
             current = self.loaded
             running = current is not None and self.state == "ready" and current.child is not None \

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from settings import LoadRequest
+from studio.catalog import ModelInfo
 from studio.errors import StudioError
 from studio.manager import LoadManager
 
@@ -27,11 +28,11 @@ LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 DEFAULT_MAX_TOKENS = 1024
 
 
-def model_list(manager: LoadManager) -> dict[str, Any]:
-    """OpenAI's model list from the catalog, loaded or not, with the loaded one marked (and first)."""
+def model_list(manager: LoadManager, models: list[ModelInfo]) -> dict[str, Any]:
+    """OpenAI's model list from the catalog's `models`, loaded or not, with the loaded one marked (and first)."""
     loaded = manager.loaded if manager.state in ("ready", "loading") else None
     rows = []
-    for info in manager.catalog.scan():
+    for info in models:
         is_loaded = loaded is not None and loaded.plan.model_path == info.path
         rows.append({"id": info.id, "object": "model", "created": 0, "owned_by": "lockstep",
                      "loaded": is_loaded, "state": manager.state if is_loaded else "not_loaded",

@@ -292,6 +292,32 @@ def test_a_settings_update_says_why_it_failed(tmp_path):
     assert bad is not None and bad.startswith("api_port: "), bad
     assert settings_saved(lambda: (_ for _ in ()).throw(OSError("disk full"))).error == "disk full"
     assert store.settings.exact_concurrency == "on"
+    stale = store.version
+    SettingsStore(tmp_path / "config").update({"exact_concurrency": "off"})  # another writer
+    conflict = settings_saved(lambda: store.update({"preempt_mode": "park"}, expected_version=stale), "; revert").error
+    assert conflict.startswith("settings file") and conflict.endswith("try again; revert"), conflict
+    store.path.unlink()
+    store.path.mkdir()  # a settings file that cannot be written: an answer too, not an exception
+    unwritable = settings_saved(lambda: store.update({"exact_concurrency": "on"}), "; revert").error
+    assert unwritable is not None and "cannot be read" in unwritable and "revert" not in unwritable, unwritable
+
+
+async def test_saving_load_defaults_to_an_unwritable_file_says_so_and_the_app_stays(tmp_path, tiny_llama):
+    manager = LoadManager(SettingsStore(tmp_path / "config"), catalog=Catalog([tiny_llama.parent], include_bundled=False),
+                          env={}, logs=tmp_path / "logs")
+    app = LockstepApp(manager, api=False)
+    notes = []
+    app.notify = lambda message, **_: notes.append(str(message))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        await wait(pilot, lambda: app.selected_model and app.screen.query_one("#field-model").value == app.selected_model,
+                   "the form filled with a model")
+        (tmp_path / "config" / "settings.json").mkdir(parents=True)  # unreadable, so nothing may be written
+        await pilot.press("ctrl+s")
+        await wait(pilot, lambda: any("not saved" in n for n in notes), "the answer")
+        note = next(n for n in notes if "not saved" in n)
+        assert note.startswith("not saved: ") and "cannot be read" in note, notes
+        assert app.is_running and app.return_code is None
 
 
 async def test_returning_to_chat_focuses_the_prompt(offline_app):

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 from textual.message import Message
 
-from settings import EnvOverrideError
+from settings import EnvOverrideError, SettingsConflict, SettingsError
 from studio.errors import validation_message
 
 
@@ -106,11 +106,16 @@ class SettingsSaved(Message):
     error: str | None = None
 
 
-def settings_saved(update: Callable[[], object]) -> SettingsSaved:
-    """Runs a settings-store update (in a worker: the store fsyncs) and says how it went; a conflict
-    (SettingsError) is left to the caller, which knows how the user gets the current settings back."""
+def settings_saved(update: Callable[[], object], conflict_hint: str = "") -> SettingsSaved:
+    """Runs a settings-store update (in a worker: the store fsyncs) and says how it went. Every refusal is
+    an answer, never an exception: one escaping a worker would end the app. `conflict_hint` follows a
+    conflict's message: the caller knows how the user gets the current settings back."""
     try:
         update()
+    except SettingsConflict as exc:
+        return SettingsSaved(exc.message.removeprefix("not saved: ") + conflict_hint)
+    except SettingsError as exc:  # an unreadable or unwritable file
+        return SettingsSaved(exc.message.removeprefix("not saved: "))
     except ValidationError as exc:
         return SettingsSaved(validation_message(exc))
     except (OSError, EnvOverrideError) as exc:

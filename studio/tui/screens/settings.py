@@ -12,7 +12,7 @@ from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from settings import EXACT_MODES, PREEMPT_MODES, Settings, SettingsError
+from settings import EXACT_MODES, PREEMPT_MODES, Settings
 from settings.env import ENV_MODEL_DIRS
 from studio.tui.messages import SettingsSaved, settings_saved
 from studio.tui.screens.base import StudioScreen
@@ -161,11 +161,8 @@ class SettingsScreen(StudioScreen):
     @work(thread=True, exclusive=True, group="save-settings")
     def save(self, patch: dict[str, Any]) -> None:
         store = self.studio.manager.store
-        try:
-            self.post_message(settings_saved(lambda: store.update(patch, expected_version=self._version)))
-        except SettingsError as exc:
-            self.post_message(SettingsSaved(f"{exc.message.removeprefix('not saved: ')}: press ctrl+r (Revert) to "
-                                            "load the current settings"))
+        self.post_message(settings_saved(lambda: store.update(patch, expected_version=self._version),
+                                         conflict_hint=": press ctrl+r (Revert) to load the current settings"))
 
     def on_settings_saved(self, message: SettingsSaved) -> None:
         if message.error:
