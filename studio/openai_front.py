@@ -79,7 +79,8 @@ async def load_on_demand(manager: LoadManager, path: str, raw: bytes) -> None:
     if not any(m.id == name for m in models):
         return
     manager.log.info("auto_load: loading %s for a request that names it", name)
-    await manager.load(LoadRequest(model=name))
+    # Shielded, as /api/load: a client that stops waiting does not abandon a load half way.
+    await asyncio.shield(manager.load(LoadRequest(model=name)))
 
 
 def prepare_body(manager: LoadManager, path: str, raw: bytes) -> bytes:

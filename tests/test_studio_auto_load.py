@@ -1,10 +1,16 @@
 """The auto_load setting with the real engine child on the CPU backend and the real `openai` client: a /v1
 request naming a catalog model that is not loaded loads it; a name that is no catalog id stays a 404."""
 
+import asyncio
+import signal
+import time
+
 import openai
 import pytest
 
-from tests.studio_helpers import in_process_studio
+from studio import api as studio_api
+from studio.api import MANAGER
+from tests.studio_helpers import in_process_studio, pause_mid_load
 from tests.tiny_models import make_hf_model
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -62,3 +68,34 @@ async def test_on_a_request_loads_the_catalog_model_it_names(studio):
     logs = await (await studio.get("/api/logs")).json()
     assert f"auto_load: loading {second} for a request that names it" in logs["studio"]
     await api.close()
+
+
+async def test_a_client_that_leaves_during_the_load_does_not_abandon_it(studio, monkeypatch):
+    first, _ = studio.models
+    await put_settings(studio, auto_load=True, load={"extra_args": ["--device", "cpu"], "parallel": 1})
+    manager = studio.server.app[MANAGER]
+    left = asyncio.Event()  # the studio's handler for the request has ended (cancelled: the client left)
+    real = studio_api.load_on_demand
+
+    async def load_on_demand(*args):
+        try:
+            return await real(*args)
+        finally:
+            left.set()
+
+    monkeypatch.setattr(studio_api, "load_on_demand", load_on_demand)
+    request = asyncio.ensure_future(studio.post("/v1/chat/completions", json={"model": first, "messages": CHAT,
+                                                                              "max_tokens": 4}))
+    child = await pause_mid_load(manager)
+    try:
+        request.cancel()  # the client gives up while the engine loads
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.wait_for(left.wait(), timeout=60)
+    finally:
+        child.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 120
+    while (now := await status(studio))["state"] == "loading":
+        assert time.monotonic() < deadline, "the load never ended"
+        await asyncio.sleep(0.05)  # a poll interval, bounded by the deadline
+    assert (now["state"], now["model"]) == ("ready", first), now

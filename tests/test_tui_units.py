@@ -202,7 +202,12 @@ def offline_app(tmp_path):
     return LockstepApp(manager, api=False)
 
 
-async def wait(pilot, predicate, what, timeout=10.0):
+# A bound on a hang, not a speed check: at a load average of ~4.5 on two cores the 10 s this was ran out
+# (an app's first catalog scan and the Load screen's off-screen build wait behind the other work).
+WAIT_S = 120.0
+
+
+async def wait(pilot, predicate, what, timeout=WAIT_S):
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

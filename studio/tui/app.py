@@ -117,14 +117,15 @@ class LockstepApp(App[int]):
 
     def prebuild(self, mode: str) -> None:
         """Composes and mounts a mode's screen now, off screen, so that its first visit only lays it out:
-        building the Load form's hundred widgets is most of a first visit's work. Textual has no
-        public call for it; this is what its first switch_mode does, without making the screen current."""
+        building the Load form's hundred widgets is most of a first visit's work. Textual (8.2) has no
+        public call that mounts a screen without making it current (install_screen and get_screen do not
+        mount); this is the part of its first switch_mode (App._init_mode) before the screen resumes.
+        The resume, on the visit, sets the width classes and lays it out."""
         if mode in self._screen_stacks:
             return
         screen = self.MODES[mode]()
         self._get_screen(screen)
-        self._load_screen_css(screen)
-        screen._screen_resized(self.size)  # its width classes (-narrow/-wide) now, not a restyle on the visit
+        self._load_screen_css(screen)  # the visit will not: switch_mode finds the mode built and only resumes it
         self._screen_stacks[mode] = [screen]
 
     async def on_unmount(self) -> None:
