@@ -85,6 +85,16 @@ def test_mma_attention_launch_follows_the_batch_not_the_row():
     assert (odd.gp, odd.rb, odd.subgroups) == (8, 8, 1) and odd.row_slice % odd.rb == 0
 
 
+@pytest.mark.parametrize("group", range(1, 17))
+def test_mma_attention_blocks_fit_the_kernels_row_masks(group):
+    """attn_mma marks a block's rows in 32-bit masks: without a cap, a group of 1 (n_heads == n_kv, e.g.
+    Llama 2 7B) would take 64 rows a block and leave rows 32-63 of each uncomputed."""
+    for t in (65, 512, 4096):
+        at = plan.mma_attention_launch(t, 8 * group, 8, 128, 64, 132)
+        assert 1 <= at.rb <= plan.MMA_MAX_RB and at.rb * at.gp <= plan.MMA_KT, at
+        assert at.threads == plan.ceil_div(at.rb * at.gp, 16) * 32, at
+
+
 def test_norm_prologue_only_where_its_reads_stay_small():
     assert plan.norm_prologue(3072, 2048) and plan.norm_prologue(6144, 4096)  # q|k|v of 1B, 8B
     assert not plan.norm_prologue(28672, 4096) and not plan.norm_prologue(128256, 2048)  # 8B gate|up, lm_head

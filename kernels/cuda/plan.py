@@ -277,6 +277,7 @@ MMA_HEAD_DIMS = (32, 64, 128)
 MMA_KT = 64  # keys per sub-tile (the kernel's KT)
 MMA_PREFILL_ROWS = 64  # MMA rows a prefill block takes (four warps, the most: q is staged in one K/V stage)
 MMA_ONE_ROW_MAX = 64  # launches of at most this many rows (decode buckets, verify steps) take one row a block
+MMA_MAX_RB = 32  # attn_mma keeps a block's rows in 32-bit masks (todo, act): a 33rd row would never be served
 
 
 def mma_attention(kv_type: str, head_dim: int) -> bool:
@@ -310,11 +311,12 @@ def mma_attention_smem(head_dim: int, warps: int) -> int:
 def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
                          sm_count: int) -> MmaAttentionLaunch:
     """Decode-sized launches: one query row a block (rows are of different sequences), chunks spread
-    over workers so that a long context keeps every SM busy; prefill: 64 MMA rows a block."""
+    over workers so that a long context keeps every SM busy; prefill: 64 MMA rows a block, at most
+    MMA_MAX_RB query rows."""
     group = n_heads // n_kv
     gp = mma_group(group)
     sub = ceil_div(group, gp)
-    rb = 1 if t <= MMA_ONE_ROW_MAX else max(1, min(MMA_PREFILL_ROWS, MMA_KT) // gp)
+    rb = 1 if t <= MMA_ONE_ROW_MAX else max(1, min(min(MMA_PREFILL_ROWS, MMA_KT) // gp, MMA_MAX_RB))
     warps = ceil_div(rb * gp, 16)
     blocks = ceil_div(t, rb) * n_kv * sub
     workers = 1 if blocks >= sm_count else max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
