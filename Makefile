@@ -14,7 +14,7 @@ PIP := $(PY) -m pip install --progress-bar on --disable-pip-version-check
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
-	  echo "Lockstep needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo missing)."; \
+	  echo "Lockstep needs Python 3.11 or newer; $(PYTHON) is $$(command -v $(PYTHON) >/dev/null && $(PYTHON) -V 2>&1 || echo "not found")."; \
 	  echo "Name another interpreter: make run PYTHON=python3.11"; exit 1; }
 	@echo "==> creating the virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \

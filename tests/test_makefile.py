@@ -48,6 +48,14 @@ def test_an_old_python_is_refused_by_name_before_anything_is_made(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+def test_a_missing_python_is_named_as_missing(tmp_path):
+    done = subprocess.run(["make", f"VENV={tmp_path / 'venv'}", f"PYTHON={tmp_path / 'python3.12'}", "run"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"{tmp_path / 'python3.12'} is not found." in done.stdout and "sh:" not in done.stdout, done.stdout
+    assert not (tmp_path / "venv").exists()
+
+
 def test_a_venv_that_could_not_be_made_is_not_left_to_pass_for_one(tmp_path):
     # A stand-in interpreter whose venv module fails half-way, as one without ensurepip does (Debian's
     # python3 without python3-venv), which this machine's Python cannot be made to do.
