@@ -17,8 +17,8 @@ def eng(engine_factory, tiny_llama_noeos):
     return engine_factory(tiny_llama_noeos, "--context-shift", "-c", "512", "-np", "2", "--metrics")
 
 
-def post(eng, body: dict) -> dict:
-    req = urllib.request.Request(eng.base + "/completion", data=json.dumps(body).encode(),
+def post(eng, body: dict, path: str = "/completion") -> dict:
+    req = urllib.request.Request(eng.base + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
@@ -81,19 +81,12 @@ def test_a_recurrent_model_keeps_it_off(engine_factory, tmp_path):
     assert len(tokens) == N_CTX_SEQ - len(PROMPT) and out["truncated"] is True
 
 
-def post_to(eng, path: str, body: dict) -> dict:
-    req = urllib.request.Request(eng.base + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def test_each_of_n_completions_shifts_on_its_own(eng):
     before = shifts(eng)
-    out = post_to(eng, "/v1/completions", {"prompt": PROMPT, "n": 2, "max_tokens": 80, "temperature": 0})
+    out = post(eng, {"prompt": PROMPT, "n": 2, "max_tokens": 80, "temperature": 0}, "/v1/completions")
     texts = [c["text"] for c in sorted(out["choices"], key=lambda c: c["index"])]
     assert out["usage"]["completion_tokens"] == 160 and shifts(eng) == before + 2
-    solo = post_to(eng, "/v1/completions", {"prompt": PROMPT, "max_tokens": 80, "temperature": 0})
+    solo = post(eng, {"prompt": PROMPT, "max_tokens": 80, "temperature": 0}, "/v1/completions")
     assert texts == [solo["choices"][0]["text"]] * 2  # greedy: each copy goes on as one request alone does
 
 
