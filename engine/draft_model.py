@@ -30,7 +30,7 @@ def load_draft(opts, target, backend: str, per_slot: int, threads: int) -> Draft
     loaded = read_model(opts.model_draft, None)
     check_vocab(target.tokenizer, loaded.tokenizer, opts.model_draft)
     runner = build_runner(loaded, backend, False, opts.parallel * per_slot, opts.cache_type_k, 0, opts.ubatch_size,
-                          opts.cache_type_v, n_seqs=opts.parallel, threads=threads)
+                          opts.cache_type_v, n_seqs=opts.parallel, threads=threads, progress=False)
     return DraftModel(runner, opts.parallel, per_slot, opts.ubatch_size)
 
 

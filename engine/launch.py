@@ -95,9 +95,11 @@ def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
                  max_pages_per_seq: int = 0, ubatch: int = 512, v_type: str | None = None, n_seqs: int = 1,
-                 threads: int = 1, plan=None) -> Runner:
+                 threads: int = 1, plan=None, progress: bool = True) -> Runner:
     """The runner with its KV pool, refused up front (exit 5) when the load cannot fit in free memory,
-    before anything is uploaded. `plan`: an engine.parallel.plan.TPPlan for a tensor-parallel load."""
+    before anything is uploaded. `plan`: an engine.parallel.plan.TPPlan for a tensor-parallel load.
+    `progress`: the load-progress lines and the memory line the studio reads; False for a second model
+    (the draft), whose figures would stand in for the model's."""
     if backend == "cuda" and hybrid_spec(loaded.config):
         raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: gated DeltaNet layers are not "
                                 "supported on the CUDA backend yet; use --device cpu")
@@ -106,12 +108,14 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
         parts = rank_share(parts, loaded, plan.tp)
     need = sum(parts.values())
     free = free_memory(backend)
-    log.info("memory: needs %.2f GiB (%s), %.2f GiB free", need / 2**30,
+    log.info("%s: needs %.2f GiB (%s), %.2f GiB free", "memory" if progress else "memory of the draft model",
+             need / 2**30,
              ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items()), free / 2**30)
     if need > free:
         raise out_of_memory(need, free)
     try:
-        load_progress.phase("kernels")
+        if progress:
+            load_progress.phase("kernels")
         if plan is not None:
             from engine.parallel.setup import build_ranks
 
@@ -119,10 +123,11 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
             ops, parallel = ranks.ops[0], ranks
         else:
             ops, parallel = make_ops(backend, exact, threads), None
-        weights = CountedWeights(loaded.weights)
-        runner = Runner(replace(loaded, weights=weights), ops, n_pages, kv_type, max_pages_per_seq, v_type,
-                        parallel=parallel)
-        weights.finish()
+        weights = CountedWeights(loaded.weights) if progress else None
+        runner = Runner(replace(loaded, weights=weights) if weights is not None else loaded, ops, n_pages, kv_type,
+                        max_pages_per_seq, v_type, parallel=parallel)
+        if weights is not None:
+            weights.finish()
         return runner
     except Exception as e:
         if isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__:  # CuPy's OutOfMemoryError

@@ -8,6 +8,7 @@ import urllib.request
 
 import pytest
 
+from contract import progress
 from tests.engine_helpers import last_line, run_engine
 
 EXACT = ("--exact-concurrency", "on", "--metrics")
@@ -49,6 +50,10 @@ def test_draft_models_change_no_bit(engine_factory, tiny_llama_noeos, other_draf
     m = itself.metrics()
     assert m["drafted_total"] > 0 and m["draft_accepted_total"] > 0  # the model drafting for itself is right often
     assert "speculative drafts from the draft model" in itself.output()
+    # the studio follows the model's load: the draft's adds no phase after warmup and no memory line of its own
+    lines = itself.output().splitlines()
+    assert [s.phase for s in map(progress.parse, lines) if s and s.phase != "weights"] == ["read", "kernels", "warmup"]
+    assert sum("memory: needs" in line for line in lines) == 1
     other = engine_factory(tiny_llama_noeos, *EXACT, "--model-draft", str(other_draft), "-ngld", "99",
                            "--spec-type", "draft-simple")
     assert answers(other) == plain
