@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -39,10 +40,15 @@ class ConversationsScreen(ModalScreen[str | None]):
     def on_mount(self) -> None:
         self._fill()
 
+    @work(thread=True, exclusive=True, group="chats-list")
     def _fill(self) -> None:
+        # reads and parses every saved chat: off the event loop
+        chats = self.store.list()
+        self.app.call_from_thread(self._show, chats)
+
+    def _show(self, chats: list[Conversation]) -> None:
         options = self.query_one(OptionList)
         options.clear_options()
-        chats = self.store.list()
         for conv in chats:
             options.add_option(Option(label(conv), id=conv.id))
         if chats:
