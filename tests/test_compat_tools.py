@@ -93,6 +93,14 @@ def test_open_reasoning_block_is_closed_before_the_call(engine_factory, tiny_lla
     msg = out.choices[0].message
     assert out.choices[0].finish_reason == "tool_calls" and len(msg.tool_calls) == 1
     check_weather(msg.tool_calls[0])  # the bare-JSON form: this template names no call format
+    chunks = list(client_of(eng).chat.completions.create(model="m", messages=USER, tools=[WEATHER], stream=True,
+                                                         tool_choice="required", max_tokens=200, temperature=0))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [
+        (msg.tool_calls[0].function.name, msg.tool_calls[0].function.arguments)]
+    assert not any(d.content for d in deltas)  # neither the closing tag nor the call leaks as text
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def _accepts(source: str, text: str) -> bool:
