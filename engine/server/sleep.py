@@ -103,10 +103,10 @@ class Sleeper:
     async def middleware(self, request: web.Request, handler):
         if request.path in READ_ONLY or request.method == "OPTIONS" or request.match_info.route.resource is None:
             return await handler(request)
-        if self.sleeping:
-            await self.wake()
-        self.busy += 1
+        self.busy += 1  # before the wake: between the wake's end and this request's turn, the watch sees it
         try:
+            if self.sleeping:
+                await self.wake()
             return await handler(request)
         finally:
             self.busy -= 1
