@@ -116,6 +116,17 @@ class FaultyAttentionOps(FaultyFamilyOps):
         return out
 
 
+class FaultyLastRowAttentionOps(FaultyAttentionOps):
+    """Fake, named as such: an attention build that from 8 rows leaves row 0 right and changes the last
+    row's last bit (as a kernel whose row masks miss the far end of a tile would)."""
+
+    def attention(self, q, layer, rows, scale):
+        out = self.ops.attention(q, layer, rows, scale)
+        if len(q) >= 8:
+            flip_last_bit(out[len(q) - 1:])
+        return out
+
+
 class FaultyQkvOps(FaultyAttentionOps):
     """Fake, named as such: a fused q|k|v kernel that from 9 rows changes row 0's q, or the K it stores."""
 
@@ -146,6 +157,12 @@ def test_an_attention_build_that_changes_bits_refuses_exact_mode_naming_it(runne
     assert info.value.line.startswith("exact concurrency: kernel family fake_throughput gives row 0 of 8 rows")
     assert f"(attention, {c.n_heads} heads, {c.n_kv_heads} KV heads, head dim {c.head_dim}, f16 KV)" in info.value.line
     self_check(FaultyAttentionOps(runner.ops), runner.model, 4)  # never picked below 8 rows: passes
+
+
+def test_an_attention_build_that_changes_only_the_last_rows_bits_is_found(runner):
+    with pytest.raises(Fatal) as info:
+        self_check(FaultyLastRowAttentionOps(runner.ops), runner.model, 512, kv_type="f16", width=4)
+    assert info.value.line.startswith("exact concurrency: kernel family fake_throughput gives row 7 of 8 rows")
 
 
 @pytest.mark.parametrize("what", ["q", "k"])
