@@ -68,6 +68,7 @@ def test_sleeps_answers_read_only_and_wakes_to_the_same_bits(eng):
     assert eng.get_json("/health") == {"status": "ok"}
     models = eng.get_json("/v1/models")["data"]
     assert len(models) == 1 and models[0]["meta"]["n_vocab"] > 0
+    assert eng.get_json("/v1/models/" + models[0]["id"]) == models[0]
     assert all(not s["is_processing"] for s in eng.get_json("/slots"))
     props = eng.get_json("/props")
     assert props["n_ctx"] > 0 and props["model_alias"] == models[0]["id"]

@@ -2,8 +2,9 @@
 KV pool and scheduler are freed (the process and its port stay up); the next request that needs the model
 loads it again first, by the same code as the launch, so it computes the same bits as before the sleep.
 
-While asleep, /health, /props (`is_sleeping: true`), /v1/models, /slots and /metrics answer from what they
-said on entering sleep and do not wake the model; every other endpoint (/tokenize too) wakes it.
+While asleep, /health, /props (`is_sleeping: true`), /v1/models (and /v1/models/{id}), /slots and /metrics
+answer from what they said on entering sleep and do not wake the model; every other endpoint (/tokenize too)
+wakes it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from engine.server.errors import ApiError
 
 log = logging.getLogger("engine.server")
 
-READ_ONLY = frozenset({"/health", "/v1/health", "/props", "/v1/models", "/models", "/slots", "/metrics"})
+READ_ONLY = frozenset({"/health", "/v1/health", "/props", "/v1/models", "/models", "/v1/models/{model}", "/slots",
+                       "/metrics"})  # routes, as aiohttp names them
 
 
 class Sleeper:
@@ -101,7 +103,8 @@ class Sleeper:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
-        if request.path in READ_ONLY or request.method == "OPTIONS" or request.match_info.route.resource is None:
+        resource = request.match_info.route.resource
+        if resource is None or request.method == "OPTIONS" or resource.canonical in READ_ONLY:
             return await handler(request)
         self.busy += 1  # before the wake: between the wake's end and this request's turn, the watch sees it
         try:
