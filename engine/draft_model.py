@@ -8,10 +8,25 @@ first computes what the sequence holds beyond them (after a rejection, from the 
 
 from __future__ import annotations
 
-from engine.exits import bad_flag
+from pathlib import Path
+
+from engine.errors import ModelLoadError
+from engine.exits import MODEL_LOAD, Fatal, bad_flag
+from engine.loader import check_regular
 from engine.runner import Runner, StepEntry
 from engine.sequences import common_prefix
 from kernels.base import PAGE_SIZE
+
+
+def check_path(path: str) -> None:
+    """Before the model loads (which may take minutes), so that a wrong -md fails at once, named as the draft's."""
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise ModelLoadError(f"{p}: no such file or directory")
+        check_regular(p)
+    except ModelLoadError as e:
+        raise Fatal(MODEL_LOAD, f"error: model load failed: -md {e}") from None
 
 
 def check_vocab(target, draft, path: str) -> None:

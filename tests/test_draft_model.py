@@ -91,6 +91,13 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_llama_noeos, tmp_
     assert "the draft model's vocabulary differs from the model's" in last_line(r.stderr)
 
 
+def test_a_missing_draft_model_fails_before_the_model_loads(tiny_llama_noeos, tmp_path):
+    r = run_engine(["-m", str(tiny_llama_noeos), "--port", "0", "--device", "cpu", "-md", str(tmp_path / "nope")])
+    assert r.returncode == 4
+    assert last_line(r.stderr) == f"error: model load failed: -md {tmp_path / 'nope'}: no such file or directory"
+    assert progress.PREFIX not in r.stderr  # refused before the model's load began
+
+
 def test_a_recurrent_draft_model_is_refused(tiny_llama_noeos, tmp_path):
     from tests.tiny_hybrid import make_hybrid_model
 

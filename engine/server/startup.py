@@ -22,7 +22,7 @@ from engine import load_progress
 from engine.args import EngineArgs
 from engine.cli import check_supported
 from engine.device import resolve_device
-from engine.draft_model import load_draft
+from engine.draft_model import check_path, load_draft
 from engine.exact import ExactStatus, check_launch, check_model, disable_inexact_features, exact_requested
 from engine.exits import CANNOT_BIND, Fatal, bad_flag
 from engine.kv_cache import pages_for, seq_context
@@ -78,6 +78,8 @@ async def _serve(opts: EngineArgs) -> int:
     backend = resolve_backend(opts)
     exact, opts = resolve_exact(opts, backend)
     check_supported(opts, backend)
+    if opts.model_draft:
+        check_path(opts.model_draft)
     if opts.cache_type_k != opts.cache_type_v and backend == "cuda":
         raise bad_flag(f"-ctk {opts.cache_type_k} with -ctv {opts.cache_type_v}: different K and V cache types "
                        "are not supported on CUDA yet")
