@@ -100,9 +100,6 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     before anything is uploaded. `plan`: an engine.parallel.plan.TPPlan for a tensor-parallel load.
     `progress`: the load-progress lines and the memory line the studio reads; False for a second model
     (the draft), whose figures would stand in for the model's."""
-    if backend == "cuda" and hybrid_spec(loaded.config):
-        raise Fatal(MODEL_LOAD, f"error: model load failed: {loaded.config.arch}: gated DeltaNet layers are not "
-                                "supported on the CUDA backend yet; use --device cpu")
     parts = memory_need(loaded, backend, n_pages, kv_type, ubatch, max_pages_per_seq, v_type, n_seqs)
     if plan is not None:
         parts = rank_share(parts, loaded, plan.tp)

@@ -46,6 +46,17 @@ def test_attention_variants_compile(variant, build, tmp_path):
     _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), ("OUT16", kv), *build))
 
 
+# deltanet.cu's delta-rule kernels are compiled per (key dim, value threads, value slice, chunk)
+DELTANET_VARIANTS = [(("KD", 128), ("VT", 128), ("VS", 32), ("CH", plan.DELTA_CHUNK)),
+                     (("KD", 16), ("VT", 32), ("VS", 16), ("CH", plan.DELTA_CHUNK))]
+
+
+@pytest.mark.parametrize("defines", DELTANET_VARIANTS, ids=lambda d: f"kd{d[0][1]}")
+def test_deltanet_variants_compile(defines, tmp_path):
+    path = next(p for p in sources() if p.name == "deltanet.cu")
+    _compile(path, tmp_path, defines)
+
+
 @pytest.mark.parametrize("path", sources(), ids=lambda p: p.name)
 def test_every_kernel_waits_for_its_predecessor(path, tmp_path):
     """Captured decode steps launch kernels early (programmatic dependent launch): each must wait

@@ -8,8 +8,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.errors import ModelLoadError  # noqa: E402
-from engine.exits import Fatal  # noqa: E402
-from engine.launch import build_runner  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.runner import Runner, StepEntry, make_ops, prompt_logits  # noqa: E402
 from engine.sampler import log_softmax  # noqa: E402
@@ -98,11 +96,6 @@ def test_bad_layer_types_fail_the_load_by_name(hybrid, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="layer_types"):
         load_model(bad)
-
-
-def test_cuda_backend_refuses_a_hybrid_model_by_name(hybrid):
-    with pytest.raises(Fatal, match="gated DeltaNet layers are not supported on the CUDA backend yet; use --device cpu"):
-        build_runner(load_model(hybrid), "cuda", True, 2, "f16")
 
 
 @pytest.mark.parametrize("which", ["hybrid", "hybrid_moe"])

@@ -27,6 +27,7 @@ from kernels.cuda.arrays import f32_rows as _rows
 from kernels.cuda.arrays import i32 as _i32
 from kernels.cuda.arrays import index as _index
 from kernels.cuda.blas import gemm_16bit
+from kernels.cuda.deltanet import DeltaNetOps
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.moe import CudaMoeOps
@@ -77,7 +78,7 @@ def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0
             + (qkv_out or (d,) * 6 + (_i32(0),) * 4))
 
 
-class CudaOps(CudaMoeOps):
+class CudaOps(CudaMoeOps, DeltaNetOps):
     name = "cuda"
     asynchronous = True  # ops queue device work and return; a host copy waits for it
 

@@ -23,6 +23,7 @@ F32_TOKENS_PER_Y = 32  # token rows per grid.y of the float32 kernel
 ATTN_THREADS = 256  # one thread per key of a page-sized chunk
 ATTN_PART_BYTES = 256 << 20  # scratch for chunk partials; larger batches run in row slices
 BLOCKS_PER_SM = 4  # attention blocks wanted per SM before chunks are spread over workers
+DELTA_CHUNK = 32  # prompt positions per chunk of the gated delta rule (deltanet.cu), from position 0
 
 
 def ceil_div(a: int, b: int) -> int:
