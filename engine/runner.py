@@ -79,11 +79,11 @@ class Runner:
                                  c.head_dim, kv_type, v_type)
         self.recurrent = hasattr(self.model, "state_shape")
         self.graphs = None  # decode graphs of a tensor-parallel step: not built yet
-        if hasattr(ops, "decode_graphs") and max_pages_per_seq and not self.recurrent and parallel is None:
+        if hasattr(ops, "decode_graphs") and max_pages_per_seq and parallel is None:
             # decode steps (one token per sequence) replay a captured graph per batch bucket
             self.graphs = ops.decode_graphs(
                 lambda ids, rows, lr: self.model.forward(ids, rows, self.pool.layers, lr),
-                max_pages=max_pages_per_seq)
+                max_pages=max_pages_per_seq, recurrent=self.model.state_shape() if self.recurrent else None)
 
     def step(self, entries: list[StepEntry]) -> list[RowsOut | None]:
         """Runs one batch; returns per entry its logits rows (argmax, and the rows when asked) or None."""
@@ -192,6 +192,8 @@ class Runner:
     def _graphable(self, entries: list[StepEntry]) -> bool:
         """Decode rows and speculative verify rows (logits for every token) fit the decode graphs."""
         g = self.graphs
+        if self.recurrent and any(e.prompt or len(e.tokens) != 1 for e in entries):
+            return False  # a recurrent state takes prompt pieces and several tokens uncaptured
         return (g is not None and sum(len(e.tokens) for e in entries) <= g.max_batch
                 and all((e.logits == "all" or len(e.tokens) == 1 and e.logits == "last") and len(e.pages) <= g.width
                         for e in entries))
@@ -210,7 +212,8 @@ class Runner:
                 tokens.append(tok)
                 positions.append(p)
                 slots.append(e.pages[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE)
-        logits = self.graphs(tokens, positions, tables, slots, ids_from=ids_from)
+        more = {"states": [e.state for e in entries]} if self.recurrent else {}
+        logits = self.graphs(tokens, positions, tables, slots, ids_from=ids_from, **more)
         return self._outputs(entries, logits, spans, getattr(self.graphs, "last_argmax", None))
 
     def _outputs(self, entries: list[StepEntry], logits, spans, argmax=None):

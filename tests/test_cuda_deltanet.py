@@ -287,3 +287,18 @@ def test_tiny_qwen3_5_bits_do_not_depend_on_pieces_or_neighbours(hybrid):
     whole = _run(runner, tokens, [])
     cut = _run(runner, tokens, [C, 2 * C], neighbour=_prompt(hybrid, 40, seed=1))
     assert cut.tobytes() == whole.tobytes()
+
+
+def test_tiny_qwen3_5_decode_graphs_give_the_uncaptured_bits(hybrid):
+    from engine.runner import Runner
+
+    tokens = _prompt(hybrid, 2 * C + 3)
+    neighbour = _prompt(hybrid, 30, seed=2)
+    eager = _run(Runner(hybrid, CudaOps(exact=True), 8, "f32"), tokens, [C], neighbour=neighbour, decode=6)
+    graphed = Runner(hybrid, CudaOps(exact=True), 8, "f32", max_pages_per_seq=2)
+    assert graphed.graphs is not None
+    got = _run(graphed, tokens, [C], neighbour=neighbour, decode=6)
+    assert sorted(graphed.graphs._graphs) == [2]  # the decode steps replayed the 2-row graph
+    assert got.tobytes() == eager.tobytes()
+    solo = _run(graphed, tokens, [C], decode=6)
+    assert 1 in graphed.graphs._graphs and solo.tobytes() == got.tobytes()

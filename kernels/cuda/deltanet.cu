@@ -45,6 +45,7 @@ conv1d_silu(const float* __restrict__ x, i64 ldx, const float* __restrict__ w, f
     const i64* d = desc + (i64)blockIdx.y * DESC;
     const i64 row0 = d[0];
     const int n = (int)d[1];
+    if (n == 0) return;  // a padding row of a replayed decode graph: no state behind it
     float* st = state_of(d, layer_off);
     float wt[MAXK], hist[MAXK];
 #pragma unroll
@@ -109,6 +110,7 @@ delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const f
     const i64* d = desc + (i64)blockIdx.y * DESC;
     const i64 row0 = d[0];
     const int n = (int)d[1];
+    if (n == 0) return;  // the whole block: a padding row of a replayed decode graph
     const int kh = h / (vh / n_kh);
     const i64 qkv = 2 * (i64)n_kh * KD + (i64)vh * VD;
     float* S = state_of(d, layer_off + conv_len + (i64)h * KD * VD);
@@ -194,6 +196,7 @@ delta_chunks(const float* __restrict__ mixed, const float* __restrict__ a, const
     const i64* d = desc + (i64)blockIdx.y * DESC;
     const i64 row0 = d[0], start = d[2], origin = d[3];
     const int n = (int)d[1];
+    if (n == 0) return;
     const int kh = h / (vh / n_kh);
     const i64 qkv = 2 * (i64)n_kh * KD + (i64)vh * VD;
     float* S = state_of(d, layer_off + conv_len + (i64)h * KD * VD);

@@ -55,6 +55,32 @@ class _StepMeta:
     snap_keys: list[tuple[int, int]]  # (sequence index, position) of each snapshot, in snap_rel's order
 
 
+@dataclass
+class GraphRecurrentRows(RecurrentRows):
+    """A replayed decode step's rows (graphs.py): one generated row per sequence, the descriptors
+    in a static device buffer each replay refreshes."""
+
+    meta: _StepMeta | None = None
+
+
+def decode_rows(shape: tuple[int, ...], desc: cp.ndarray, b: int) -> GraphRecurrentRows:
+    """The recurrent rows a decode graph of b rows is captured with (`shape`: state_alloc's arguments)."""
+    n_layers, conv_dim, kw, vh, kd, vd = shape
+    template = CudaRecurrentState(cp.zeros(0, cp.float32), n_layers, (kw - 1, conv_dim), (vh, kd, vd))
+    return GraphRecurrentRows([(i, i + 1) for i in range(b)], [0] * b, [template] * b, [False] * b, [()] * b,
+                              meta=_StepMeta(desc, cp.zeros(1, cp.int32), 0, b, []))
+
+
+def pack_decode_desc(host: np.ndarray, states: list) -> None:
+    """A decode graph's descriptors: row i a generated token of states[i]'s sequence; the rows
+    after them padding (no rows, no state)."""
+    host[:] = 0
+    host[:, 0] = np.arange(host.shape[0])
+    for i, st in enumerate(states):
+        host[i, 1] = 1
+        host[i, 4] = st.buf.data.ptr
+
+
 def chunk_smem(k_dim: int, vs: int) -> int:
     """Bytes of delta_chunks' shared memory (its layout in deltanet.cu)."""
     lk, lc = k_dim + 1, CHUNK + 1
@@ -113,6 +139,8 @@ class DeltaNetOps:
 
     def _step_meta(self, rows: RecurrentRows) -> _StepMeta:
         """The step's descriptors, built once per RecurrentRows (every layer's ops share them)."""
+        if isinstance(rows, GraphRecurrentRows):
+            return rows.meta
         cached = getattr(self, "_meta_cache", None)
         if cached is not None and cached[0] is rows:
             return cached[1]

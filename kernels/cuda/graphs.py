@@ -9,6 +9,9 @@ invariance the real rows get the same bits as an uncaptured step of n rows.
 Inputs live in static device buffers that each replay refreshes with one host-to-device copy from
 pinned memory. The graphs' own temporaries come from a private memory pool so that nothing
 allocated outside a graph can ever sit in memory a replay overwrites.
+
+Hybrid models: each replay also refreshes the rows' sequence descriptors (kernels/cuda/deltanet.py),
+so the recurrent kernels advance the states of the sequences of that step; padding rows have none.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import cupyx
 import numpy as np
 
 from kernels.base import PagedRows
+from kernels.cuda.deltanet import DESC, decode_rows, pack_decode_desc
 from kernels.cuda.graph_inputs import DEFAULT_BUCKETS, bucket_for, pack_inputs
 
 
@@ -38,12 +42,17 @@ class _Graph:
     argmax: Any  # device int32 [bucket]: each row's greedy token, computed in the same replay
     copied: list = field(default_factory=lambda: [None, None])  # events: each staging's copy done
     turn: int = 0
+    desc: Any = None  # hybrid models: device int64 [bucket, DESC], the rows' sequence descriptors
+    desc_host: list[np.ndarray] = field(default_factory=list)
 
 
 class DecodeGraphs:
     def __init__(self, forward: Callable[[Any, PagedRows, Any], Any], argmax: Callable[[Any], Any], max_pages: int,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS):
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, recurrent: tuple[int, ...] | None = None):
+        """`recurrent`: a hybrid model's Ops.state_alloc arguments (each call then names the rows'
+        recurrent states)."""
         self.forward, self.argmax, self.width = forward, argmax, int(max_pages)
+        self.recurrent = recurrent
         self.buckets = tuple(sorted(buckets))
         self.last_argmax = None  # device int32 [n]: the argmax rows of the latest replay
         self._graphs: dict[int, _Graph] = {}
@@ -61,10 +70,11 @@ class DecodeGraphs:
                 self._capture(b)
         return list(self.buckets)
 
-    def __call__(self, tokens, positions, block_tables, slots, ids_from=None):
+    def __call__(self, tokens, positions, block_tables, slots, ids_from=None, states=None):
         """Logits [n, vocab] on the device for n sequences' next tokens (one row each). `ids_from`
         (device int32 [n], e.g. the argmax of the replay before) replaces `tokens` on the device,
-        so a step can be launched before the previous one's tokens reach the host."""
+        so a step can be launched before the previous one's tokens reach the host. `states`: each
+        row's recurrent state (hybrid models)."""
         n = len(tokens)
         b = bucket_for(n, self.buckets)
         if b is None:
@@ -80,6 +90,12 @@ class DecodeGraphs:
         stream = cp.cuda.get_current_stream()
         g.ints.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
         g.slots.data.copy_from_host_async(ctypes.c_void_p(slots_host.ctypes.data), slots_host.nbytes, stream)
+        if g.desc is not None:
+            if states is None or len(states) != n:
+                raise ValueError("a hybrid model's replay needs each row's recurrent state")
+            pack_decode_desc(g.desc_host[k], states)
+            g.desc.data.copy_from_host_async(ctypes.c_void_p(g.desc_host[k].ctypes.data), g.desc_host[k].nbytes,
+                                             stream)
         g.copied[k] = stream.record()
         if ids_from is not None:
             g.ints.data.copy_from_device_async(ids_from.data, n * 4, stream)
@@ -95,6 +111,12 @@ class DecodeGraphs:
         ints, slots = cp.asarray(host[0]), cp.asarray(slots_host[0])
         rows = PagedRows(positions=ints[b : 2 * b], seq=ints[2 * b : 3 * b],
                          block_tables=ints[3 * b :].reshape(b, w), slots=slots)
+        desc_host, desc = [], None
+        if self.recurrent is not None:  # every row padding (no state) until a replay names them
+            desc_host = [cupyx.empty_pinned((b, DESC), dtype=np.int64) for _ in range(2)]
+            pack_decode_desc(desc_host[0], [])
+            desc = cp.asarray(desc_host[0])
+            rows.recurrent = decode_rows(self.recurrent, desc, b)
         ids = ints[:b]
         with cp.cuda.using_allocator(self._pool.malloc), self._stream:
             self.argmax(self.forward(ids, rows, None))  # compiles kernels, sizes the pool outside the capture
@@ -107,6 +129,6 @@ class DecodeGraphs:
                 graph = self._stream.end_capture()
         graph.upload(self._stream)
         self._stream.synchronize()
-        g = _Graph(b, ints, slots, host, slots_host, graph, logits, argmax)
+        g = _Graph(b, ints, slots, host, slots_host, graph, logits, argmax, desc=desc, desc_host=desc_host)
         self._graphs[b] = g
         return g

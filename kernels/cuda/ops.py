@@ -569,9 +569,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         layer.v[d] = layer.v[s]
 
     # --- CUDA graphs
-    def decode_graphs(self, forward, max_pages: int, buckets=None):
-        """Replayed decode steps for `forward(ids, rows, None) -> logits of every row` (see graphs.py)."""
+    def decode_graphs(self, forward, max_pages: int, buckets=None, recurrent=None):
+        """Replayed decode steps for `forward(ids, rows, None) -> logits of every row` (see graphs.py);
+        `recurrent`: a hybrid model's state_alloc arguments."""
         from kernels.cuda.graph_inputs import DEFAULT_BUCKETS
         from kernels.cuda.graphs import DecodeGraphs
 
-        return DecodeGraphs(forward, self.argmax, max_pages, buckets or DEFAULT_BUCKETS)
+        return DecodeGraphs(forward, self.argmax, max_pages, buckets or DEFAULT_BUCKETS, recurrent)

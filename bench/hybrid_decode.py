@@ -1,0 +1,139 @@
+"""Decode and prefill speed of the "4B hybrid" shape (Qwen3.5-4B's text config, F16 weights from a
+seed) through the engine's Runner on CUDA, in one process: no GGUF file, no server.
+
+    python bench/hybrid_decode.py --out /tmp/hybrid-4b.json [--chats 1,16] [--modes on,off]
+
+Each cell prefills `chats` prompts of --prompt tokens (one prompt per step, the engine's -ub 512
+steps), then times --gen greedy decode steps of all of them (decode graphs replayed). Random
+weights do not change speed. Bound: the weights' bytes read once per step at the measured copy
+bandwidth (DESIGN.md: 4.28 TB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.kv_cache import pages_for  # noqa: E402
+from engine.loader import LoadedModel  # noqa: E402
+from engine.models.qwen3_5 import expected_shapes, from_hf_config  # noqa: E402
+from engine.runner import Runner, StepEntry  # noqa: E402
+from kernels.weights import Weight  # noqa: E402
+
+COPY_BANDWIDTH = 4.28e12
+# Qwen3.5-4B's text config (Qwen/Qwen3.5-4B config.json, text_config)
+QWEN35_4B = {
+    "vocab_size": 248320, "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 16,
+    "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "rms_norm_eps": 1e-6,
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "tie_word_embeddings": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+}
+
+
+def random_model(seed: int = 0) -> LoadedModel:
+    config = from_hf_config(QWEN35_4B)
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in expected_shapes(config).items():
+        if len(shape) == 2:  # 1024 random rows repeated, as bench/shapes.py does
+            block = (rng.standard_normal((min(shape[0], 1024), shape[1]), dtype=np.float32) * 0.02).astype(np.float16)
+            weights[name] = Weight(np.resize(block, shape), "f16")
+        elif name.endswith("A_log"):
+            weights[name] = Weight(np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32), "f32")
+        elif name.endswith("conv1d.weight"):
+            weights[name] = Weight((rng.standard_normal(shape) * 0.3).astype(np.float32), "f32")
+        elif name.endswith("linear_attn.norm.weight"):
+            weights[name] = Weight(np.ones(shape, np.float32), "f32")
+        else:  # the (1 + w) norms and dt_bias
+            weights[name] = Weight(np.zeros(shape, np.float32), "f32")
+    return LoadedModel(Path("4b-hybrid"), "hf", config, weights, None)
+
+
+def weight_bytes(loaded: LoadedModel) -> int:
+    """Bytes a decode step reads: every matrix once (the tied embedding as lm_head)."""
+    return sum(w.data.nbytes for w in loaded.weights.values() if w.data.ndim == 2)
+
+
+def run_cell(runner: Runner, chats: int, prompt: int, gen: int, rng, sync=lambda: None) -> dict:
+    vocab = runner.config.vocab_size
+    seqs = []
+    t0 = time.perf_counter()
+    for _ in range(chats):
+        pages = runner.pool.alloc(pages_for(prompt + gen + 8))
+        state = runner.new_state()
+        out = runner.step([StepEntry(pages, [int(t) for t in rng.integers(0, vocab, prompt)], 0, "last",
+                                     full_rows=False, state=state, prompt=True)])
+        seqs.append([pages, state, int(out[0].argmax[-1]), prompt])
+    prefill_s = time.perf_counter() - t0
+
+    def step():
+        out = runner.step([StepEntry(p, [tok], pos, "last", full_rows=False, state=st) for p, st, tok, pos in seqs])
+        for s, o in zip(seqs, out, strict=True):
+            s[2], s[3] = int(o.argmax[-1]), s[3] + 1
+
+    for _ in range(3):  # the bucket's graph captured
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        step()
+    decode_s = time.perf_counter() - t0
+    for p, *_ in seqs:
+        runner.pool.release(p)
+    return {"chats": chats, "prefill_tps": round(chats * prompt / prefill_s, 1),
+            "decode_tps": round(chats * gen / decode_s, 1), "decode_step_ms": round(1000 * decode_s / gen, 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chats", default="1,16")
+    ap.add_argument("--modes", default="on,off")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import cupy as cp
+
+    from kernels.cuda.ops import CudaOps
+
+    t = time.perf_counter()
+    loaded = random_model()
+    wbytes = weight_bytes(loaded)
+    bound = COPY_BANDWIDTH / wbytes
+    print(f"4b-hybrid weights {wbytes / 1e9:.2f} GB, made in {time.perf_counter() - t:.1f} s; solo bound "
+          f"{bound:.0f} tok/s", flush=True)
+    chats = [int(c) for c in args.chats.split(",")]
+    per_seq = pages_for(args.prompt + args.gen + 8)
+    report = {"shape": "4b-hybrid", "config": QWEN35_4B, "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
+              "prompt": args.prompt, "generated": args.gen, "cells": {}}
+    for mode in args.modes.split(","):
+        runner = Runner(loaded, CudaOps(exact=mode == "on"), max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)
+        rng = np.random.default_rng(1)
+        for c in chats:
+            cell = run_cell(runner, c, args.prompt, args.gen, rng, cp.cuda.Device().synchronize)
+            cell["bandwidth_fraction"] = round(cell["decode_tps"] / c / bound, 3)
+            report["cells"].setdefault(mode, []).append(cell)
+            print(f"exact {mode:<3} chats {c:>2}: decode {cell['decode_tps']:8.1f} tok/s ({cell['decode_step_ms']:.2f} "
+                  f"ms a step, {cell['bandwidth_fraction']:.2f} of the bound), prefill {cell['prefill_tps']:8.1f} tok/s",
+                  flush=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+        del runner
+        cp.get_default_memory_pool().free_all_blocks()
+    on = {c["chats"]: c for c in report["cells"].get("on", [])}
+    if 1 in on and len(on) > 1:
+        report["aggregate_over_solo"] = {c: round(v["decode_tps"] / on[1]["decode_tps"], 2) for c, v in on.items()}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
