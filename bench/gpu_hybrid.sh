@@ -16,10 +16,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import transformers, cupy; print('transformers', transformers.__version__, 'cupy', cupy.__version__)"
 
 stage "gpu tests"
-timeout 210 python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=6 \
+timeout 210 python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfEP --durations=6 \
   --junitxml="$OUT/pytest-hybrid.xml" tests/test_cuda_deltanet.py tests/test_cuda_graphs.py \
   > "$OUT/pytest-hybrid.txt" 2>&1
-tail -n 25 "$OUT/pytest-hybrid.txt"
+grep -E "relative L2|error [0-9]|passed|failed|Error" "$OUT/pytest-hybrid.txt" | tail -n 30
 python3 bench/gpu_summary.py --tests "$OUT/pytest-hybrid.xml" "$OUT/gpu-tests-hybrid.json" && rm -f "$OUT/pytest-hybrid.xml"
 
 stage "exactness matrix, exact on"

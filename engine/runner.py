@@ -100,8 +100,12 @@ class Runner:
     def can_launch_ahead(self, entries: list[StepEntry]) -> bool:
         """Whether launch_ahead overlaps anything for these decode entries: on an asynchronous
         backend only a replayed graph takes its tokens on the device (elsewhere it would wait for
-        the previous step); a synchronous one runs steps in collect() anyway."""
-        return not getattr(self.ops, "asynchronous", False) or self._graphable(entries)
+        the previous step); a synchronous one runs steps in collect() anyway. Not for recurrent
+        states on an asynchronous backend: a sequence parked while its row of a launched step is in
+        flight would keep that row's token in its state, though the scheduler drops the row."""
+        if not getattr(self.ops, "asynchronous", False):
+            return True
+        return not self.recurrent and self._graphable(entries)
 
     def launch_ahead(self, prev: Pending, entries: list[StepEntry]) -> Pending:
         """Starts a decode step whose entry i takes as its token the argmax of `prev`'s row i (the

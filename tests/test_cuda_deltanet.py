@@ -107,6 +107,7 @@ def test_delta_rule_matches_cpu(gpu, dims, n):
         (ref,), _ = _delta(cpu, shape, [(x, 64, c, prompt, ())], host=True)
         assert _rel(got, ref) < 1e-4, f"prompt={prompt}: output error {_rel(got, ref):.2e}"
         ssm_got, ssm_ref = gpu.state_read(g)[1], cpu.state_read(c)[1]
+        print(f"prompt={prompt}: output error {_rel(got, ref):.2e}, state error {_rel(ssm_got, ssm_ref):.2e}")
         assert _rel(ssm_got, ssm_ref) < 1e-4, f"prompt={prompt}: state error {_rel(ssm_got, ssm_ref):.2e}"
 
 
@@ -242,8 +243,9 @@ def _prompt(loaded, n, seed=0):
 
 
 def _run(runner, tokens, pieces, neighbour=None, decode=4):
-    """Logits of every prompt row (prompt in `pieces`), then of `decode` greedy tokens; `neighbour`
-    (a token list) runs its prompt in the same steps, one piece per step."""
+    """Logits of every prompt row (prompt in `pieces`), then of `decode` more tokens fed one a step
+    (fixed ones: a near tie cannot send two backends down different paths); `neighbour` (a token
+    list) runs its prompt in the same steps, one piece per step, then decodes beside it."""
     from engine.runner import StepEntry
 
     pages = runner.pool.alloc(2)
@@ -257,14 +259,12 @@ def _run(runner, tokens, pieces, neighbour=None, decode=4):
             entries.append(StepEntry(other[0], neighbour[o0 : o0 + 13] or [7], o0, "last", state=other[1],
                                      prompt=True))
         out.append(runner.step(entries)[0].logits)
-    tok, pos = int(np.argmax(out[-1][-1])), len(tokens)
-    for _ in range(decode):
+    for j, tok in enumerate(_prompt(runner, decode, seed=9)):
+        pos = len(tokens) + j
         entries = [StepEntry(pages, [tok], pos, "last", state=state)]
         if other:
             entries.append(StepEntry(other[0], [3], 100 + pos, "last", state=other[1]))
-        row = runner.step(entries)[0].logits
-        out.append(row)
-        tok, pos = int(np.argmax(row[-1])), pos + 1
+        out.append(runner.step(entries)[0].logits)
     return np.concatenate(out)
 
 
@@ -275,8 +275,9 @@ def test_tiny_qwen3_5_logits_match_the_cpu_backend(hybrid):
     ref = _run(Runner(hybrid, make_ops("cpu", True), 4, "f32"), tokens, [16, 48, 80])
     got = _run(Runner(hybrid, CudaOps(exact=True), 4, "f32"), tokens, [C, 3 * C])
     assert got.shape == ref.shape
-    assert _rel(got, ref) < 1e-3, f"relative L2 error {_rel(got, ref):.2e}"
-    assert (got.argmax(-1) == ref.argmax(-1)).mean() > 0.95
+    err = _rel(got, ref)
+    print(f"tiny qwen3_5 logits, CUDA vs CPU: relative L2 error {err:.3e} over {got.shape[0]} rows")
+    assert err < 1e-3, f"relative L2 error {err:.2e}"
 
 
 def test_tiny_qwen3_5_bits_do_not_depend_on_pieces_or_neighbours(hybrid):
