@@ -303,3 +303,14 @@ def test_tiny_qwen3_5_decode_graphs_give_the_uncaptured_bits(hybrid):
     assert got.tobytes() == eager.tobytes()
     solo = _run(graphed, tokens, [C], decode=6)
     assert 1 in graphed.graphs._graphs and solo.tobytes() == got.tobytes()
+
+
+def test_exact_off_takes_no_delta_state_inside_its_chunks(gpu_off):
+    """Off, chunks start at the piece's first row (5 here): position 32 lies inside one, 37 ends one."""
+    shape = Shape(*SMALL)
+    x = shape.inputs(40, 8)
+    rows = RecurrentRows([(0, 40)], [5], [shape.alloc(gpu_off)], [True], [(32, 37)])
+    gpu_off.conv1d_silu(cp.asarray(x[0]), cp.asarray(shape.conv_w), rows, 0)
+    _delta_rows(gpu_off, shape, x, rows)
+    cp.cuda.get_current_stream().synchronize()
+    assert len(rows.taken[(0, 32)]) == 1 and len(rows.taken[(0, 37)]) == 2

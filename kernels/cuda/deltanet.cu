@@ -316,6 +316,7 @@ delta_chunks(const float* __restrict__ mixed, const float* __restrict__ a, const
         }
         at += len;
         __syncthreads();
+        while (sk < shi && snap_rel[sk] < at) ++sk;  // offsets inside the chunk: no state there
         for (; sk < shi && snap_rel[sk] == at; ++sk)
             for (int p = tid; p < KD * VS; p += CHUNK_THREADS)
                 snap_ssm[(((i64)sk * vh + h) * KD + p / VS) * VD + j0 + p % VS] = Ss[p];

@@ -14,7 +14,7 @@ is used.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cupy as cp
 import cupyx
@@ -53,6 +53,7 @@ class _StepMeta:
     n_prompt: int
     n_decode: int
     snap_keys: list[tuple[int, int]]  # (sequence index, position) of each snapshot, in snap_rel's order
+    at_chunk_end: list[bool] = field(default_factory=list)  # per snapshot: the delta rule's state is there
 
 
 @dataclass
@@ -146,18 +147,19 @@ class DeltaNetOps:
             return cached[1]
         order = [i for i, p in enumerate(rows.prompt) if p] + [i for i, p in enumerate(rows.prompt) if not p]
         desc = np.zeros((max(1, len(order)), DESC), dtype=np.int64)
-        rel, keys = [], []
+        rel, keys, ends = [], [], []
         for k, i in enumerate(order):
             lo, hi = rows.bounds[i]
             start = rows.starts[i]
+            origin = 0 if self.exact else start
             snaps = sorted(p for p in rows.snap[i] if start < p <= start + hi - lo) if rows.prompt[i] else []
-            desc[k] = (lo, hi - lo, start, 0 if self.exact else start, rows.states[i].buf.data.ptr, len(rel),
-                       len(rel) + len(snaps), 0)
+            desc[k] = (lo, hi - lo, start, origin, rows.states[i].buf.data.ptr, len(rel), len(rel) + len(snaps), 0)
             rel += [p - start for p in snaps]
             keys += [(i, p) for p in snaps]
+            ends += [(p - origin) % CHUNK == 0 or p == start + hi - lo for p in snaps]
         n_prompt = sum(rows.prompt)
         meta = _StepMeta(cp.asarray(desc), cp.asarray(np.asarray(rel or [0], dtype=np.int32)), n_prompt,
-                         len(order) - n_prompt, keys)
+                         len(order) - n_prompt, keys, ends)
         self._meta_cache = (rows, meta)
         return meta
 
@@ -203,7 +205,8 @@ class DeltaNetOps:
             launch(fn, (vh, meta.n_prompt, vd // vs), (CHUNK_THREADS,),
                    (*common, meta.desc, *shape, meta.snap_rel, snap), shared=smem)
             for k, key in enumerate(meta.snap_keys):
-                rows.taken.setdefault(key, []).append(_pinned_copy(snap[k]))
+                if meta.at_chunk_end[k]:  # elsewhere the snapshot is incomplete and the runner drops it
+                    rows.taken.setdefault(key, []).append(_pinned_copy(snap[k]))
         if meta.n_decode:
             vt = (vd + 31) // 32 * 32
             fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", vt)))
