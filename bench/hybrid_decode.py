@@ -27,20 +27,14 @@ from engine.models.qwen3_5 import expected_shapes, from_hf_config  # noqa: E402
 from engine.runner import Runner, StepEntry  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shapes_hybrid import hf_config  # noqa: E402
+
 COPY_BANDWIDTH = 4.28e12
-# Qwen3.5-4B's text config (Qwen/Qwen3.5-4B config.json, text_config)
-QWEN35_4B = {
-    "vocab_size": 248320, "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 16,
-    "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "rms_norm_eps": 1e-6,
-    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
-    "max_position_embeddings": 262144, "tie_word_embeddings": True,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-}
 
 
-def random_model(seed: int = 0) -> LoadedModel:
-    config = from_hf_config(QWEN35_4B)
+def random_model(shape: str = "4b-hybrid", seed: int = 0) -> LoadedModel:
+    config = from_hf_config(hf_config(shape))
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in expected_shapes(config).items():
@@ -113,7 +107,7 @@ def main(argv=None) -> int:
           f"{bound:.0f} tok/s", flush=True)
     chats = [int(c) for c in args.chats.split(",")]
     per_seq = pages_for(args.prompt + args.gen + 8)
-    report = {"shape": "4b-hybrid", "config": QWEN35_4B, "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
+    report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
     for mode in args.modes.split(","):
         runner = Runner(loaded, CudaOps(exact=mode == "on"), max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)

@@ -3,7 +3,8 @@ for the dense shapes Q4_K_M-like (llama-quantize's mix: Q4_K, with Q6_K for the 
 ffn_down of the layers its use_more_bits rule picks; blocks written by kernels/quants/writer.py).
 
 Random weights do not change speed; the vocabulary is synthetic (the benchmarks send token ids).
-Shapes with `experts` are Qwen3-MoE files (qwen3moe: q/k norms, every layer sparse, stacked experts).
+Shapes with `experts` are Qwen3-MoE files (qwen3moe: q/k norms, every layer sparse, stacked experts);
+the hybrid shapes (Qwen3.5, Gated DeltaNet) are written by shapes_hybrid.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from kernels.quants.mixes import q4_k_m_type  # noqa: E402
 from kernels.quants.writer import quantize  # noqa: E402
 from tests.tiny_models import write_gguf_file  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shapes_hybrid import (  # noqa: E402
+    HYBRID_SHAPES,
+    hybrid_kv_bytes_per_token,
+    hybrid_weight_bytes,
+    write_hybrid_shape,
+)
+
 QUANTS = ("f16", "q4_k_m")
 
 SHAPES = {
@@ -29,6 +38,7 @@ SHAPES = {
     "30b-a3b": dict(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=768, vocab=151936,
                     experts=128, top_k=8),
     "tiny-moe": dict(hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, ffn=64, vocab=512, experts=8, top_k=2),
+    **{name: dict(s, hybrid=True) for name, s in HYBRID_SHAPES.items()},
 }
 
 
@@ -52,7 +62,7 @@ def write_shape(path: Path, shape: str, seed: int = 0, quant: str = "f16") -> Pa
     from gguf import LlamaFileType
 
     s = SHAPES[shape]
-    if quant != "f16" and "experts" in s:
+    if quant != "f16" and ("experts" in s or "hybrid" in s):
         raise ValueError(f"the {shape} shape is written as F16 only")
     rng = np.random.default_rng(seed)
     h, f, v = s["hidden"], s["ffn"], s["vocab"]
@@ -72,6 +82,8 @@ def write_shape(path: Path, shape: str, seed: int = 0, quant: str = "f16") -> Pa
         raw = quantize(block, kind)  # quantized once, the rows' blocks repeated
         return name, np.resize(raw, (n, raw.shape[1])), Q[kind.upper()]
 
+    if "hybrid" in s:
+        return write_hybrid_shape(path, shape, seed, mat, _vocab(v))
     ones = np.ones(h, np.float32)
     moe = "experts" in s
     arch = "qwen3moe" if moe else "llama"
@@ -110,6 +122,8 @@ def write_shape(path: Path, shape: str, seed: int = 0, quant: str = "f16") -> Pa
 def weight_bytes(shape: str, quant: str = "f16") -> int:
     """Bytes a decode step reads from the weights (every matrix once; embedding rows are negligible;
     of a MoE layer the router and one token's top-k experts: a solo decode's active parameters)."""
+    if "hybrid" in SHAPES[shape]:
+        return hybrid_weight_bytes(shape)
     s = SHAPES[shape]
     h, f, v = s["hidden"], s["ffn"], s["vocab"]
     q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
@@ -127,5 +141,7 @@ def weight_bytes(shape: str, quant: str = "f16") -> int:
 
 
 def kv_bytes_per_token(shape: str) -> int:
+    if "hybrid" in SHAPES[shape]:
+        return hybrid_kv_bytes_per_token(shape)
     s = SHAPES[shape]
     return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2  # K and V, f16

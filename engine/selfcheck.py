@@ -16,13 +16,22 @@ log = logging.getLogger("engine.selfcheck")
 
 def model_matmuls(model: Any) -> list[tuple[str, Any]]:
     """The uploaded weights plain matmuls run on inside the layers: each layer's o, gate|up and
-    down (one of each shape is checked)."""
+    down; a hybrid layer's mixer projections (DeltaNet in/out, gated attention q|k|v and o) and its
+    dense FFN pair (one of each shape is checked)."""
     out = []
     for i, layer in enumerate(getattr(model, "layers", [])):
         for attr in ("wo", "w_gate_up", "w_down"):
             w = getattr(layer, attr, None)
             if w is not None:
                 out.append((f"layers.{i}.{attr}", w))
+        mixer = getattr(layer, "mixer", None)
+        for attr in ("w_in", "w_out", "w_qkv", "wo"):
+            w = getattr(mixer, attr, None)
+            if w is not None:
+                out.append((f"layers.{i}.mixer.{attr}", w))
+        ffn = getattr(layer, "ffn", None)
+        if isinstance(ffn, tuple):
+            out += [(f"layers.{i}.ffn.gate_up", ffn[0]), (f"layers.{i}.ffn.down", ffn[1])]
     return out
 
 

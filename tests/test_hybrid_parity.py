@@ -124,3 +124,11 @@ def test_memory_planning_counts_the_recurrent_state_and_only_attention_kv(hybrid
     assert one["state"] == runner.state_bytes == sum(a.nbytes for a in runner.ops.state_read(runner.new_state()))
     assert four["state"] == 4 * one["state"]
     assert one["kv"] == runner.pool.page_bytes * 4 and len(runner.pool.layers) == spec.n_full == 2
+
+
+def test_the_exactness_self_check_probes_the_hybrid_layers_matmuls(hybrid):
+    from engine.selfcheck import model_matmuls
+
+    runner = Runner(load_model(hybrid), make_ops("cpu", True), 2, "f32")
+    names = {n.split(".", 2)[2] for n, _ in model_matmuls(runner.model)}
+    assert names == {"mixer.w_in", "mixer.w_out", "mixer.w_qkv", "mixer.wo", "ffn.gate_up", "ffn.down"}
