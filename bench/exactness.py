@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "exactness-cpu"),
                     help="report path without extension (.json and .md are written)")
     ap.add_argument("--engine-args", default="", help="more engine flags for every server, e.g. '--tp 2'")
+    ap.add_argument("--log-dir", help="keep each engine's log here (engine-PORT.log)")
     args = ap.parse_args(argv)
     extra = []
     if args.parks_every:
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                                             n_predict=args.n_predict, prompt_len=args.prompt_len,
                                             progress=lambda m: print(m, flush=True), extra_variants=extra,
                                             long_prompt=args.long_prompt,
-                                            engine_cmd=[*ENGINE_CMD, *shlex.split(args.engine_args)]))
+                                            engine_cmd=[*ENGINE_CMD, *shlex.split(args.engine_args)],
+                                            log_dir=Path(args.log_dir) if args.log_dir else None))
         except EvidenceError as e:
             print(f"exactness run failed: {e}", file=sys.stderr)
             return 1
