@@ -23,6 +23,7 @@ from kernels.cpu import deltanet as cpu_dn  # noqa: E402
 from kernels.cpu.ops import CpuOps  # noqa: E402
 from kernels.cuda.deltanet import CHUNK  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
+from tests.test_hybrid_ops import step_rows  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -72,20 +73,12 @@ class Shape:
 
 def _delta(ops, shape, seqs, host=False):
     """seqs: [(inputs (mixed, a, b), start, state, prompt, snap)]; one gated_delta call over all."""
-    bounds, at = [], 0
-    for (m, _, _), *_ in seqs:
-        bounds.append((at, at + len(m)))
-        at += len(m)
-    rows = RecurrentRows(bounds, [s[1] for s in seqs], [s[2] for s in seqs], [s[3] for s in seqs],
-                         [s[4] for s in seqs])
-    cat = [np.concatenate([s[0][j] for s in seqs]) for j in range(3)]
-    t = (lambda a: a) if host else cp.asarray
+    rows, cat = step_rows(seqs)
     if host:
         out = cpu_dn.gated_delta(cat[0], cat[1], cat[2], shape.a_log, shape.dt_bias, rows, 0, shape.kh, ops.exact)
     else:
-        out = cp.asnumpy(ops.gated_delta(t(cat[0]), t(cat[1]), t(cat[2]), t(shape.a_log), t(shape.dt_bias), rows, 0,
-                                         shape.kh))
-    return [out[lo:hi] for lo, hi in bounds], rows
+        out = cp.asnumpy(_delta_rows(ops, shape, cat, rows))
+    return [out[lo:hi] for lo, hi in rows.bounds], rows
 
 
 def _piece(x, lo, hi):

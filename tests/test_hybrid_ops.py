@@ -27,17 +27,22 @@ def _state():
     return dn.state_alloc(1, QKV, KERNEL, V_HEADS, K_DIM, V_DIM)
 
 
-def _run(seqs, exact=True):
-    """seqs: [(inputs, start, state, prompt, snap)]; one gated_delta call over all of them."""
+def step_rows(seqs) -> tuple[RecurrentRows, list[np.ndarray]]:
+    """seqs: [(inputs, start, state, prompt, snap)] -> one step's rows and its inputs, concatenated."""
     bounds, at = [], 0
-    for (m, _, _), *_ in seqs:
+    for (m, *_), *_ in seqs:
         bounds.append((at, at + len(m)))
         at += len(m)
     rows = RecurrentRows(bounds, [s[1] for s in seqs], [s[2] for s in seqs], [s[3] for s in seqs],
                          [s[4] for s in seqs])
-    cat = [np.concatenate([s[0][j] for s in seqs]) for j in range(3)]
+    return rows, [np.concatenate([s[0][j] for s in seqs]) for j in range(len(seqs[0][0]))]
+
+
+def _run(seqs, exact=True):
+    """One gated_delta call over all of seqs (see step_rows)."""
+    rows, cat = step_rows(seqs)
     out = dn.gated_delta(cat[0], cat[2], cat[1], A_LOG, DT_BIAS, rows, 0, K_HEADS, exact)
-    return [out[lo:hi] for lo, hi in bounds], rows
+    return [out[lo:hi] for lo, hi in rows.bounds], rows
 
 
 def _piece(x, lo, hi):
