@@ -36,11 +36,14 @@ COPY_BANDWIDTH = 4.28e12
 def random_model(shape: str = "4b-hybrid", seed: int = 0) -> LoadedModel:
     config = from_hf_config(hf_config(shape))
     rng = np.random.default_rng(seed)
+    shapes = expected_shapes(config)
+    # one block of random rows, repeated into every matrix (drawing 4B normals would take minutes)
+    block = (rng.standard_normal((1024, max(s[-1] for s in shapes.values())), dtype=np.float32) * 0.02).astype(
+        np.float16)
     weights = {}
-    for name, shape in expected_shapes(config).items():
-        if len(shape) == 2:  # 1024 random rows repeated, as bench/shapes.py does
-            block = (rng.standard_normal((min(shape[0], 1024), shape[1]), dtype=np.float32) * 0.02).astype(np.float16)
-            weights[name] = Weight(np.resize(block, shape), "f16")
+    for name, shape in shapes.items():
+        if len(shape) == 2:
+            weights[name] = Weight(np.resize(block[: min(shape[0], 1024), : shape[1]], shape), "f16")
         elif name.endswith("A_log"):
             weights[name] = Weight(np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32), "f32")
         elif name.endswith("conv1d.weight"):
