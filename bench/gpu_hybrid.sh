@@ -27,7 +27,12 @@ stage "exactness matrix, exact on"
 mkdir -p /tmp/engine-logs
 timeout "${EXACT_S:-110}" python3 bench/exactness.py --tiny qwen3_5 --device cuda --prompt-len 100 "${parks[@]}" \
   --log-dir /tmp/engine-logs --out "$OUT/exactness-cuda-hybrid" 2>&1 | tail -n 24
-[ -f "$OUT/exactness-cuda-hybrid.json" ] || { echo "-- last engine log:"; tail -n 40 "$(ls -t /tmp/engine-logs/* | head -1)"; }
+if [ ! -f "$OUT/exactness-cuda-hybrid.json" ]; then
+  echo "-- last engine log:"; tail -n 40 "$(ls -t /tmp/engine-logs/* | head -1)"
+  stage "exactness matrix, exact on, decode graphs off"
+  LOCKSTEP_DECODE_GRAPHS=0 timeout "${EXACT_S:-110}" python3 bench/exactness.py --tiny qwen3_5 --device cuda \
+    --prompt-len 100 --out "$OUT/exactness-cuda-hybrid-eager" 2>&1 | tail -n 24
+fi
 
 stage "4b hybrid speed"
 timeout "${BENCH_S:-75}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-h200.json" 2>&1 | tail -n 12

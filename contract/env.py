@@ -28,6 +28,7 @@ CONFIG_DIR = "LOCKSTEP_CONFIG_DIR"
 LOG_DIR = "LOCKSTEP_LOG_DIR"
 MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
 PDL = "LOCKSTEP_PDL"
+DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 
 REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(EXACT, ("engine", "studio"), "a switch: exact concurrency on when --exact-concurrency is absent; "
@@ -43,6 +44,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(LOG_DIR, ("studio",), "where engine attempt logs go"),
     EnvVar(MODEL_DIRS, ("studio",), "extra model folders, os.pathsep separated"),
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
+    EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
+           "launched from Python, for comparisons)"),
 )
 
 _ON = ("1", "on", "true", "yes")

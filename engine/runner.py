@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from contract.env import DECODE_GRAPHS, switch
 from engine.kv_cache import PagePool, pages_for
 from engine.loader import LoadedModel
 from engine.models.build import model_class
@@ -79,7 +81,8 @@ class Runner:
                                  c.head_dim, kv_type, v_type)
         self.recurrent = hasattr(self.model, "state_shape")
         self.graphs = None  # decode graphs of a tensor-parallel step: not built yet
-        if hasattr(ops, "decode_graphs") and max_pages_per_seq and parallel is None:
+        graphs = switch(os.environ, DECODE_GRAPHS, default=True)
+        if hasattr(ops, "decode_graphs") and max_pages_per_seq and parallel is None and graphs:
             # decode steps (one token per sequence) replay a captured graph per batch bucket
             self.graphs = ops.decode_graphs(
                 lambda ids, rows, lr: self.model.forward(ids, rows, self.pool.layers, lr),
