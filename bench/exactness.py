@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="report path without extension (.json and .md are written)")
     ap.add_argument("--engine-args", default="", help="more engine flags for every server, e.g. '--tp 2'")
     ap.add_argument("--log-dir", help="keep each engine's log here (engine-PORT.log)")
+    ap.add_argument("--only", help="of the cells with a server of their own, just these (comma-separated names)")
     args = ap.parse_args(argv)
     extra = []
     if args.parks_every:
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                                             progress=lambda m: print(m, flush=True), extra_variants=extra,
                                             long_prompt=args.long_prompt,
                                             engine_cmd=[*ENGINE_CMD, *shlex.split(args.engine_args)],
-                                            log_dir=Path(args.log_dir) if args.log_dir else None))
+                                            log_dir=Path(args.log_dir) if args.log_dir else None,
+                                            only=args.only.split(",") if args.only else None))
         except EvidenceError as e:
             print(f"exactness run failed: {e}", file=sys.stderr)
             return 1

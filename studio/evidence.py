@@ -196,8 +196,9 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
                      device: str = "cpu", exact: bool = True, engine_cmd: Sequence[str] = ENGINE_CMD,
                      log_dir: Path | None = None, progress: Callable[[str], None] | None = None,
                      complete_fn: Completer = complete, extra_variants: Sequence[tuple] = (),
-                     long_prompt: int = 0, long_parks: int = 7) -> Report:
-    """Runs every cell; raises EvidenceError when any worker fails (no partial report).
+                     long_prompt: int = 0, long_parks: int = 7, only: Sequence[str] | None = None) -> Report:
+    """Runs every cell; raises EvidenceError when any worker fails (no partial report). `only`: of
+    the cells on servers of their own, just these (the base server's cells always run).
     `extra_variants`: more server cells after the standard ones, each (name, description, flags,
     env, neighbours) like theirs. `long_prompt`: a last cell, a prompt of that many tokens beside 7
     others and parked every `long_parks` tokens, against the same prompt alone (both servers with the
@@ -269,6 +270,8 @@ async def run_matrix(model: str, *, vocab: int, n_prompts: int = 8, prompt_len: 
                  ("--spec-type", "ngram", "--spec-draft-n-max", "2"), {"LOCKSTEP_PREEMPT_EVERY": "7"}, 3),
             ]
             for name, desc, flags, env, k in [*variants, *extra_variants]:
+                if only is not None and name not in only:
+                    continue
                 say(f"starting a server for {name}")
                 s = await server(session, flags, env)
                 cell(name, desc, ref, await (beside(s, k) if k else solo(s)))

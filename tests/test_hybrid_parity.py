@@ -132,3 +132,13 @@ def test_the_exactness_self_check_probes_the_hybrid_layers_matmuls(hybrid):
     runner = Runner(load_model(hybrid), make_ops("cpu", True), 2, "f32")
     names = {n.split(".", 2)[2] for n, _ in model_matmuls(runner.model)}
     assert names == {"mixer.w_in", "mixer.w_out", "mixer.w_qkv", "mixer.wo", "ffn.gate_up", "ffn.down"}
+
+
+def test_cuda_memory_planning_sizes_every_hybrid_tensor(hybrid):
+    """The conv weight is [D, 1, K]: sized as the float32 it is stored as (no CuPy needed to plan)."""
+    from engine.launch import memory_need
+
+    loaded = load_model(hybrid)
+    need = memory_need(loaded, "cuda", 4, "f16", n_seqs=2)
+    conv = sum(w.size * 4 for n, w in loaded.weights.items() if n.endswith("conv1d.weight"))
+    assert need["weights"] > conv > 0 and need["state"] == 2 * Runner(loaded, make_ops("cpu", True), 2, "f32").state_bytes

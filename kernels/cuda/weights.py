@@ -89,7 +89,7 @@ def streams_blocks(dtype: str) -> bool:
 
 def device_bytes(w: Weight, planes: bool = True) -> int:
     """Bytes a weight takes on the device (for sizing memory before a load); `planes` as kernel_weight's."""
-    if w.data.ndim == 1:
+    if w.data.ndim != 2:  # vectors, and the causal conv's [D, 1, K] of hybrid models: float32
         return w.size * 4
     n, k = w.shape
     if planes and streams_blocks(w.dtype):
