@@ -32,8 +32,6 @@ class CpuExperts:
 class CpuMoeOps:
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CpuExperts:
-        if not len(gate) == len(up) == len(down):
-            raise ValueError(f"experts: {len(gate)} gate, {len(up)} up and {len(down)} down projections")
         ex = CpuExperts([self.upload(w) for w in gate], [self.upload(w) for w in up], [self.upload(w) for w in down])
         if shared is not None:
             s_gate, s_up, s_down, s_inp = shared

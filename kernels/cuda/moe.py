@@ -62,8 +62,6 @@ class CudaExperts:
 class CudaMoeOps:
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
-        if not len(gate) == len(up) == len(down):
-            raise ValueError(f"experts: {len(gate)} gate, {len(up)} up and {len(down)} down projections")
         if len(gate) > MAX_EXPERTS:
             raise ValueError(f"{len(gate)} experts: the CUDA router takes at most {MAX_EXPERTS}")
         # K-quant experts are f16 here: the grouped kernels read no planes yet
