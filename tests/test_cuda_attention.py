@@ -6,20 +6,13 @@ whatever shares the launch or wherever the pages sit."""
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
+from tests.cuda_fixtures import cp, gpu  # noqa: F401 (gpu: fixtures)
 
-from kernels.cuda import available  # noqa: E402
-
-_OK, _WHY = available()
-if not _OK:
-    pytest.skip(_WHY, allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cpu.ops import CpuKVLayer, CpuOps  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-
-pytestmark = pytest.mark.gpu
 
 RNG = np.random.default_rng()
 LENGTHS = [1, 255, 256, 257, 700, 1300]
@@ -75,11 +68,6 @@ def _kv(hd, n_kv, lengths=LENGTHS):
 def _sample_rows(count):
     seqs = RNG.integers(0, len(LENGTHS), count)
     return seqs, np.array([RNG.integers(0, LENGTHS[s]) for s in seqs])
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return CudaOps(exact=True)
 
 
 def _attend(ops, cache, q, seqs, positions, scale):

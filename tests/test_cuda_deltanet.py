@@ -10,13 +10,9 @@ qwen3_5's logits on CUDA 1e-3 against the CPU backend (float32 weights, f32 KV).
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
+from tests.cuda_fixtures import cp, gpu, gpu_off  # noqa: F401 (gpu, gpu_off: fixtures)
 
-from kernels.cuda import available  # noqa: E402
-
-_OK, _WHY = available()
-if not _OK:
-    pytest.skip(_WHY, allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
 from kernels.base import RecurrentRows  # noqa: E402
 from kernels.cpu import deltanet as cpu_dn  # noqa: E402
@@ -25,22 +21,10 @@ from kernels.cuda.deltanet import CHUNK  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from tests.test_hybrid_ops import step_rows  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-
 RNG = np.random.default_rng()
 SMALL = (2, 4, 16, 16, 4)  # key heads, value heads, key dim, value dim, conv width
 QWEN35_4B = (16, 32, 128, 128, 4)  # Qwen3.5-4B's DeltaNet layers
 C = CHUNK
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return CudaOps(exact=True)
-
-
-@pytest.fixture(scope="module")
-def gpu_off():
-    return CudaOps(exact=False)
 
 
 def _rel(got, ref):

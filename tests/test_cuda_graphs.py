@@ -6,13 +6,9 @@ import os
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
+from tests.cuda_fixtures import cp
 
-from kernels.cuda import available  # noqa: E402
-
-_OK, _WHY = available()
-if not _OK:
-    pytest.skip(_WHY, allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
 from engine.config import ModelConfig  # noqa: E402
 from engine.kv_cache import PagePool  # noqa: E402
@@ -21,8 +17,6 @@ from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cpu.ops import CpuOps  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
-
-pytestmark = pytest.mark.gpu
 
 RNG = np.random.default_rng()
 PAGES_PER_SEQ = 3

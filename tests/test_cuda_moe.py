@@ -10,13 +10,9 @@ to 16 bits, as tests/test_cuda_ops.py states); routing weights 1e-6 with the sam
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
+from tests.cuda_fixtures import cp, gpu  # noqa: F401 (gpu: fixtures)
 
-from kernels.cuda import available  # noqa: E402
-
-_OK, _WHY = available()
-if not _OK:
-    pytest.skip(_WHY, allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
 from engine.config import ModelConfig, MoeConfig  # noqa: E402
 from engine.models.llama import LlamaModel, expected_shapes  # noqa: E402
@@ -24,8 +20,6 @@ from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cpu.ops import CpuOps  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
-
-pytestmark = pytest.mark.gpu
 
 RNG = np.random.default_rng()
 TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "q4_k": 3e-3, "bf16": 1e-2}
@@ -50,11 +44,6 @@ def _experts(n_e, h, f, dtype, shared=False):
         sh = (Weight.from_f32(_rand(f, h, scale=h**-0.5), dtype), Weight.from_f32(_rand(f, h, scale=h**-0.5), dtype),
               Weight.from_f32(_rand(h, f, scale=f**-0.5), dtype), Weight(_rand(1, h, scale=h**-0.5), "f32"))
     return ws, sh
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return CudaOps(exact=True)
 
 
 @pytest.mark.parametrize("n_e,k", [(8, 2), (128, 8)])

@@ -9,20 +9,14 @@ RoPE, add, embedding and the KV cache contents equal bit for bit.
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-
-from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.cuda import available  # noqa: E402
-
-_OK, _WHY = available()
-if not _OK:
-    pytest.skip(_WHY, allow_module_level=True)
-
-from kernels.base import PAGE_SIZE, RopeTable  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import Weight, f32_to_bf16  # noqa: E402
+from tests.cuda_fixtures import cp, gpu, gpu_off  # noqa: F401 (gpu, gpu_off: fixtures)
 
 pytestmark = pytest.mark.gpu
+
+from kernels.base import PAGE_SIZE, RopeTable  # noqa: E402
+from kernels.cpu.ops import CpuOps  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+from kernels.weights import Weight, f32_to_bf16  # noqa: E402
 
 RNG = np.random.default_rng()  # fresh inputs every run; a failure prints what it needs
 MATMUL_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "bf16": 1e-2, "q4_k": 2e-3, "q6_k": 2e-3}
@@ -39,16 +33,6 @@ def _rand(*shape, scale=1.0):
 def _rel(got, ref):
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    return CudaOps(exact=True)
-
-
-@pytest.fixture(scope="module")
-def gpu_off():
-    return CudaOps(exact=False)
 
 
 def _weight(n, k, dtype):

@@ -94,23 +94,6 @@ def as_multimodal(text_dir: Path, out: Path) -> Path:
 
 # --- GGUF, laid out as llama.cpp's convert_hf_to_gguf writes qwen35 / qwen35moe
 
-_GGUF_BLOCK = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight", "linear_attn.in_proj_z.weight": "attn_gate.weight",
-    "linear_attn.in_proj_a.weight": "ssm_alpha.weight", "linear_attn.in_proj_b.weight": "ssm_beta.weight",
-    "linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.conv1d.weight": "ssm_conv1d.weight",
-    "linear_attn.norm.weight": "ssm_norm.weight", "linear_attn.out_proj.weight": "ssm_out.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
-    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight", "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
-    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight", "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
-}
-_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                "lm_head.weight": "output.weight"}
-
 
 def _tiled(a, k_heads: int, rep: int, width: int):
     """Grouped value-head rows [k0v0, k0v1, k1v0, ...] to tiled [k0v0, k1v0, k0v1, ...]."""
@@ -154,6 +137,7 @@ def write_hybrid_gguf(hf_dir: Path, path: Path) -> Path:
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
+    from engine.loader.gguf_hybrid import gguf_name
     from tests.tiny_models import gpt2_vocab_kv, write_gguf_file
 
     hf_dir = Path(hf_dir)
@@ -192,11 +176,8 @@ def write_hybrid_gguf(hf_dir: Path, path: Path) -> Path:
         if m:
             experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = data
             continue
-        if hf in _GGUF_GLOBAL:
-            tensors.append((_GGUF_GLOBAL[hf], _gguf_tensor(hf, data, cfg), None))
-            continue
-        _, _, layer, rest = hf.split(".", 3)
-        tensors.append((f"blk.{layer}.{_GGUF_BLOCK[rest]}", _gguf_tensor(rest, data, cfg), None))
+        rest = hf.split(".", 3)[3] if hf.startswith("model.layers.") else hf
+        tensors.append((gguf_name(hf), _gguf_tensor(rest, data, cfg), None))
     for (layer, proj), per in sorted(experts.items()):
         tensors.append((f"blk.{layer}.ffn_{proj}_exps.weight", np.stack([per[e] for e in sorted(per)]), None))
     return write_gguf_file(path, arch, kv, tensors)

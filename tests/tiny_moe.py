@@ -8,7 +8,6 @@ from pathlib import Path
 from tests.tiny_models import save_tokenizer, to_gguf_name, train_tokenizer, write_gguf
 
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
-_MOE_GGUF = {"mlp.gate.weight": "ffn_gate_inp.weight"}
 
 
 def make_moe_config(vocab: int, *, hidden: int = 64, layers: int = 3, heads: int = 4, kv_heads: int = 2,
@@ -65,8 +64,7 @@ def moe_gguf_tensors(hf_tensors: dict) -> list:
         if m:
             stacks.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = data
             continue
-        _, _, layer, rest = hf.split(".", 3) if hf.startswith("model.layers.") else (0, 0, 0, hf)
-        named.append((f"blk.{layer}.{_MOE_GGUF[rest]}" if rest in _MOE_GGUF else to_gguf_name(hf), data))
+        named.append((to_gguf_name(hf), data))  # the router's name too (engine.loader.moe.GGUF_BLOCK)
     for (layer, proj), per in sorted(stacks.items()):
         named.append((f"blk.{layer}.ffn_{proj}_exps.weight", np.stack([per[e] for e in sorted(per)])))
     return named

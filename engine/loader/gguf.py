@@ -38,7 +38,6 @@ _BLOCK = {
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_BLOCK_BACK = {v: k for k, v in _BLOCK.items()}
 _GLOBAL_BACK = {v: k for k, v in _GLOBAL.items()}
 _BLK = re.compile(r"blk\.(\d+)\.(.+)")
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -57,14 +56,16 @@ def hf_name(name: str) -> str | None:
     return None
 
 
-def gguf_name(hf: str) -> str:
-    """The GGUF name of an HF tensor name, for messages about tensors the file lacks."""
+def gguf_name(hf: str, block: dict[str, str] = _BLOCK) -> str:
+    """The GGUF name of an HF tensor name (`block`: the architecture's table of a layer's GGUF -> HF names), for
+    messages about tensors a file lacks and for the tests that write files as llama.cpp's converter does."""
     moe = gguf_moe_name(hf)
     if moe is not None:
         return moe
     m = _HF_LAYER.fullmatch(hf)
-    if m and m.group(2) in _BLOCK_BACK:
-        return f"blk.{m.group(1)}.{_BLOCK_BACK[m.group(2)]}"
+    back = {v: k for k, v in block.items()}
+    if m and m.group(2) in back:
+        return f"blk.{m.group(1)}.{back[m.group(2)]}"
     return _GLOBAL_BACK.get(hf, hf)
 
 

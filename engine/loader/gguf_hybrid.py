@@ -15,6 +15,7 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedError
 from engine.loader.gguf import _BLK, _GLOBAL
+from engine.loader.gguf import gguf_name as _gguf_name
 from engine.loader.moe import gguf_moe_tensor
 from engine.models.qwen3_5 import FULL, LINEAR, from_hf_config, hybrid_spec
 from kernels.weights import Weight
@@ -33,6 +34,11 @@ _BLOCK = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _OFFSET_NORMS = {"attn_norm.weight", "post_attention_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight"}
+
+
+def gguf_name(hf: str) -> str:
+    """engine.loader.gguf.gguf_name with this architecture's block tensors."""
+    return _gguf_name(hf, _BLOCK)
 
 
 def _scalar(value, key: str) -> int:

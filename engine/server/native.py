@@ -16,7 +16,7 @@ from engine.server.errors import ApiError, bad_request
 from engine.server.offload import json_list
 from engine.server.params import Fields, read_json, token_ids
 from engine.server.pieces import piece_json
-from engine.server.state import EngineState, state_of
+from engine.server.state import LLAMA_BUILD_INFO, EngineState, state_of
 from engine.threads import DEFAULT_THREADS
 
 SLOTS_WAIT_S = 0.02
@@ -60,7 +60,7 @@ def props_body(state: EngineState) -> dict:
         "bos_token": tok.bos_token,
         "eos_token": tok.eos_token,
         "modalities": {"vision": False, "audio": False},
-        "build_info": state.llama_build_info,
+        "build_info": LLAMA_BUILD_INFO,
         "lockstep_build": state.build_info,
         "is_sleeping": False,
         "exact_concurrency": state.exact.as_dict(),

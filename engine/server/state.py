@@ -22,6 +22,15 @@ try:
     VERSION = _version("lockstep")
 except Exception:  # not installed (a source checkout run with PYTHONPATH)
     VERSION = "0.1.0"
+LLAMA_BUILD_INFO = f"b0-lockstep-{VERSION}"  # llama-server's `b<build>-<commit>` for /props: build 0, our version
+
+
+@dataclass
+class Tally:
+    """Tokens and the milliseconds they took."""
+
+    tokens: int = 0
+    ms: float = 0.0
 
 
 @dataclass
@@ -29,17 +38,19 @@ class Served:
     """Counters the scheduler does not keep: finished completions and their decode time."""
 
     completions: int = 0
-    predicted_tokens: int = 0
-    predicted_ms: float = 0.0
-    prompt_tokens: int = 0
-    prompt_ms: float = 0.0
     cached_tokens: int = 0
     max_tokens: int = 0  # the longest sequence (prompt and generated) finished so far
+    predicted: Tally = field(default_factory=Tally)  # generated tokens, decode time
+    prompt: Tally = field(default_factory=Tally)  # prompt tokens processed (cached ones apart), their time
     _mark: tuple = (0, 0.0, 0, 0.0)  # the four figures `window` read last
 
+    def totals(self) -> tuple[int, float, int, float]:
+        """(predicted tokens, their ms, prompt tokens, their ms) since the start."""
+        return self.predicted.tokens, self.predicted.ms, self.prompt.tokens, self.prompt.ms
+
     def window(self) -> tuple[int, float, int, float]:
-        """(predicted tokens, their ms, prompt tokens, their ms) since the previous call."""
-        now = (self.predicted_tokens, self.predicted_ms, self.prompt_tokens, self.prompt_ms)
+        """The `totals` since the previous call."""
+        now = self.totals()
         out = tuple(a - b for a, b in zip(now, self._mark, strict=True))
         self._mark = now
         return out
@@ -49,10 +60,10 @@ class Served:
         self.completions += 1
         self.cached_tokens += done.cached_tokens
         self.max_tokens = max(self.max_tokens, done.prompt_tokens + done.completion_tokens)
-        self.predicted_tokens += int(t.get("predicted_n", 0))
-        self.predicted_ms += float(t.get("predicted_ms", 0.0))
-        self.prompt_tokens += int(t.get("prompt_n", 0))
-        self.prompt_ms += float(t.get("prompt_ms", 0.0))
+        self.predicted.tokens += int(t.get("predicted_n", 0))
+        self.predicted.ms += float(t.get("predicted_ms", 0.0))
+        self.prompt.tokens += int(t.get("prompt_n", 0))
+        self.prompt.ms += float(t.get("prompt_ms", 0.0))
 
 
 @dataclass
@@ -109,11 +120,6 @@ class EngineState:
     @property
     def build_info(self) -> str:
         return f"lockstep {VERSION} ({self.backend})"
-
-    @property
-    def llama_build_info(self) -> str:
-        """llama-server's `b<build>-<commit>` shape for /props, with build 0 and our version as the commit."""
-        return f"b0-lockstep-{VERSION}"
 
     def model_name(self, requested: object) -> str:
         """Like llama-server, the one loaded model answers to any name; responses echo the one asked for."""

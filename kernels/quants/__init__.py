@@ -23,21 +23,19 @@ class BlockType:
     dequantize_blocks: Callable[[np.ndarray], np.ndarray]  # uint8 [n, type_size] -> float32 [n, block_size]
 
 
-BLOCK_TYPES: dict[str, BlockType] = {t.name: t for t in (
-    BlockType("q4_0", 32, 18, legacy.dequantize_q4_0),
-    BlockType("q4_1", 32, 20, legacy.dequantize_q4_1),
-    BlockType("q5_0", 32, 22, legacy.dequantize_q5_0),
-    BlockType("q5_1", 32, 24, legacy.dequantize_q5_1),
-    BlockType("q8_0", 32, 34, legacy.dequantize_q8_0),
-    BlockType("q2_k", 256, 84, kquants.dequantize_q2_k),
-    BlockType("q3_k", 256, 110, kquants.dequantize_q3_k),
-    BlockType("q4_k", 256, 144, kquants.dequantize_q4_k),
-    BlockType("q5_k", 256, 176, kquants.dequantize_q5_k),
-    BlockType("q6_k", 256, 210, kquants.dequantize_q6_k),
-    BlockType("iq4_nl", 32, 18, iq4.dequantize_iq4_nl),
-    BlockType("iq4_xs", 256, 136, iq4.dequantize_iq4_xs),
-    BlockType("mxfp4", 32, 17, mxfp4.dequantize_mxfp4),
-)}
+# Each family's types as "name values_per_block bytes_per_block"; a type's dequantiser is its module's
+# `dequantize_<name>`.
+_LAYOUTS = {
+    legacy: "q4_0 32 18, q4_1 32 20, q5_0 32 22, q5_1 32 24, q8_0 32 34",
+    kquants: "q2_k 256 84, q3_k 256 110, q4_k 256 144, q5_k 256 176, q6_k 256 210",
+    iq4: "iq4_nl 32 18, iq4_xs 256 136",
+    mxfp4: "mxfp4 32 17",
+}
+BLOCK_TYPES: dict[str, BlockType] = {
+    name: BlockType(name, int(values), int(size), getattr(module, f"dequantize_{name}"))
+    for module, layouts in _LAYOUTS.items()
+    for name, values, size in (layout.split() for layout in layouts.split(", "))
+}
 
 
 def row_values(raw: np.ndarray, kind: BlockType) -> int:
