@@ -19,21 +19,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gpu_ops import back_to_back_ms  # noqa: E402
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    cp.cuda.Device().synchronize()
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b) / reps
 
 
 def main() -> int:
@@ -71,7 +60,7 @@ def main() -> int:
             saved = plan.MMA_HEAD_DIMS
             plan.MMA_HEAD_DIMS = dims
             try:
-                ms = timed(lambda: ops.attention(q, layer, rows, D**-0.5), 10 if t > 1 else 50)
+                ms = back_to_back_ms(lambda: ops.attention(q, layer, rows, D**-0.5), 10 if t > 1 else 50)
                 outs[kern] = cp.asnumpy(ops.attention(q, layer, rows, D**-0.5))
             finally:
                 plan.MMA_HEAD_DIMS = saved

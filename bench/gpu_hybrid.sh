@@ -9,10 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-hybrid}
-mkdir -p "$OUT"
 source bench/gpu_env.sh
-start=$(date +%s)
-stage() { echo "== $1 at $(( $(date +%s) - start )) s"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import transformers, cupy; print('transformers', transformers.__version__, 'cupy', cupy.__version__)"
 

@@ -8,9 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-longctx}
-mkdir -p "$OUT"
 source bench/gpu_env.sh
-start=$(date +%s)
 for what in "$@"; do
   case $what in
     kernel)
@@ -19,7 +17,7 @@ for what in "$@"; do
       python3 bench/attn_bench.py --out "$OUT/attn-bench.json" 2>&1 | tail -n 12 ;;
     engine)
       python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)'
-      echo "== shape written at $(( $(date +%s) - start )) s"
+      stage "shape written"
       python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --out "$OUT/longctx-h200" 2>&1 | tee "$OUT/longctx.log" | tail -n 30
       rm -f /tmp/shape-8b.gguf ;;
     exactness1b)  # the exactness matrix on the 1B shape with the 20000-token cell (not run yet)
@@ -30,5 +28,5 @@ for what in "$@"; do
       python3 bench/longctx.py --shape 1b --repeats 1 --prompts 2048,8192,30000 --out "$OUT/longctx-1b-h200" 2>&1 \
         | tee "$OUT/longctx-1b.log" | tail -n 16 ;;
   esac
-  echo "== $what done at $(( $(date +%s) - start )) s"
+  stage "$what done"
 done

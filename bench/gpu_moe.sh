@@ -10,10 +10,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-moe}
 work=/tmp/gpu-moe-work
-mkdir -p "$OUT" "$work"
+mkdir -p "$work"
 source bench/gpu_env.sh
 budget=${1:-220}; layers=${2:-48}
-start=$(date +%s)
 left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 1 ? l : 1 )); }
 lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 

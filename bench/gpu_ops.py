@@ -55,6 +55,20 @@ def timed(fn, reps: int = 7, graph: bool = True) -> float:
     return float(np.median(times))
 
 
+def back_to_back_ms(fn, calls: int) -> float:
+    """Milliseconds per call of `fn` issued `calls` times back to back on the current stream (after one
+    warm-up call): each call's launches overlap the previous one's tail, as a serving loop's do."""
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / calls
+
+
 def guarded(results: list, fn, **label) -> None:
     """Runs one benchmark; a failure is recorded with its label instead of ending the run."""
     try:

@@ -9,10 +9,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-tp}
 work=/tmp/gpu-tp-work
-mkdir -p "$OUT" "$work"
+mkdir -p "$work"
 save() { cp "$work"/*.json "$OUT"/ 2>/dev/null; }
 source bench/gpu_env.sh
-start=$(date +%s)
 repeats=3; quick=0
 for arg in "$@"; do case $arg in --quick) repeats=1; quick=1 ;; esac; done
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$work/gpus.txt"

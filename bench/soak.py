@@ -22,8 +22,6 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +34,15 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.engine_helpers import (  # noqa: E402
+    engine_env,
+    free_port,
+    parse_metrics,
+    sse_events,
+    stop_process,
+    wait_serving,
+)
+
 HEALTH_P99_MS = 100.0
 WORDS = ("the quick brown fox jumps over lazy dog hello world exact concurrency page park restore token "
          "def return print import numpy café größe 東京").split()
@@ -59,12 +66,6 @@ class Outcome:
 
 
 # ------------------------------------------------------------------------------------------ engine
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build_tiny_model(where: Path) -> Path:
     from tests.tiny_models import make_hf_model
 
@@ -82,45 +83,29 @@ class EngineChild:
         self.argv = argv
         self.port = int(argv[argv.index("--port") + 1])
         self.base = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_EXACT", "LOCKSTEP_PREEMPT_EVERY")}
-        env["PYTHONPATH"] = str(ROOT)
+        self.log_path = log_path
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=engine_env(), stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, deadline_s: float = 120) -> None:
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("engine not ready")
+        def health() -> bool:
+            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                return r.status == 200
+
+        wait_serving(self.proc, "engine", health, self.log_path.read_text, deadline_s)
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return {ln.split(" ")[0].split(":", 1)[1]: float(ln.split(" ")[1])
-                for ln in text.splitlines() if ln and not ln.startswith("#")}
+            return parse_metrics(r.read().decode())
 
     def slots(self) -> list[dict]:
         with urllib.request.urlopen(self.base + "/slots", timeout=10) as r:
             return json.loads(r.read())
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        code = stop_process(self.proc, grace_s=20)
         self.log.close()
-        return self.proc.returncode
+        return code
 
 
 # ------------------------------------------------------------------------------------------ clients
@@ -197,15 +182,10 @@ async def _streamed(session, base, body, out: Outcome, drop_after: int, t0: floa
     async with session.post(base + out.endpoint, json=body) as r:
         if r.status != 200:
             raise AssertionError(f"HTTP {r.status}: {await r.text()}")
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            if data == "[DONE]":
+        async for msg in sse_events(r):
+            if msg == "[DONE]":
                 done_seen = True
                 break
-            msg = json.loads(data)
             if "error" in msg:
                 raise AssertionError(f"stream error: {msg['error']}")
             chunks += 1

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from shapes import QUANTS, SHAPES, kv_bytes_per_token, weight_bytes, write_shape  # noqa: E402
 
 from studio.evidence import EngineServer  # noqa: E402
+from tests.engine_helpers import sse_events  # noqa: E402
 
 COPY_BANDWIDTH = 4.28e12  # bytes/s, measured on the H200 (DESIGN.md)
 
@@ -49,11 +50,7 @@ async def one_request(session, url: str, prompt: list[int], n_predict: int, cach
     async with session.post(url + "/completion", json=body) as r:
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {await r.text()}")
-        async for raw in r.content:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = json.loads(line[5:])
+        async for data in sse_events(r):
             if ttft is None and data.get("tokens"):
                 ttft = time.perf_counter() - t0
             if data.get("stop"):

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import logging
 import os
-import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from settings import (
     EXACT_MODES,
@@ -28,56 +24,23 @@ from settings import (
     exact_default,
     log_dir,
     resolve_exact,
-    resolve_preempt,
 )
 from settings.env import ENV_EXACT
 from settings.precedence import env_value
-from studio.catalog import Catalog, beyond_native
+from studio.catalog import Catalog
+from studio.engine_child import EngineChild, stop_process
 from studio.errors import StudioError
-from studio.flags import ExtraArgsError, LoadWarning, exact_contradictions, options_from_settings
-from studio.launcher import (
-    ENGINE_CMD,
-    Attempt,
-    EngineChild,
-    Launcher,
-    LaunchFailed,
-    LaunchPlan,
-    LaunchResult,
-    granted_from_props,
-    stop_process,
-)
-from studio.load_progress import read_progress, tail_text
+from studio.launcher import ENGINE_CMD, Launcher, LaunchFailed
+from studio.load_plan import plan_load, refuse_before_stopping
+from studio.load_progress import read_progress
+from studio.loaded import Loaded, LoadState, exit_text, reported_exact
 from studio.stats import engine_stats
+from studio.studio_log import log_tails, studio_logger
+
+__all__ = ["LoadManager", "exit_text"]  # exit_text: the TUI's chat reads it from here
 
 # Failures the user's settings or machine cause (422), as opposed to the engine breaking (500).
-LoadState = Literal["stopped", "loading", "ready", "failed"]
 _SETTINGS_FAILURES = {"exact_refusal", "out_of_memory", "no_cuda", "bad_model", "bad_flags"}
-# Load warnings that are certain refusals under exact_concurrency on: known before any child starts.
-_EXACT_ON_REFUSALS = {"exact_kv_quantized", "exact_flash_attn_off"}
-
-
-@dataclass
-class Loaded:
-    """What is (or was last) loaded, and the answer the load gave."""
-
-    model_id: str
-    key: tuple  # settings identity: equal keys answer already_loaded
-    plan: LaunchPlan
-    warnings: list[LoadWarning]
-    result: LaunchResult | None = None
-    exact: str = "off"  # on / off / unavailable, as reported
-    exact_reason: str | None = None
-    respawned: bool = False  # the one automatic respawn after an unexpected exit is spent
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # the finished load's attempts
-    live: list[Attempt] = field(default_factory=list)  # attempts as they start, while loading
-
-    @property
-    def attempt_dicts(self) -> list[dict[str, Any]]:
-        return self.attempts or [a.as_dict() for a in self.live]
-
-    @property
-    def child(self) -> EngineChild | None:
-        return self.result.child if self.result else None
 
 
 class LoadManager:
@@ -102,7 +65,7 @@ class LoadManager:
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task | None = None
         self._launching: asyncio.Future | None = None
-        self.log, self._studio_log = _studio_logger(self.log_dir)
+        self.log, self._studio_log = studio_logger(self.log_dir)
         for problem in store.problems:
             self.log.warning(problem.message())
 
@@ -141,35 +104,10 @@ class LoadManager:
 
     # loading -------------------------------------------------------------------------------------
 
-    def prepare(self, request: LoadRequest) -> tuple[str, LaunchPlan, list[LoadWarning], tuple]:
-        settings = self.store.settings
-        info = self.catalog.find(request.model)
-        if info is None:
-            raise StudioError(404, "model_not_found",
-                              f"model {request.model!r} is neither a catalog id nor a model path")
-        load = request.with_defaults(settings.load)
-        if problem := beyond_native(request.ctx_size, load.parallel, info.native_context):
-            raise StudioError(400, "context_beyond_native", problem)
-        if request.ctx_size is None and info.native_context and load.ctx_size > info.native_context:
-            # an unasked-for default never runs a model past the positions it was trained on
-            load = load.model_copy(update={"ctx_size": info.native_context})
-        try:
-            exact = resolve_exact(request.exact_concurrency, settings.exact_concurrency, self.env)
-            preempt = resolve_preempt(request.preempt_mode, settings.preempt_mode, self.env)
-            options = options_from_settings(load)
-        except EnvOverrideError as exc:
-            raise StudioError(500, "invalid_environment", str(exc)) from exc
-        except ExtraArgsError as exc:
-            raise StudioError(400, "invalid_extra_args", str(exc)) from exc
-        plan = LaunchPlan(info.path, info.id, load.parallel, options, exact.value, preempt.value,
-                          info.native_context)
-        warnings = exact_contradictions(options) if exact.value != "off" else []
-        key = (info.path, load.parallel, tuple(options.items()), exact.value, preempt.value)
-        return info.id, plan, warnings, key
-
     async def load(self, request: LoadRequest) -> dict[str, Any]:
         # prepare scans the catalog (model headers on disk): off the event loop
-        model_id, plan, warnings, key = await asyncio.to_thread(self.prepare, request)
+        model_id, plan, warnings, key = await asyncio.to_thread(
+            plan_load, request, self.store.settings, self.catalog, self.env)
         async with self._lock:
             current = self.loaded
             running = current is not None and self.state == "ready" and current.child is not None \
@@ -177,7 +115,7 @@ class LoadManager:
             if running and current.key == key:
                 return {**self.load_answer(), "status": "already_loaded"}
             if running:
-                _refuse_before_stopping(plan, warnings, current.model_id)
+                refuse_before_stopping(plan, warnings, current.model_id)
             await self._stop_current()
             self.loaded = Loaded(model_id, key, plan, warnings)
             # A task of its own, so shutdown can cancel a load that is still waiting for health.
@@ -297,24 +235,7 @@ class LoadManager:
     # reporting -----------------------------------------------------------------------------------
 
     def load_answer(self) -> dict[str, Any]:
-        loaded = self.loaded
-        if loaded is None:
-            return {"model": None, "state": self.state}
-        child = loaded.child
-        return {
-            "model": loaded.model_id,
-            "model_path": loaded.plan.model_path,
-            "state": self.state,
-            "exact_concurrency": loaded.exact if child else None,
-            "requested_exact_concurrency": loaded.plan.exact_mode,
-            "exact_reason": loaded.exact_reason,
-            "preempt_mode": loaded.plan.preempt_mode,
-            "warnings": [w.as_dict() for w in loaded.warnings],
-            "argv": child.argv if child else None,
-            "attempts": loaded.attempt_dicts,
-            "port": child.port if child else None,
-            "pid": child.process.pid if child else None,
-        }
+        return self.loaded.answer(self.state) if self.loaded else {"model": None, "state": self.state}
 
     async def status(self) -> dict[str, Any]:
         answer = self.load_answer()
@@ -329,58 +250,4 @@ class LoadManager:
         return answer
 
     def logs(self, tail_bytes: int = 65536) -> dict[str, Any]:
-        attempts = []
-        for a in self.loaded.attempt_dicts if self.loaded else []:
-            attempts.append({**a, "text": tail_text(Path(a["log"]), tail_bytes)})
-        studio_log = self.log_dir / "studio.log"
-        return {"attempts": attempts, "studio_log": str(studio_log), "studio": tail_text(studio_log, tail_bytes)}
-
-
-def _refuse_before_stopping(plan: LaunchPlan, warnings: list[LoadWarning], running: str) -> None:
-    """A load the engine is certain to refuse never stops the model that is running."""
-    if plan.exact_mode != "on":
-        return
-    for warning in warnings:
-        if warning.code in _EXACT_ON_REFUSALS:
-            raise StudioError(422, "load_refused", f"exact_concurrency is on, and the engine refuses it with "
-                              f"{warning.flag}: {warning.message}. Meet that requirement, or set exact_concurrency "
-                              f"to auto or off; {running} is still loaded", failure="exact_refusal",
-                              flag=warning.flag, still_loaded=running)
-
-
-def reported_exact(mode: str, result: LaunchResult) -> tuple[str, str | None]:
-    """on / off / unavailable (with the reason) for a load that got a running child."""
-    if mode == "off":
-        return "off", None
-    if not result.child.exact:
-        failure = result.exact_dropped
-        return "unavailable", failure.line or failure.detail if failure else "the engine was started without it"
-    granted, reason = granted_from_props(result.child.props)
-    if granted is None:
-        return "unavailable", "the engine did not report exact_concurrency.granted in /props"
-    if not granted:
-        return "unavailable", reason or "the engine did not grant exact concurrency"
-    return "on", None
-
-
-def exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-_instances = itertools.count()
-
-
-def _studio_logger(directory: Path) -> tuple[logging.Logger, logging.Handler]:
-    """A logger writing this manager's studio.log; one per manager so two studios never share a file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(directory / "studio.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger = logging.getLogger(f"lockstep.studio.{next(_instances)}")
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    return logger, handler
+        return log_tails(self.loaded.attempt_dicts if self.loaded else [], self.log_dir, tail_bytes)

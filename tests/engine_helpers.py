@@ -40,6 +40,38 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+async def sse_events(response):
+    """The `data:` payloads of an aiohttp response's event stream as they arrive: parsed JSON, and
+    "[DONE]" as the string."""
+    async for raw in response.content:
+        line = raw.decode().strip()
+        if line.startswith("data:"):
+            data = line[5:].strip()
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """/metrics as {name without its prefix: value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name.split(":", 1)[1]] = float(value)
+    return out
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after `grace_s`; the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
 def wait_serving(proc: subprocess.Popen, what: str, probe, output, deadline_s: float) -> None:
     """Polls `probe()` (True once the server answers; OSError while it is not listening) until it
     holds; a RuntimeError with the log if the process exits, a TimeoutError past the deadline."""
@@ -91,21 +123,9 @@ class Engine:
     def metrics(self) -> dict[str, float]:
         req = urllib.request.Request(self.base + "/metrics", headers=self.headers)
         with urllib.request.urlopen(req, timeout=30) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name.split(":", 1)[1]] = float(value)
-        return out
+            return parse_metrics(r.read().decode())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.log.close()
         os.unlink(self.log.name)

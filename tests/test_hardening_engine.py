@@ -178,15 +178,15 @@ async def test_a_runaway_template_is_a_400_naming_the_template(engine_factory, t
 
 
 def test_the_engine_dies_with_its_parent_even_while_a_template_renders(tiny_llama_noeos, tmp_path):
-    """The studio's spawn (PR_SET_PDEATHSIG, studio/launcher.py) from a parent that is then SIGKILLed."""
+    """The studio's spawn (PR_SET_PDEATHSIG, studio/engine_child.py) from a parent that is then SIGKILLed."""
     path = template_file(tmp_path, SLOW)
     port = free_port()
     parent_code = (
         "import subprocess, sys\n"
-        "from studio.launcher import _die_with_parent\n"
+        "from studio.engine_child import die_with_parent\n"
         f"p = subprocess.Popen([sys.executable, '-m', 'engine', '-m', {str(tiny_llama_noeos)!r}, '--port', '{port}',"
         f" '--device', 'cpu', '-np', '1', '-c', '256', '--chat-template-file', {str(path)!r}],"
-        " preexec_fn=_die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        " preexec_fn=die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(p.pid, flush=True)\n"
         "p.wait()\n"
     )

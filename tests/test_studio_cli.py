@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from studio.cli import main
-from studio.launcher import free_port
+from studio.engine_child import free_port
 
 
 def test_help_explains_the_commands(capsys):

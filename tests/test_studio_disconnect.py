@@ -15,7 +15,7 @@ import pytest
 from settings import SettingsStore
 from settings.models import LoadRequest
 from studio.catalog import Catalog
-from studio.launcher import free_port
+from studio.engine_child import free_port
 from studio.manager import LoadManager
 from studio.tui.api_server import ApiServer
 

@@ -3,6 +3,7 @@
 import pytest
 
 from settings import LoadDefaults
+from studio.engine_child import child_env
 from studio.flags import (
     BY_NAME,
     FLAGS,
@@ -17,7 +18,6 @@ from studio.flags import (
     parse_extra_args,
     redact_argv,
 )
-from studio.launcher import child_env
 
 ACCEPTED = [
     ([], {}),

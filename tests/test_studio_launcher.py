@@ -10,9 +10,12 @@ import os
 import pytest
 
 from settings import LoadDefaults
+from studio.engine_child import granted_from_props, stop_process
 from studio.failures import Failure
 from studio.flags import options_from_settings
-from studio.launcher import Launcher, LaunchFailed, LaunchPlan, granted_from_props, next_step, stop_process
+from studio.ladder import next_step
+from studio.launcher import Launcher, LaunchFailed
+from studio.load_plan import LaunchPlan
 from tests.test_studio_standin import standin_fixture  # noqa: F401  (the standin fixture)
 
 

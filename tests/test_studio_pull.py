@@ -107,7 +107,7 @@ async def test_bad_pulls_are_json_errors_and_write_nothing(hub, client, pull_dir
 
 
 async def test_offline_the_pull_says_so(client, monkeypatch, tmp_path):
-    from studio.launcher import free_port
+    from studio.engine_child import free_port
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

@@ -183,7 +183,7 @@ def test_standin_refuses_a_wrong_api_key(tmp_path):
     import urllib.error
     import urllib.request
 
-    from studio.launcher import free_port
+    from studio.engine_child import free_port
 
     script = tmp_path / "s.py"
     script.write_text(STANDIN)

@@ -15,21 +15,8 @@ from pathlib import Path
 import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.gpu_ops import decode_setup, lone_replay_ms, step_inputs  # noqa: E402
+from bench.gpu_ops import back_to_back_ms, decode_setup, lone_replay_ms, step_inputs  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
-
-
-def per_step(fn, steps: int) -> float:
-    """Milliseconds per call of `fn` issued `steps` times back to back on the current stream."""
-    fn()
-    cp.cuda.get_current_stream().synchronize()
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record()
-    for _ in range(steps):
-        fn()
-    b.record()
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b) / steps
 
 
 def main() -> None:
@@ -54,9 +41,9 @@ def main() -> None:
 
     res = {"shape": a.shape, "batch": a.batch, "ctx": a.ctx, "pages": pages, "steps": a.steps,
            "lone_replay_ms": lone_replay_ms(g.graph),
-           "replays_back_to_back_ms": per_step(lambda: g.graph.launch(), a.steps),
-           "engine_like_steps_ms": per_step(engine_like, a.steps),
-           "replays_back_to_back_again_ms": per_step(lambda: g.graph.launch(), a.steps)}
+           "replays_back_to_back_ms": back_to_back_ms(lambda: g.graph.launch(), a.steps),
+           "engine_like_steps_ms": back_to_back_ms(engine_like, a.steps),
+           "replays_back_to_back_again_ms": back_to_back_ms(lambda: g.graph.launch(), a.steps)}
     print(json.dumps(res, indent=1), flush=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
 
