@@ -18,6 +18,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from kernels.cpu import matvec
+from kernels.cpu.workers import CTL_WORDS, split_dots
+
 # fastmath without nnan/ninf: attention starts its running max at -inf
 _FLAGS = {"cache": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}, "nogil": True,
           "error_model": "numpy", "boundscheck": False}
@@ -73,7 +76,6 @@ def rows_matvec_parallel(x, w, out, n0):
 
 
 PLAIN, RESIDUAL, GATE_UP = 0, 1, 2  # what rows_16 writes (see there)
-_STEP = 64  # weight rows per task of the threaded kernels
 
 
 @njit(inline="always", **_FLAGS)
@@ -106,6 +108,9 @@ def silu_mul_rows(y, f, out):
 @njit(**_FLAGS)
 def _rows_16(x, w, kind, out, n0, res, mode, j0, j1):
     t, k = x.shape
+    if k % matvec.BLOCK == 0:  # the vector kernel, its reduction order written out (matvec.py)
+        matvec.blocked_rows_16(x, w, kind, out, 0 if mode == RESIDUAL else n0, res, mode == RESIDUAL, j0, j1)
+        return
     for j in range(j0, j1):
         wj = w[j]
         if mode == RESIDUAL:
@@ -130,15 +135,20 @@ def rows_16(x, w, kind, out, n0, res, mode):
         _rows_16(x, w, kind, out, n0, res, mode, 0, w.shape[0])
 
 
-@njit(parallel=True, **_FLAGS)
-def rows_16_parallel(x, w, kind, out, n0, res, mode):
-    """rows_16 with the weight rows split across threads: whichever thread computes an output runs the
-    same loops, so the split cannot change a bit."""
+@njit(**_FLAGS)
+def rows_16_parallel(x, w, kind, out, n0, res, mode, ctl):
+    """rows_16 with the weight rows shared with the worker threads of ctl (workers.py): whichever thread
+    computes an output runs the same loops, so the split cannot change a bit. K outside the vector
+    kernel (matvec.BLOCK) runs on the calling thread alone."""
+    t, k = x.shape
+    if k % matvec.BLOCK:
+        rows_16(x, w, kind, out, n0, res, mode)
+        return
     n = w.shape[0]
-    y = np.empty((x.shape[0], n), np.float32) if mode == GATE_UP else out
-    inner = PLAIN if mode == GATE_UP else mode
-    for c in prange((n + _STEP - 1) // _STEP):
-        _rows_16(x, w, kind, y, 0 if mode == GATE_UP else n0, res, inner, c * _STEP, min(n, c * _STEP + _STEP))
+    y = np.empty((t, n), np.float32) if mode == GATE_UP else out
+    at = n0 if mode == PLAIN else 0
+    split_dots(ctl, x.ctypes.data, t, k, w.ctypes.data, kind, y.ctypes.data + at * 4, y.shape[1], res.ctypes.data,
+               mode == RESIDUAL, n)
     if mode == GATE_UP:
         silu_mul_rows(y, n // 2, out)
 
@@ -179,7 +189,7 @@ def warm_up(parallel: bool) -> None:
     w16.flags.writeable = False  # as CpuOps hands 16-bit weights over (ops._bits16)
     rows_16(x, w16, 1, out, 0, out, GATE_UP)
     if parallel:
-        rows_16_parallel(x, w16, 1, out, 0, out, GATE_UP)
+        rows_16_parallel(x, w16, 1, out, 0, out, GATE_UP, np.zeros(CTL_WORDS, np.int64))
     for writable in (True, False):
         w = np.ones((4, 32), np.float32)
         w.flags.writeable = writable

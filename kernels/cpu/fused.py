@@ -22,6 +22,7 @@ from kernels.cpu.compiled import (
     rows_16,
     rows_16_parallel,
 )
+from kernels.cpu.workers import CTL_WORDS
 
 
 @njit(**_FLAGS)
@@ -33,10 +34,11 @@ def norm_rows_16(x, norm_w, eps, w, kind, out, res, mode):
 
 
 @njit(**_FLAGS)
-def norm_rows_16_parallel(x, norm_w, eps, w, kind, out, res, mode):
+def norm_rows_16_parallel(x, norm_w, eps, w, kind, out, res, mode, ctl):
+    """norm_rows_16 with the product shared with the worker threads of ctl (workers.py)."""
     xn = np.empty_like(x)
     rms_norm_rows(x, norm_w, eps, xn)
-    rows_16_parallel(xn, w, kind, out, 0, res, mode)
+    rows_16_parallel(xn, w, kind, out, 0, res, mode, ctl)
 
 
 @njit(**_FLAGS)
@@ -48,10 +50,10 @@ def ffn_16(x, norm_w, eps, w_gate_up, w_down, kind, out):
 
 
 @njit(**_FLAGS)
-def ffn_16_parallel(x, norm_w, eps, w_gate_up, w_down, kind, out):
+def ffn_16_parallel(x, norm_w, eps, w_gate_up, w_down, kind, out, ctl):
     h = np.empty((x.shape[0], w_gate_up.shape[0] // 2), np.float32)
-    norm_rows_16_parallel(x, norm_w, eps, w_gate_up, kind, h, h, GATE_UP)
-    rows_16_parallel(h, w_down, kind, out, 0, x, RESIDUAL)
+    norm_rows_16_parallel(x, norm_w, eps, w_gate_up, kind, h, h, GATE_UP, ctl)
+    rows_16_parallel(h, w_down, kind, out, 0, x, RESIDUAL, ctl)
 
 
 @njit(**_FLAGS)
@@ -76,6 +78,7 @@ def warm_up(parallel: bool) -> None:
     norm_rows_16(x, nw, np.float32(1e-5), w, 1, out, out, PLAIN)
     ffn_16(x, nw, np.float32(1e-5), w, wd, 1, np.empty_like(x))
     if parallel:
-        norm_rows_16_parallel(x, nw, np.float32(1e-5), w, 1, out, out, PLAIN)
-        ffn_16_parallel(x, nw, np.float32(1e-5), w, wd, 1, np.empty_like(x))
+        ctl = np.zeros(CTL_WORDS, np.int64)  # no workers: the calling thread computes every chunk
+        norm_rows_16_parallel(x, nw, np.float32(1e-5), w, 1, out, out, PLAIN, ctl)
+        ffn_16_parallel(x, nw, np.float32(1e-5), w, wd, 1, np.empty_like(x), ctl)
     embed_16(w, np.zeros(2, np.int64), 1, np.empty((2, 32), np.float32))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.cpu import compiled, deltanet, fused
+from kernels.cpu import compiled, deltanet, fused, workers
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.paged import CpuKVLayer, PagedOps, as_index  # noqa: F401  (CpuKVLayer: imported from here)
 from kernels.cpu.quant_matmul import f32_tiles
@@ -70,6 +70,7 @@ class CpuOps(PagedOps, CpuMoeOps):
         self.f32_copy_limit = f32_copy_limit
         self._copy_f32 = False
         self.threads = compiled.usable_threads(threads)
+        self._workers = workers.pool(self.threads) if self.threads > 1 else None
         compiled.warm_up(self.threads > 1)
         fused.warm_up(self.threads > 1)
         PagedOps.warm_up_paged()
@@ -220,7 +221,8 @@ class CpuOps(PagedOps, CpuMoeOps):
 
     def _call(self, threaded: bool, kernel, parallel_kernel, *args) -> None:
         if threaded:
-            compiled.in_threads(self.threads, parallel_kernel, *args)
+            self._workers.wake()
+            parallel_kernel(*args, self._workers.ctl)
         else:
             kernel(*args)
 
