@@ -14,6 +14,7 @@ While the caller writes a product's fields the low half is BUSY, so no stale cla
 
 from __future__ import annotations
 
+import os
 import platform
 import threading
 import time
@@ -27,6 +28,7 @@ from numba.extending import intrinsic
 from kernels.cpu.matvec import _FLAGS, dots_at
 
 CHUNK = 32  # weight rows per claim
+SPINS = 64  # pauses before a waiting thread starts yielding its core
 IDLE_S = 0.0005  # a worker spins this long without work before it sleeps (a decode step's gaps are shorter)
 BUSY = 0xFFFFFFFF
 LOW = 0xFFFFFFFF
@@ -73,6 +75,7 @@ def _add(typingctx, ctl, i, v):
 
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+_HAS_YIELD = hasattr(os, "sched_yield")
 
 
 @intrinsic
@@ -85,6 +88,35 @@ def _pause(typingctx):
             builder.call(fn, [])
         return context.get_dummy_value()
     return types.void(), codegen
+
+
+@intrinsic
+def _cycles(typingctx):
+    """The CPU's cycle counter (rdtsc on x86): a clock that costs no system call."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, []), "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+@intrinsic
+def _yield(typingctx):
+    """sched_yield(): under load a spinning thread gives its core to the one it waits for."""
+    def codegen(context, builder, sig, args):
+        if _HAS_YIELD:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@njit(**_FLAGS)
+def _wait(spins):
+    """One turn of a spin-wait: a pause at first, then a yield of the core."""
+    if spins < SPINS:
+        _pause()
+    else:
+        _yield()
 
 
 @njit(**_FLAGS)
@@ -128,8 +160,10 @@ def split_dots(ctl, xa, t, k, wa, kind, oa, n_out, ra, residual, n):
     _store(ctl, DONE, 0)
     _store(ctl, WORD, seq << 32)
     _claim_all(ctl, n_chunks)
-    while _load(ctl, DONE) < n_chunks:
-        _pause()
+    spins = 0
+    while _load(ctl, DONE) < n_chunks:  # a worker finishes a chunk it claimed
+        spins += 1
+        _wait(spins)
 
 
 @njit(**_FLAGS)
@@ -139,8 +173,10 @@ def _bump(ctl, i, v):
 
 @njit(**_FLAGS)
 def _serve(ctl, idle_ticks):
-    """A worker's spin: claims chunks of each product published; returns after idle_ticks spins without one."""
-    idle = 0
+    """A worker's spin: claims chunks of each product published; returns after idle_ticks cycle-counter
+    ticks without one."""
+    spins = 0
+    since = _cycles()
     while _load(ctl, STOP) == 0:
         word = _load(ctl, WORD)
         n_chunks = _load(ctl, N_CHUNKS)
@@ -148,12 +184,13 @@ def _serve(ctl, idle_ticks):
         if c < n_chunks and _cas(ctl, WORD, word, word + 1):
             _chunk(ctl, c)
             _add(ctl, DONE, 1)
-            idle = 0
+            spins = 0
+            since = _cycles()
             continue
-        idle += 1
-        if idle >= idle_ticks:
+        spins += 1
+        if spins & 255 == 0 and _cycles() - since >= idle_ticks:
             return
-        _pause()
+        _wait(spins)
 
 
 class Workers:
@@ -187,14 +224,15 @@ class Workers:
 
 
 def _calibrate() -> int:
-    """Spins of _serve (an idle loop: two loads and a pause) in IDLE_S."""
-    ctl = np.zeros(CTL_WORDS, np.int64)
-    ticks = 20000
-    _serve(ctl, 100)  # compile or load
-    t0 = time.perf_counter()
-    _serve(ctl, ticks)
-    per = (time.perf_counter() - t0) / ticks
-    return max(1000, int(IDLE_S / max(per, 1e-9)))
+    """Cycle-counter ticks in IDLE_S."""
+    c0, t0 = _ticks(), time.perf_counter()
+    time.sleep(0.01)
+    return max(1, int((_ticks() - c0) / (time.perf_counter() - t0) * IDLE_S))
+
+
+@njit(**_FLAGS)
+def _ticks():
+    return _cycles()
 
 
 _POOL: Workers | None = None
