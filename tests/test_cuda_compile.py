@@ -48,7 +48,7 @@ def test_attention_variants_compile(variant, build, tmp_path):
 
 # deltanet.cu's delta-rule kernels are compiled per (key dim, value threads, value slice, chunk)
 DELTANET_VARIANTS = [(("KD", 128), ("VT", 128), ("VS", 32), ("CH", plan.DELTA_CHUNK)),
-                     (("KD", 16), ("VT", 32), ("VS", 16), ("CH", plan.DELTA_CHUNK))]
+                     (("KD", 16), ("VT", 128), ("VS", 16), ("CH", plan.DELTA_CHUNK))]
 
 
 @pytest.mark.parametrize("defines", DELTANET_VARIANTS, ids=lambda d: f"kd{d[0][1]}")

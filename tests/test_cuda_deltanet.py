@@ -4,7 +4,7 @@ piece or in pieces cut at chunk ends.
 
 Tolerances (relative L2 error against the float32 CPU ops): conv1d and gated RMSNorm 1e-6; the
 delta rule 1e-4 (CUDA chunks of 32 positions, the CPU's of 16: the same sums regrouped); a tiny
-qwen3_5's logits on CUDA 1e-3 against the CPU backend (float32 weights, f32 KV).
+qwen3_5's (and qwen3_5_moe's) logits on CUDA 1e-3 against the CPU backend (float32 weights, f32 KV).
 """
 
 import numpy as np
@@ -203,11 +203,32 @@ def test_gated_rms_norm_and_sigmoid_mul_match_cpu(gpu):
     assert _rel(got, cpu_dn.sigmoid_mul(x, gate)) < 1e-6
 
 
+
+@pytest.mark.parametrize("d,rot", [(256, 64), (64, 16)])
+def test_gated_qk_norm_rope_gives_the_bits_of_rms_norm_then_rope(gpu, d, rot):
+    from kernels.base import RopeTable
+
+    nh, nkv, t = 4, 2, 9
+    y = cp.asarray(RNG.standard_normal((t, (2 * nh + 2 * nkv) * d + 8)).astype(np.float32))[:, :-8]
+    qw, kw = (cp.asarray((1 + 0.1 * RNG.standard_normal(d)).astype(np.float32)) for _ in range(2))
+    ang = np.arange(40)[:, None] * (1e-2 * np.arange(1, rot // 2 + 1))[None]
+    table = RopeTable(cp.asarray(np.cos(ang).astype(np.float32)), cp.asarray(np.sin(ang).astype(np.float32)), True)
+    pos = cp.asarray(np.array([3, 0, 39, 7, 7, 12, 1, 30, 2], np.int32))
+    q, k, gate = gpu.gated_qk_norm_rope(y, nh, nkv, d, qw, kw, 1e-6, pos, table, rot)
+    qg = y[:, : 2 * nh * d].reshape(t, nh, 2 * d)
+    rq = gpu.rms_norm(qg[:, :, :d].reshape(-1, d), qw, 1e-6).reshape(t, nh, d)
+    rk = gpu.rms_norm(y[:, 2 * nh * d : (2 * nh + nkv) * d].reshape(-1, d), kw, 1e-6).reshape(t, nkv, d)
+    rq[..., :rot] = gpu.rope(rq[..., :rot], pos, table)
+    rk[..., :rot] = gpu.rope(rk[..., :rot], pos, table)
+    assert cp.asnumpy(q).tobytes() == cp.asnumpy(rq).tobytes()
+    assert cp.asnumpy(k).tobytes() == cp.asnumpy(rk).tobytes()
+    assert cp.asnumpy(gate).tobytes() == cp.asnumpy(qg[:, :, d:].reshape(t, nh * d)).tobytes()
+
 # --- a tiny qwen3_5 on the CUDA backend against the CPU backend
 
 
-@pytest.fixture(scope="module", params=[{}, {"heads": 2, "kv_heads": 1, "head_dim": 256}],
-                ids=["head_dim_32", "head_dim_256"])
+@pytest.fixture(scope="module", params=[{}, {"heads": 2, "kv_heads": 1, "head_dim": 256}, {"moe": True}],
+                ids=["head_dim_32", "head_dim_256", "moe"])
 def hybrid(request, tmp_path_factory):
     from engine.loader import load_model
     from tests.tiny_hybrid import make_hybrid_model

@@ -154,13 +154,18 @@ class Qwen35Model:
         t, d, rot = x.shape[0], c.head_dim, self.spec.rope_dim
         nq, nkv = c.n_heads * d, c.n_kv_heads * d
         y = ops.norm_matmul(x, layer.attn_norm, c.rms_eps, at.w_qkv)
-        qg = y[:, : 2 * nq].reshape(t, c.n_heads, 2 * d)
-        gate = qg[:, :, d:].reshape(t, nq)
-        q = ops.rms_norm(qg[:, :, :d].reshape(-1, d), at.q_norm, c.rms_eps).reshape(t, c.n_heads, d)
-        k = ops.rms_norm(y[:, 2 * nq : 2 * nq + nkv].reshape(-1, d), at.k_norm, c.rms_eps).reshape(t, c.n_kv_heads, d)
         v = y[:, 2 * nq + nkv :].reshape(t, c.n_kv_heads, d)
-        q[..., :rot] = ops.rope(q[..., :rot], rows.positions, self.rope)
-        k[..., :rot] = ops.rope(k[..., :rot], rows.positions, self.rope)
+        if hasattr(ops, "gated_qk_norm_rope"):  # CUDA: one launch for the steps below
+            q, k, gate = ops.gated_qk_norm_rope(y, c.n_heads, c.n_kv_heads, d, at.q_norm, at.k_norm, c.rms_eps,
+                                                rows.positions, self.rope, rot)
+        else:
+            qg = y[:, : 2 * nq].reshape(t, c.n_heads, 2 * d)
+            gate = qg[:, :, d:].reshape(t, nq)
+            q = ops.rms_norm(qg[:, :, :d].reshape(-1, d), at.q_norm, c.rms_eps).reshape(t, c.n_heads, d)
+            k = ops.rms_norm(y[:, 2 * nq : 2 * nq + nkv].reshape(-1, d), at.k_norm,
+                             c.rms_eps).reshape(t, c.n_kv_heads, d)
+            q[..., :rot] = ops.rope(q[..., :rot], rows.positions, self.rope)
+            k[..., :rot] = ops.rope(k[..., :rot], rows.positions, self.rope)
         ops.kv_write(cache, k, v, rows.slots)
         out = ops.sigmoid_mul(ops.attention(q, cache, rows, self.scale), gate)
         return ops.matmul(out, at.wo, residual=x)

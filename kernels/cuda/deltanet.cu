@@ -97,66 +97,91 @@ __device__ __forceinline__ float block_sumsq(const float* v, int KDn, float* red
 __device__ __forceinline__ float l2_inv(float sumsq) { return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sumsq, 1e-6f))); }
 
 #ifdef KD
-// ---- generated rows: the token-by-token rule. A block per (value head, sequence), thread j holds
-// column j of the head's state in registers across the sequence's rows (VT threads, VT >= VD).
+// ---- generated rows: the token-by-token rule. A block per (value head, sequence, slice of 32 value
+// columns), VT threads: lane l of warp g holds rows [g * KR, (g + 1) * KR) of column l's state in
+// registers (KR = KD / warps). A column's key and query products are summed by each warp over its
+// rows, then across the warps in index order: the same order for any batch.
 #ifdef VT
+#define DW (VT / 32)
+#define KR (KD / DW)
 extern "C" __global__ void __launch_bounds__(VT)
 delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
            const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len) {
+    static_assert(KD % DW == 0, "the key rows split evenly across the warps");
     pdl_start();
-    __shared__ float qs[KD], ks[KD], red[VT / 32];
-    const int h = blockIdx.x, j = threadIdx.x;
+    __shared__ float qs[KD], ks[KD], red[DW], part[DW][32], dsh[32];
+    const int h = blockIdx.x, lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    const int j = blockIdx.z * 32 + lane;
+    const bool live = j < VD;
     const i64* d = desc + (i64)blockIdx.y * DESC;
     const i64 row0 = d[0];
     const int n = (int)d[1];
     if (n == 0) return;  // the whole block: a padding row of a replayed decode graph
     const int kh = h / (vh / n_kh);
     const i64 qkv = 2 * (i64)n_kh * KD + (i64)vh * VD;
-    float* S = state_of(d, layer_off + conv_len + (i64)h * KD * VD);
-    float col[KD];
+    float* S = state_of(d, layer_off + conv_len + (i64)h * KD * VD) + (i64)g * KR * VD;
+    float col[KR];
 #pragma unroll
-    for (int i = 0; i < KD; ++i) col[i] = j < VD ? S[(i64)i * VD + j] : 0.f;
+    for (int i = 0; i < KR; ++i) col[i] = live ? S[(i64)i * VD + j] : 0.f;
     const float al = a_log[h], dtb = dt_bias[h];
     for (int r = 0; r < n; ++r) {
         const i64 row = row0 + r;
         const float* m = mixed + row * qkv;
-        __syncthreads();  // the previous row's readers are done with qs, ks
-        for (int i = j; i < KD; i += VT) {
+        __syncthreads();  // the previous row's readers are done with qs, ks, part
+        for (int i = threadIdx.x; i < KD; i += VT) {
             qs[i] = m[(i64)kh * KD + i];
             ks[i] = m[(i64)(n_kh + kh) * KD + i];
         }
+        // this row's scalars and value, loaded beside the keys (warp 0 forms the column's delta)
+        const float v = g == 0 && live ? m[2 * (i64)n_kh * KD + (i64)h * VD + j] : 0.f;
+        const float a_row = a[row * ldab + h], b_row = b[row * ldab + h];
         __syncthreads();
         const float qi = l2_inv(block_sumsq(qs, KD, red));
         const float ki = l2_inv(block_sumsq(ks, KD, red));
         __syncthreads();
-        for (int i = j; i < KD; i += VT) {
+        for (int i = threadIdx.x; i < KD; i += VT) {
             qs[i] = __fmul_rn(__fmul_rn(qs[i], qi), q_scale);
             ks[i] = __fmul_rn(ks[i], ki);
         }
         __syncthreads();
-        const float beta = sigmoid_f(b[row * ldab + h]);
-        const float decay = expf(decay_log(a[row * ldab + h], al, dtb));
-        if (j < VD) {
-            float kv = 0.f;
+        const float* kg = ks + g * KR;
+        const float* qg = qs + g * KR;
+        const float decay = expf(decay_log(a_row, al, dtb));
+        float kv = 0.f;
 #pragma unroll
-            for (int i = 0; i < KD; ++i) {
-                col[i] = __fmul_rn(col[i], decay);
-                kv = __fmaf_rn(ks[i], col[i], kv);
-            }
-            const float delta = __fmul_rn(__fsub_rn(m[2 * (i64)n_kh * KD + (i64)h * VD + j], kv), beta);
-            float o = 0.f;
+        for (int i = 0; i < KR; ++i) {
+            col[i] = __fmul_rn(col[i], decay);
+            kv = __fmaf_rn(kg[i], col[i], kv);
+        }
+        part[g][lane] = kv;
+        __syncthreads();
+        if (g == 0) {
+            float s = part[0][lane];
 #pragma unroll
-            for (int i = 0; i < KD; ++i) {
-                col[i] = __fadd_rn(col[i], __fmul_rn(ks[i], delta));
-                o = __fmaf_rn(qs[i], col[i], o);
-            }
-            out[(row * vh + h) * VD + j] = o;
+            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
+            dsh[lane] = __fmul_rn(__fsub_rn(v, s), sigmoid_f(b_row));
+        }
+        __syncthreads();
+        const float delta = dsh[lane];
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < KR; ++i) {
+            col[i] = __fadd_rn(col[i], __fmul_rn(kg[i], delta));
+            o = __fmaf_rn(qg[i], col[i], o);
+        }
+        part[g][lane] = o;  // warp 0 read the key sums before the last barrier
+        __syncthreads();
+        if (g == 0 && live) {
+            float s = part[0][lane];
+#pragma unroll
+            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
+            out[(row * vh + h) * VD + j] = s;
         }
     }
-    if (j < VD) {
+    if (live) {
 #pragma unroll
-        for (int i = 0; i < KD; ++i) S[(i64)i * VD + j] = col[i];
+        for (int i = 0; i < KR; ++i) S[(i64)i * VD + j] = col[i];
     }
 }
 #endif
@@ -347,4 +372,38 @@ extern "C" __global__ void sigmoid_mul(const float* __restrict__ x, const float*
     pdl_start();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fmul_rn(x[i], sigmoid_f(gate[i]));
+}
+
+// Gated attention's heads (Qwen3.5) from the q|gate, k, v projection rows y (ld floats apart; per
+// query head its d queries then its d gate values): each q and k head through rms_norm (rms_inv's
+// order) and rope on its first `rot` dims, the same steps as rms_norm then rope, into q [T, nh, d]
+// and k [T, nkv, d]; the gate values copied out to gate [T, nh * d]. A block per (row, head), the
+// query heads then the key heads.
+extern "C" __global__ void __launch_bounds__(256)
+gated_qk_norm_rope(const float* __restrict__ y, i64 ld, const float* __restrict__ qw, const float* __restrict__ kw,
+                   float* __restrict__ q, float* __restrict__ k, float* __restrict__ gate,
+                   const int* __restrict__ positions, const float* __restrict__ cos_t,
+                   const float* __restrict__ sin_t, int nh, int nkv, int d, int rot, int neox, float eps) {
+    pdl_start();
+    __shared__ float scratch[8];
+    const int r = blockIdx.x, hd = blockIdx.y;
+    const bool is_q = hd < nh;
+    const float* x = y + (i64)r * ld + (is_q ? (i64)hd * 2 * d : 2 * (i64)nh * d + (i64)(hd - nh) * d);
+    float* o = is_q ? q + ((i64)r * nh + hd) * d : k + ((i64)r * nkv + hd - nh) * d;
+    const float* w = is_q ? qw : kw;
+    const float inv = rms_inv(x, d, eps, scratch);
+    const int half = rot >> 1;
+    const i64 at = (i64)positions[r] * half;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        if (i >= rot) {
+            o[i] = __fmul_rn(__fmul_rn(x[i], inv), w[i]);
+            continue;
+        }
+        if (neox ? i >= half : (i & 1)) continue;  // the thread of a pair's first element rotates both
+        const int p = neox ? i : i >> 1, i2 = neox ? i + half : i + 1;
+        rotate(__fmul_rn(__fmul_rn(x[i], inv), w[i]), __fmul_rn(__fmul_rn(x[i2], inv), w[i2]), cos_t[at + p],
+               sin_t[at + p], o[i], o[i2]);
+    }
+    if (is_q)
+        for (int i = threadIdx.x; i < d; i += blockDim.x) gate[((i64)r * nh + hd) * d + i] = x[d + i];
 }

@@ -21,6 +21,7 @@ import cupyx
 import numpy as np
 
 from kernels.base import RecurrentRows
+from kernels.cuda.arrays import index
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.plan import DELTA_CHUNK as CHUNK
@@ -208,9 +209,10 @@ class DeltaNetOps:
                 if meta.at_chunk_end[k]:  # elsewhere the snapshot is incomplete and the runner drops it
                     rows.taken.setdefault(key, []).append(_pinned_copy(snap[k]))
         if meta.n_decode:
-            vt = (vd + 31) // 32 * 32
-            fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", vt)))
-            launch(fn, (vh, meta.n_decode), (vt,), (*common, meta.desc[meta.n_prompt :], *shape))
+            warps = next(w for w in (4, 2, 1) if kd % w == 0)  # each holds kd / warps rows of a column
+            fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", 32 * warps)))
+            launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
+                   (*common, meta.desc[meta.n_prompt :], *shape))
         return out
 
     def gated_rms_norm(self, x, weight, gate, eps: float):
@@ -221,6 +223,23 @@ class DeltaNetOps:
             launch(kernel("deltanet.cu", "gated_rms_norm"), (x.size // d,), (256,),
                    (x, weight, gate, y, np.int32(d), np.float32(eps)))
         return y
+
+    def gated_qk_norm_rope(self, y, n_heads: int, n_kv: int, head_dim: int, q_norm, k_norm, eps: float,
+                           positions, table, rot: int):
+        """Gated attention's (q, k, gate) from its projection rows y [T, >= (2 n_heads + n_kv) head_dim]
+        (q|gate per query head, then k): q and k rms-normed per head and roped on their first `rot`
+        dims, in one launch (deltanet.cu's gated_qk_norm_rope: the steps of rms_norm then rope)."""
+        y, ld = _strided(y)
+        t, d = int(y.shape[0]), head_dim
+        q = cp.empty((t, n_heads, d), dtype=cp.float32)
+        k = cp.empty((t, n_kv, d), dtype=cp.float32)
+        gate = cp.empty((t, n_heads * d), dtype=cp.float32)
+        if t:
+            launch(kernel("deltanet.cu", "gated_qk_norm_rope"), (t, n_heads + n_kv), (256,),
+                   (y, np.int64(ld), q_norm, k_norm, q, k, gate, index(positions), table.cos, table.sin,
+                    np.int32(n_heads), np.int32(n_kv), np.int32(d), np.int32(rot), np.int32(table.neox),
+                    np.float32(eps)))
+        return q, k, gate
 
     def sigmoid_mul(self, x, gate):
         x, gate = cp.ascontiguousarray(x, dtype=cp.float32), cp.ascontiguousarray(gate, dtype=cp.float32)
