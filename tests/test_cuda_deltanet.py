@@ -203,7 +203,6 @@ def test_gated_rms_norm_and_sigmoid_mul_match_cpu(gpu):
     assert _rel(got, cpu_dn.sigmoid_mul(x, gate)) < 1e-6
 
 
-
 @pytest.mark.parametrize("d,rot", [(256, 64), (64, 16)])
 def test_gated_qk_norm_rope_gives_the_bits_of_rms_norm_then_rope(gpu, d, rot):
     from kernels.base import RopeTable

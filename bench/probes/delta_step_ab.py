@@ -17,6 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.gpu_ops import back_to_back_ms  # noqa: E402
 from kernels.base import RecurrentRows  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
 from kernels.cuda.modules import COMMON, HERE, OPTIONS, kernel  # noqa: E402
@@ -24,17 +25,6 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 
 KH, VH, KD, VD, KW = 16, 32, 128, 128, 4
 QKV = 2 * KH * KD + VH * VD
-
-
-def _time(fn, reps=200) -> float:
-    fn()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return 1000 * cp.cuda.get_elapsed_time(start, end) / reps
 
 
 def main() -> int:
@@ -70,7 +60,8 @@ def main() -> int:
             fn()
             got[name] = (cp.asnumpy(out).astype(np.float64), np.concatenate([cp.asnumpy(st.buf) for st in states]))
         err = [float(np.linalg.norm(got["new"][i] - got["old"][i]) / np.linalg.norm(got["old"][i])) for i in (0, 1)]
-        res[s] = {"old_us": round(_time(runs["old"]), 2), "new_us": round(_time(runs["new"]), 2),
+        res[s] = {"old_us": round(1000 * back_to_back_ms(runs["old"], 200), 2),
+                  "new_us": round(1000 * back_to_back_ms(runs["new"], 200), 2),
                   "rel_l2_out": err[0], "rel_l2_state": err[1]}
         print(f"delta_step, {s} sequences: old {res[s]['old_us']} us, new {res[s]['new_us']} us; new vs old "
               f"relative L2 {err[0]:.2e} (outputs), {err[1]:.2e} (state)", flush=True)
