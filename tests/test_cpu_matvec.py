@@ -106,3 +106,9 @@ def test_the_engines_ops_give_the_same_bits_on_one_thread_and_two():
                            ("residual", one.matmul(wide[:t], down_t, residual=res[:t]),
                             two.matmul(wide[:t], down_t, residual=res[:t]))):
             assert a.tobytes() == b.tobytes(), f"{name}, rows {t}"
+
+
+def test_the_files_that_cache_copies_of_the_kernel_change_with_it():
+    from kernels.cpu import compiled, fused
+
+    assert compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == workers.MATVEC_EPOCH == matvec.EPOCH

@@ -20,9 +20,13 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+# compiled.py, fused.py and workers.py hold numba-cached copies of this file's functions; numba checks
+# only a function's own file, so a change here bumps EPOCH and their MATVEC_EPOCH (tests check them)
+EPOCH = 2
 LANES, SPLIT = 16, 4
 BLOCK = LANES * SPLIT  # K must be a multiple of this (other shapes take compiled.rows_16)
 GROUP = 4  # token rows per pass over a weight row
+TILE = 16  # weight rows a pass of every row group covers before the next ones (prefill's many rows)
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 
 _F32 = ir.FloatType()
@@ -111,22 +115,26 @@ def dots_at(xa, t, k, wa, kind, oa, n_out, ra, residual, j0, j1):
     and out, res [t, n_out] float32, w [N, k] 16-bit bits, all C-contiguous (the workers of workers.py
     take a job this way)."""
     full = t - t % GROUP
-    for j in range(j0, j1):
-        wj = wa + j * k * 2
-        oj = oa + j * 4
+    for jb in range(j0, j1, TILE):  # a tile of weight rows stays in cache while every row group passes it
+        je = min(j1, jb + TILE)
         for r in range(0, full, GROUP):
-            if kind == 1:
-                _F16_G(xa + r * k * 4, wj, k, oj + r * n_out * 4, n_out)
-            else:
-                _BF16_G(xa + r * k * 4, wj, k, oj + r * n_out * 4, n_out)
+            xr, orow = xa + r * k * 4, oa + r * n_out * 4
+            for j in range(jb, je):
+                if kind == 1:
+                    _F16_G(xr, wa + j * k * 2, k, orow + j * 4, n_out)
+                else:
+                    _BF16_G(xr, wa + j * k * 2, k, orow + j * 4, n_out)
         for r in range(full, t):
-            if kind == 1:
-                _F16_1(xa + r * k * 4, wj, k, oj + r * n_out * 4, n_out)
-            else:
-                _BF16_1(xa + r * k * 4, wj, k, oj + r * n_out * 4, n_out)
+            xr, orow = xa + r * k * 4, oa + r * n_out * 4
+            for j in range(jb, je):
+                if kind == 1:
+                    _F16_1(xr, wa + j * k * 2, k, orow + j * 4, n_out)
+                else:
+                    _BF16_1(xr, wa + j * k * 2, k, orow + j * 4, n_out)
         if residual:
             for r in range(t):
-                _add_to(oj + r * n_out * 4, ra + (r * n_out + j) * 4)
+                for j in range(jb, je):
+                    _add_to(oa + (r * n_out + j) * 4, ra + (r * n_out + j) * 4)
 
 
 @intrinsic
