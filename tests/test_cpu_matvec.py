@@ -109,6 +109,6 @@ def test_the_engines_ops_give_the_same_bits_on_one_thread_and_two():
 
 
 def test_the_files_that_cache_copies_of_the_kernel_change_with_it():
-    from kernels.cpu import compiled, fused
+    from kernels.cpu import compiled, fused, layer
 
-    assert compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == workers.MATVEC_EPOCH == matvec.EPOCH
+    assert compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == layer.MATVEC_EPOCH == workers.MATVEC_EPOCH == matvec.EPOCH

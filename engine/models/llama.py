@@ -139,7 +139,12 @@ class LlamaModel:
         rows where it is None)."""
         c, ops = self.config, self.ops
         x = ops.embedding(self.embed, tokens)
+        dense = getattr(ops, "dense_layer", None)  # a backend's whole layer in one call (the CPU's)
         for layer, cache in zip(self.layers, kv, strict=True):
+            if dense is not None and layer.q_norm is None and layer.moe is None:
+                x = dense(x, layer.attn_norm, c.rms_eps, layer.w_qkv, layer.b_qkv, rows, self.rope, cache, c.n_heads,
+                          c.n_kv_heads, self.scale, layer.wo, layer.ffn_norm, layer.w_gate_up, layer.w_down)
+                continue
             q = self.attention_q(x, layer, rows, cache)
             x = ops.attention_out(q, cache, rows, self.scale, layer.wo, x)
             if layer.moe is None:

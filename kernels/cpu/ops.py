@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.cpu import compiled, deltanet, fused, workers
+from kernels.cpu import compiled, deltanet, fused, layer, rope_write, workers
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.paged import CpuKVLayer, PagedOps, as_index  # noqa: F401  (CpuKVLayer: imported from here)
 from kernels.cpu.quant_matmul import f32_tiles
@@ -71,6 +71,8 @@ class CpuOps(PagedOps, CpuMoeOps):
         self._copy_f32 = False
         self.threads = compiled.usable_threads(threads)
         self._workers = workers.pool(self.threads) if self.threads > 1 else None
+        # dense_layer splits its products through this (with no workers the caller computes them all)
+        self._ctl = self._workers.ctl if self._workers is not None else np.zeros(workers.CTL_WORDS, np.int64)
         compiled.warm_up(self.threads > 1)
         fused.warm_up(self.threads > 1)
         PagedOps.warm_up_paged()
@@ -210,6 +212,32 @@ class CpuOps(PagedOps, CpuMoeOps):
         out = np.empty_like(x)
         self._call(threaded, fused.ffn_16, fused.ffn_16_parallel, x, _f32(norm_weight), np.float32(eps), data_gu,
                    data_d, _WIDE_KINDS[gu.dtype], out)
+        return out
+
+    def dense_layer(self, x, attn_norm, eps: float, w_qkv, b_qkv, rows, table, cache, n_heads: int, n_kv: int,
+                    scale: float, wo, ffn_norm, w_gate_up, w_down) -> np.ndarray:
+        """A llama-family layer without q/k norm and with a dense FFN: one compiled call (layer.py) where
+        every product takes the 16-bit row kernel and the cache one of the compiled kernels' types,
+        else the ops one by one. Both give a row the same bits."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        gu = w_gate_up.stacked if isinstance(w_gate_up, GateUp) else None
+        ws = (w_qkv, wo, gu, w_down)
+        kv_kind = rope_write.KV_KINDS.get(cache.kv_type)
+        if (b_qkv is not None or kv_kind is None or cache.v_type != cache.kv_type
+                or not all(self._fuses(x, w) and w.dtype == wo.dtype for w in ws)):
+            q = self.norm_qkv_rope_write(x, attn_norm, eps, w_qkv, b_qkv, rows, table, cache, n_heads, n_kv)
+            return self.ffn(self.attention_out(q, cache, rows, scale, wo, x), ffn_norm, eps, w_gate_up, w_down)
+        d = w_qkv.shape[0] // (n_heads + 2 * n_kv)
+        view = np.float32 if kv_kind == 0 else np.uint16
+        k, v = cache.k.view(view), cache.v.view(view)
+        if self._workers is not None:
+            self._workers.wake()
+        out = np.empty_like(x)
+        layer.dense_layer_16(x, _f32(attn_norm), _f32(ffn_norm), np.float32(eps), *(_bits16(w) for w in ws),
+                             _WIDE_KINDS[wo.dtype], *(as_index(a) for a in (rows.positions, rows.slots, rows.seq,
+                                                                           rows.block_tables)),
+                             table.cos, table.sin, table.neox, n_heads, k.reshape(-1, n_kv, d), v.reshape(-1, n_kv, d),
+                             k, v, kv_kind, np.float32(scale), self._ctl, out)
         return out
 
     def _fuses(self, x: np.ndarray, w) -> bool:
