@@ -16,7 +16,9 @@ from kernels.cpu.fused import ffn_16_parallel, norm_rows_16_parallel
 from kernels.cpu.matvec import _FLAGS  # no fastmath: the query scaling is NumPy's float32 product
 from kernels.cpu.rope_write import qkv_rope_write
 
-MATVEC_EPOCH = 2  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+# numba caches a function keyed on its own file only, and this file's call holds copies of attend.py,
+# rope_write.py, fused.py and compiled.py too: edit this file when they change, or a stale copy runs
+MATVEC_EPOCH = 3  # and bump with matvec.EPOCH
 
 
 @njit(**_FLAGS)

@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 # compiled.py, fused.py and workers.py hold numba-cached copies of this file's functions; numba checks
 # only a function's own file, so a change here bumps EPOCH and their MATVEC_EPOCH (tests check them)
-EPOCH = 2
+EPOCH = 3
 LANES, SPLIT = 16, 4
 BLOCK = LANES * SPLIT  # K must be a multiple of this (other shapes take compiled.rows_16)
 GROUP = 4  # token rows per pass over a weight row
@@ -109,28 +109,33 @@ def _make_dots(rows: int, kind: int):
 _F16_1, _F16_G, _BF16_1, _BF16_G = (_make_dots(r, kind) for kind in (1, 2) for r in (1, GROUP))
 
 
+@njit(inline="always", **_FLAGS)
+def _dots(g, kind, xa, wa, k, oa, n_out):
+    if kind == 1:
+        if g == GROUP:
+            _F16_G(xa, wa, k, oa, n_out)
+        else:
+            _F16_1(xa, wa, k, oa, n_out)
+    elif g == GROUP:
+        _BF16_G(xa, wa, k, oa, n_out)
+    else:
+        _BF16_1(xa, wa, k, oa, n_out)
+
+
 @njit(**_FLAGS)
 def dots_at(xa, t, k, wa, kind, oa, n_out, ra, residual, j0, j1):
     """out[r, j] = x[r] . w[j] for r < t, j in j0..j1 (plus res[r, j] when `residual`), by address: x [t, k]
     and out, res [t, n_out] float32, w [N, k] 16-bit bits, all C-contiguous (the workers of workers.py
     take a job this way)."""
-    full = t - t % GROUP
     for jb in range(j0, j1, TILE):  # a tile of weight rows stays in cache while every row group passes it
         je = min(j1, jb + TILE)
-        for r in range(0, full, GROUP):
+        r = 0
+        while r < t:
+            g = GROUP if r + GROUP <= t else 1
             xr, orow = xa + r * k * 4, oa + r * n_out * 4
             for j in range(jb, je):
-                if kind == 1:
-                    _F16_G(xr, wa + j * k * 2, k, orow + j * 4, n_out)
-                else:
-                    _BF16_G(xr, wa + j * k * 2, k, orow + j * 4, n_out)
-        for r in range(full, t):
-            xr, orow = xa + r * k * 4, oa + r * n_out * 4
-            for j in range(jb, je):
-                if kind == 1:
-                    _F16_1(xr, wa + j * k * 2, k, orow + j * 4, n_out)
-                else:
-                    _BF16_1(xr, wa + j * k * 2, k, orow + j * 4, n_out)
+                _dots(g, kind, xr, wa + j * k * 2, k, orow + j * 4, n_out)
+            r += g
         if residual:
             for r in range(t):
                 for j in range(jb, je):
