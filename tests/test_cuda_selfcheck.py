@@ -5,19 +5,14 @@ attention build gives row 0 the bits it gets alone, within 2 s once the kernels 
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
+from tests.cuda_fixtures import cp
 
-from kernels.cuda import available  # noqa: E402
-
-_OK, _WHY = available()
-if not _OK:
-    pytest.skip(_WHY, allow_module_level=True)
+pytestmark = pytest.mark.gpu
 
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.selfcheck import check_matmuls  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
-pytestmark = pytest.mark.gpu
 SHAPES = {"1b": [(2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048)],
           "8b": [(4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]}
 
