@@ -207,10 +207,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
         }
 
         float acc[GM][8];
-#pragma unroll
-        for (int g = 0; g < GM; ++g)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+        zero_regs(acc);
 #pragma unroll
         for (int b0 = 0; b0 < KP; b0 += VB) {
 #pragma unroll

@@ -14,6 +14,15 @@ typedef long long i64;
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
+// A register array's elements to 0 (unrolled: the array stays in registers).
+template <int A, int B>
+__device__ __forceinline__ void zero_regs(float (&x)[A][B]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b) x[a][b] = 0.f;
+}
+
 // ---- programmatic dependent launch (sm_90 and later)
 // Captured decode steps launch each kernel so that it may start while the kernel before it still
 // runs (kernels/cuda/launch.py). Every kernel calls pdl_start() before it touches memory another
