@@ -112,3 +112,26 @@ def test_the_files_that_cache_copies_of_the_kernel_change_with_it():
     from kernels.cpu import compiled, fused, layer
 
     assert compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == layer.MATVEC_EPOCH == workers.MATVEC_EPOCH == matvec.EPOCH
+
+
+def test_two_threads_computing_at_once_share_the_workers_in_turn():
+    import threading
+
+    ops = CpuOps(exact=True, threads=2)
+    w = Weight.from_f32(_rand(2048, 256) * 0.1, "f16")
+    xs = [_rand(3, 256) for _ in range(4)]  # each thread alternates two: a product left unwritten shows
+    want = [ops.matmul(x, w).tobytes() for x in xs]
+    bad = []
+
+    def run(i: int) -> None:
+        for n in range(200):
+            j = 2 * i + n % 2
+            if ops.matmul(xs[j], w).tobytes() != want[j]:
+                bad.append(j)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and not bad

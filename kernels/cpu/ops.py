@@ -7,6 +7,7 @@ contiguous last axis, whose summation order depends only on its length.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,8 @@ class CpuOps(PagedOps, CpuMoeOps):
         self._workers = workers.pool(self.threads) if self.threads > 1 else None
         # dense_layer splits its products through this (with no workers the caller computes them all)
         self._ctl = self._workers.ctl if self._workers is not None else np.zeros(workers.CTL_WORDS, np.int64)
+        # a control word takes one publisher at a time (two threads computing at once wait in turn)
+        self._ctl_lock = self._workers.lock if self._workers is not None else threading.Lock()
         compiled.warm_up(self.threads > 1)
         fused.warm_up(self.threads > 1)
         PagedOps.warm_up_paged()
@@ -233,11 +236,12 @@ class CpuOps(PagedOps, CpuMoeOps):
         if self._workers is not None:
             self._workers.wake()
         out = np.empty_like(x)
-        layer.dense_layer_16(x, _f32(attn_norm), _f32(ffn_norm), np.float32(eps), *(_bits16(w) for w in ws),
-                             _WIDE_KINDS[wo.dtype], *(as_index(a) for a in (rows.positions, rows.slots, rows.seq,
-                                                                           rows.block_tables)),
-                             table.cos, table.sin, table.neox, n_heads, k.reshape(-1, n_kv, d), v.reshape(-1, n_kv, d),
-                             k, v, kv_kind, np.float32(scale), self._ctl, out)
+        with self._ctl_lock:
+            layer.dense_layer_16(x, _f32(attn_norm), _f32(ffn_norm), np.float32(eps), *(_bits16(w) for w in ws),
+                                 _WIDE_KINDS[wo.dtype], *(as_index(a) for a in (rows.positions, rows.slots, rows.seq,
+                                                                               rows.block_tables)),
+                                 table.cos, table.sin, table.neox, n_heads, k.reshape(-1, n_kv, d), v.reshape(-1, n_kv, d),
+                                 k, v, kv_kind, np.float32(scale), self._ctl, out)
         return out
 
     def _fuses(self, x: np.ndarray, w) -> bool:
@@ -250,7 +254,8 @@ class CpuOps(PagedOps, CpuMoeOps):
     def _call(self, threaded: bool, kernel, parallel_kernel, *args) -> None:
         if threaded:
             self._workers.wake()
-            parallel_kernel(*args, self._workers.ctl)
+            with self._ctl_lock:
+                parallel_kernel(*args, self._workers.ctl)
         else:
             kernel(*args)
 

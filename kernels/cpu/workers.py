@@ -199,6 +199,7 @@ class Workers:
 
     def __init__(self, n: int):
         self.ctl = np.zeros(CTL_WORDS, np.int64)
+        self.lock = threading.Lock()  # split_dots has one publisher at a time: callers hold this
         self.n = n
         self._events = [threading.Event() for _ in range(n - 1)]
         self._idle_ticks = _calibrate()
