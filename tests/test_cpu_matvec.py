@@ -2,6 +2,8 @@
 that share its weight rows (kernels/cpu/workers.py): close to a float64 reference, and the same bits
 for a row alone, inside any batch, and split across any number of threads."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -55,20 +57,29 @@ def test_a_row_gets_the_same_bits_in_every_batch_size(dtype):
             assert _dots(x, w)[i].tobytes() == alone.tobytes(), f"batch {b}, row {i}"
 
 
+def _awake(pool: workers.Workers) -> None:
+    """Wakes the pool and polls until every worker spins on its control word."""
+    deadline = time.monotonic() + 30
+    pool.wake()
+    while pool.ctl[workers.AWAKE] < pool.n - 1:
+        assert time.monotonic() < deadline, "the workers did not wake"
+        pool.wake()
+
+
 @pytest.mark.parametrize("n_threads", [2, 3])
 def test_split_products_equal_the_calling_threads_bits(n_threads):
     pool = workers.Workers(n_threads)
     try:
         for trial in range(60):  # products back to back, as a decode step issues them
             t = int(RNG.integers(1, 9))
-            n, k = int(RNG.integers(1, 300)), 64 * int(RNG.integers(1, 9))
+            n, k = int(RNG.integers(1, 2000)), 64 * int(RNG.integers(1, 9))
             w = Weight.from_f32(_rand(n, k), "f16" if trial % 2 else "bf16")
             x, res = _rand(t, k), _rand(t, n)
             residual = bool(trial % 3 == 0)
             want = _dots(x, w, res if residual else None)
-            out = np.empty((t, n), np.float32)
-            pool.wake()
+            out = np.full((t, n), np.nan, np.float32)  # a chunk nobody computed shows
             bits = _bits(w)
+            _awake(pool)  # else the caller alone may compute every chunk, and the split is never tested
             workers.split_dots(pool.ctl, x.ctypes.data, t, k, bits.ctypes.data, 1 if w.dtype == "f16" else 2,
                                out.ctypes.data, n, res.ctypes.data, residual, n)
             assert out.tobytes() == want.tobytes(), f"trial {trial}"
@@ -91,6 +102,7 @@ def test_the_caller_computes_everything_while_the_workers_sleep():
 def test_the_engines_ops_give_the_same_bits_on_one_thread_and_two():
     """Norm + product, the gated product and the FFN on shapes the vector kernel takes, split or not."""
     one, two = CpuOps(exact=True, threads=1), CpuOps(exact=True, threads=2)
+    assert two.threads == 2  # numba's pool caps it (NUMBA_NUM_THREADS): one and one would prove nothing
     hidden, ffn = 128, 1024
     nw = _rand(hidden)
     gu = GateUp(Weight.from_f32(_rand(2 * ffn, hidden) * 0.1, "f16"))
