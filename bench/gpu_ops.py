@@ -16,8 +16,7 @@ import numpy as np
 
 from kernels.cuda import kquant, plan
 from kernels.cuda import launch as kernel_launch
-from kernels.cuda.modules import kernel
-from kernels.cuda.ops import CudaOps, mm_tc_args
+from kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel
 from kernels.cuda.weights import CudaWeight
 from kernels.quants import BLOCK_TYPES
 
@@ -122,7 +121,7 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
                 ops.matmul(x, w)
     else:
         mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
-        fn = kernel("matmul.cu", mm.kernel, defines)
+        fn = streaming_kernel(dtype, mm, defines)
         out = cp.empty((m, n), cp.float32)
         def run():
             for w in ws:

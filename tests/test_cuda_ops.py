@@ -90,15 +90,14 @@ def test_matmul_row_invariant(gpu, dtype, shape):
         assert alone.tobytes() == inside.tobytes(), f"batch {b}: max diff {np.abs(alone - inside).max()}"
 
 
-@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", *KQUANTS])
 @pytest.mark.parametrize("shape", [(96, 64), (1000, 2048), (2048, 8192), (200, 4096), (300, 72)], ids=str)
 def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, monkeypatch):
     """Wide batches take the tiled, the wide or (on sm_90) the wgmma kernel; every element must equal
     the streaming kernel's (the one decode uses), so a row's bits cannot depend on which kernel its
     batch got."""
     n, k = shape
-    if dtype == "q8_0" and k % 32:
-        pytest.skip("Q8_0 rows are whole blocks of 32")
+    _skip_partial_blocks(dtype, k)
     from kernels.cuda import plan
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)  # tile even where streaming would be faster
@@ -113,6 +112,22 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
             monkeypatch.setattr(plan, "WGMMA_HALF_TILES_BELOW", half)
             got = cp.asnumpy(ops.matmul(x, dw, db, residual=r))
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
+
+
+@pytest.mark.parametrize("dtype", KQUANTS)
+@pytest.mark.parametrize("shape", [(4096, 4096), (8192, 2048), (4096, 14336), (1000, 1024)], ids=str)
+def test_kquant_one_row_ring_gives_the_batch_bits(gpu, dtype, shape):
+    """The one-row K-quant kernels stream through rings in shared memory (3 stages at 8 warps or fewer,
+    2 at 16); a row alone (plain and with the norm prologue) must have its bits inside batches."""
+    n, k = shape
+    dw = gpu.upload(_weight(n, k, dtype))
+    nw = gpu.tensor(_rand(k))
+    pool, row = _rand(64, k), _rand(k)
+    for b in (2, 9, 16, 33, 64):
+        alone, inside = _row_alone_and_inside(lambda x: gpu.matmul(x, dw), row, pool, b)
+        assert alone.tobytes() == inside.tobytes(), f"batch {b}: max diff {np.abs(alone - inside).max()}"
+        alone, inside = _row_alone_and_inside(lambda x: gpu.norm_matmul(x, nw, 1e-5, dw), row, pool, b)
+        assert alone.tobytes() == inside.tobytes(), f"norm, batch {b}: max diff {np.abs(alone - inside).max()}"
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

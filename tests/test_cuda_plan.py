@@ -47,6 +47,30 @@ def test_tiled_launch_uses_the_same_split(shape):
             assert tiled.grid[0] * plan.TILE_N >= n and tiled.grid[1] * plan.TILE_M >= m
 
 
+@pytest.mark.parametrize("shape", SHAPES[2:], ids=str)
+def test_kquant_launches_share_one_split_and_fit_the_device(shape):
+    """Q4_K / Q6_K: streaming, tiled and wide launches sum in the split of (N, K, type) whatever the rows;
+    the one-row kernels' rings fit one SM's shared memory twice at 16 warps (so 8B's 256-tile weights run
+    in one wave) and three times at 8."""
+    n, k = shape
+    for dtype in plan.KQUANT_TYPES:
+        split = plan.split_k(n, k, 132, dtype)
+        launches = [plan.matmul_launch(dtype, m, n, k, 132) for m in ROWS]
+        launches += [plan.matmul_launch(dtype, 1, n, k, 132, prologue="norm")]
+        launches += [f(dtype, m, n, k, 132) for f in (plan.tile_launch, plan.wide_launch) for m in ROWS]
+        assert {launch.split for launch in launches if launch} == {split}
+        for variant, (tiles, _) in plan.RING_VARIANTS.items():
+            ring = plan.combine_bytes(split, tiles) + plan.kq_ring_bytes(dtype, split, variant)
+            assert ring <= plan.kq_ring_max(dtype)
+            blocks = 2 if split > 8 else (4 if split == 8 and variant == "tm2h" else 3)
+            assert ring * blocks <= 227 * 1024, (variant, split)
+        one = plan.matmul_launch(dtype, 1, n, k, 132)
+        assert one.kernel == f"mm_{plan.KERNEL_NAMES[dtype]}_one" + ("_r2" if split > 8 else "")
+        assert one.shared == plan.combine_bytes(split, 1) + plan.kq_ring_bytes(dtype, split, "one")
+        x16 = plan.matmul_launch(dtype, 12, n, k, 132, prologue="x16")
+        assert x16.kernel == f"mm_{plan.KERNEL_NAMES[dtype]}_tm2h" + ("_r2" if split > 4 else "")
+
+
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 7, 8, 16])
 def test_attention_groups(group):
     launch = plan.attention_launch(5, 4 * group, 4, 128, 3, 132)

@@ -366,3 +366,48 @@ __device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64
     q |= ((top >> (8 * half + 16 * (i & 1) + 2 * (i >> 1))) & 3u) << 4;
     return __fmul_rn((t < 2) ? s.x : s.y, (float)(q - 32));
 }
+
+// ---- One (tile, chunk) of the planes as a record in shared memory: the nibbles (256 bytes), Q6_K's
+// top bits (128), the sub-block scale words (32), the super-block's scale record (Q4_K 64, Q6_K 32),
+// so that the staged kernels (the one-row ring, mm_tile, mm_wide) read what mm_tc reads from global.
+__device__ __forceinline__ constexpr int kq_rec_bytes(bool q6) { return q6 ? 448 : 352; }
+
+// Copy 16-byte segment `seg` (0 .. kq_rec_bytes / 16 - 1) of tile `tile`'s chunk c into `rec`;
+// `ok` false zero-fills it (tiles past the weight).
+__device__ __forceinline__ void kq_issue_seg(unsigned char* rec, const KqPlanes& p, bool q6, i64 tile, int C, int c,
+                                             int seg, bool ok) {
+    const int top = q6 ? 8 : 0;
+    const i64 tc = tile * C + c;
+    const unsigned char* src;
+    if (seg < 16)
+        src = p.nib + tc * 256 + seg * 16;
+    else if (seg < 16 + top)
+        src = p.top + tc * 128 + (seg - 16) * 16;
+    else if (seg < 18 + top)
+        src = p.sc + tc * 32 + (seg - 16 - top) * 16;
+    else
+        src = p.d + (tile * (C >> 3) + (c >> 3)) * (q6 ? 32 : 64) + (seg - 18 - top) * 16;
+    cp_async16(rec + seg * 16, ok ? src : p.nib, ok ? 16 : 0);
+}
+
+// A lane's words of a staged record, as mm_tc's load_weights packs them: wa = (row g's nibbles,
+// Q6_K top bits, scale word), wb = (row g + 8's nibbles, super-block scale words).
+__device__ __forceinline__ void kq_read_rec(const unsigned char* rec, bool q6, int lane, uint4& wa, uint4& wb) {
+    const int g = lane >> 2, top = q6 ? 128 : 0;
+    const uint2 q = *reinterpret_cast<const uint2*>(rec + lane * 8);
+    const unsigned tb = q6 ? *reinterpret_cast<const unsigned*>(rec + 256 + lane * 4) : 0u;
+    const unsigned s = *reinterpret_cast<const unsigned*>(rec + 256 + top + g * 4);
+    const uint2 d = q6 ? make_uint2(*reinterpret_cast<const unsigned*>(rec + 288 + top + g * 4), 0u)
+                       : *reinterpret_cast<const uint2*>(rec + 288 + g * 8);
+    wa = make_uint4(q.x, tb, s, 0u);
+    wb = make_uint4(q.y, d.x, d.y, 0u);
+}
+
+// A chunk's scales of rows g, g + 8 from those words (kq_scale_pair): sa, sb multiply the integers'
+// sums; xa, xb (Q4_K: dmin*m; Q6_K: the second half's scales) the second sums.
+__device__ __forceinline__ void kq_chunk_scales(uint4 wa, uint4 wb, bool q6, float& sa, float& sb, float& xa,
+                                                float& xb) {
+    const float2 pa = kq_scale_pair(wa.z, wb.y, q6);
+    const float2 pb = kq_scale_pair(wa.z >> 16, q6 ? wb.y >> 16 : wb.z, q6);
+    sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
+}

@@ -26,6 +26,13 @@
 #define WT_Q4K 3
 #define WT_Q6K 4
 #define KQ(WT) ((WT) == WT_Q4K || (WT) == WT_Q6K)
+#ifndef KQ_U_ONE
+#define KQ_U_ONE 4  // chunks a stage of the one-row K-quant kernels' rings (plan.KQ_U)
+#endif
+#ifndef KQ_U_X16
+#define KQ_U_X16 2  // chunks a stage of the 9-16-row K-quant kernels' rings
+#endif
+
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                         unsigned b0, unsigned b1) {
@@ -195,19 +202,55 @@ __device__ __forceinline__ void tile_chunk(float (&part)[RT][4][4], const unsign
     for (int rt = 0; rt < RT; ++rt) {
         const int ra = r0 + rt * 16 + g;
         unsigned a1[4], a2[4];
-        a_frags<WT>(staged_group<WT>(wst + ra * WB, t), staged_group<WT>(wst + (ra + 8) * WB, t), a1, a2);
-        float da = 0.f, db = 0.f;
+        float da = 0.f, db = 0.f, ea = 0.f, eb = 0.f;
+        if (KQ(WT)) {  // the staged record of row tile (r0 >> 4) + rt (kq_read_rec)
+            uint4 wa, wb;
+            kq_read_rec(wst + ((r0 >> 4) + rt) * kq_rec_bytes(WT == WT_Q6K), WT == WT_Q6K, lane, wa, wb);
+            a_frags<WT>(wa, wb, a1, a2);
+            kq_chunk_scales(wa, wb, WT == WT_Q6K, da, db, ea, eb);
+        } else {
+            a_frags<WT>(staged_group<WT>(wst + ra * WB, t), staged_group<WT>(wst + (ra + 8) * WB, t), a1, a2);
+        }
         if (WT == WT_Q8) {
             if (n0 + ra < Np) da = f16_to_f32(scales[(i64)(n0 + ra) * C + c]);
             if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
         }
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt)
-            mma_chunk<WT>(part[rt][tt], a1, a2, b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1], da, db);
+            mma_chunk<WT>(part[rt][tt], a1, a2, b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1], da, db, ea, eb);
     }
 }
 
-template <int WT, int TM, int U, int PRO>
+// A staged chunk's weights for the shared-memory kernels: ROWS rows from n0 into `dst` by `threads`
+// threads, rows past Np zero. K-quants: the ROWS / 16 tiles' records (kq_issue_seg, tiles past Np
+// zero); other types: each row's WB bytes of the chunk.
+template <int WT, int ROWS>
+__device__ __forceinline__ void stage_weights(unsigned char* dst, const void* __restrict__ w,
+                                              const u16* __restrict__ scales, int n0, int Np, int C, int c,
+                                              int threads) {
+    const int tid = threadIdx.x;
+    if (KQ(WT)) {
+        constexpr bool q6 = WT == WT_Q6K;
+        constexpr int SEGS = kq_rec_bytes(q6) / 16;
+        const KqPlanes kq = kq_planes(w, scales, q6, Np >> 4, C);
+        for (int i = tid; i < (ROWS / 16) * SEGS; i += threads) {
+            const int j = i / SEGS, tile = (n0 >> 4) + j;
+            kq_issue_seg(dst + j * kq_rec_bytes(q6), kq, q6, tile, C, c, i % SEGS, tile < (Np >> 4));
+        }
+        return;
+    }
+    constexpr int WB = WT == WT_Q8 ? 32 : 64;
+    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w);
+    const i64 row_bytes = (i64)C * WB;
+    for (int i = tid; i < ROWS * WB / 16; i += threads) {
+        const int r = i / (WB / 16), seg = i % (WB / 16);
+        const int row = n0 + r;
+        const bool ok = row < Np;
+        cp_async16(dst + r * WB + seg * 16, ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
+    }
+}
+
+template <int WT, int TM, int U, int PRO, int RG = 3>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
@@ -264,9 +307,66 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
     };
 
+    // K-quants at one row and at 9-16 rows of 16-bit activations: each warp streams its slice through
+    // a ring of RG stages in shared memory (U chunks of records and of the chunks' activations a stage,
+    // cp.async), so RG - 1 stages are in flight during a stage's MMAs without holding registers. The
+    // same words reach the same arithmetic.
+    constexpr bool RING = KQ(WT) && (PRO & (PRO_ONE | PRO_NORM | PRO_X16));
+    constexpr int ACT = PRO == PRO_X16 ? TM * 512 : PRO == PRO_NORM ? 256 : 128;  // activation bytes a chunk
+    constexpr int REC = kq_rec_bytes(WT == WT_Q6K), STAGE = U * (REC + ACT);
+    unsigned char* ring = reinterpret_cast<unsigned char*>(red) + (S - 1) * 32 * TM * 16 + s * RG * STAGE;
+    auto ring_weights = [&](int stage, int c0) {  // records of chunks c0 .. c0 + U - 1 (past c_end: none)
+        if (c0 >= c_end) return;
+        unsigned char* st = ring + stage * STAGE;
+        for (int i = lane; i < U * (REC / 16); i += 32) {
+            const int u = i / (REC / 16), c = c0 + u;
+            if (c < c_end) kq_issue_seg(st + u * REC, kq, WT == WT_Q6K, blockIdx.x, C, c, i % (REC / 16), true);
+        }
+    };
+    auto ring_row_acts = [&](float* xs, int c0) {  // one row: 32 floats (and norm weights) a chunk
+        for (int i = lane; i < U * 8; i += 32) {
+            const int k = c0 * 32 + 4 * i;
+            const bool ok = c0 + (i >> 3) < c_end;
+            if (vec) {
+                cp_async16(xs + 4 * i, ok ? x + k : x, ok ? 16 : 0);
+                if (PRO == PRO_NORM) cp_async16(xs + U * 32 + 4 * i, ok ? nw + k : nw, ok ? 16 : 0);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    xs[4 * i + j] = ok && k + j < K ? x[k + j] : 0.f;
+                    if (PRO == PRO_NORM) xs[U * 32 + 4 * i + j] = ok && k + j < K ? nw[k + j] : 0.f;
+                }
+            }
+        }
+    };
+    auto ring_acts = [&](int stage, int c0) {  // the activations (and norm weights) of those chunks
+        if (c0 >= c_end) return;
+        float* xs = reinterpret_cast<float*>(ring + stage * STAGE + U * REC);
+        if constexpr (PRO == PRO_X16) {  // per (chunk, token tile) a lane's 16 bytes, as the MMA lanes take them
+            const u16* x16 = reinterpret_cast<const u16*>(x);
+            for (int i = lane; i < U * TM * 32; i += 32) {
+                const int u = i / (TM * 32), tm = (i >> 5) % TM, m = m_base + tm * 8 + g;
+                const bool ok = c0 + u < c_end && m < M;
+                cp_async16(xs + 4 * i, ok ? x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t : x16, ok ? 16 : 0);
+            }
+        } else {
+            ring_row_acts(xs, c0);
+        }
+    };
+
     // The first weights are in flight while the previous kernel finishes (weights are never written).
-    load_weights(c_begin);
+    if (RING) {
+        for (int i = 0; i < RG - 1; ++i) ring_weights(i, c_begin + i * U);
+        cp_async_commit();
+    } else {
+        load_weights(c_begin);
+    }
     pdl_start();
+    if (RING)
+        for (int i = 0; i < RG - 1; ++i) {
+            ring_acts(i, c_begin + i * U);
+            cp_async_commit();
+        }
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];
     float inv = 0.f;
@@ -277,12 +377,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // A chunk's scales of rows g, g + 8 (Q8_0: da, db; K-quants: kq_scale_pair's pairs from the words).
     auto chunk_scales = [&](int u, float& sa, float& sb, float& xa, float& xb) {
         sa = da[u]; sb = db[u]; xa = xb = 0.f;
-        if (KQ(WT)) {
-            const bool q6 = WT == WT_Q6K;
-            const float2 pa = kq_scale_pair(wa[u].z, wb[u].y, q6);
-            const float2 pb = kq_scale_pair(wa[u].z >> 16, q6 ? wb[u].y >> 16 : wb[u].z, q6);
-            sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
-        }
+        if (KQ(WT)) kq_chunk_scales(wa[u], wb[u], WT == WT_Q6K, sa, sb, xa, xb);
     };
     auto chunk_mma = [&](int u, const unsigned (&b)[TM][4]) {
         unsigned a1[4], a2[4];
@@ -312,7 +407,72 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
     static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
-    if (PRO & (PRO_ONE | PRO_NORM)) {
+    if constexpr (RING) {
+        // Groups: the prologue's records, then each prologue stage's activations, then one a stage:
+        // waiting for all but the RG - 2 newest leaves stage b complete at iteration b.
+        int b = 0;
+        for (int c0 = c_begin; c0 < c_end; c0 += U, ++b) {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(RG - 2));
+            __syncwarp();  // every lane's copies visible; every lane done with the stage refilled next
+            const int next = (b + RG - 1) % RG;
+            ring_weights(next, c0 + (RG - 1) * U);
+            ring_acts(next, c0 + (RG - 1) * U);
+            cp_async_commit();
+            const unsigned char* st = ring + (b % RG) * STAGE;
+            const float* xs = reinterpret_cast<const float*>(st + U * REC);
+            auto staged_frags = [&](const unsigned char* rec, unsigned (&a1)[4], unsigned (&a2)[4], float& sa, float& sb,
+                                    float& xa, float& xb) {
+                uint4 ra, rb;
+                kq_read_rec(rec, WT == WT_Q6K, lane, ra, rb);
+                a_frags<WT>(ra, rb, a1, a2);
+                kq_chunk_scales(ra, rb, WT == WT_Q6K, sa, sb, xa, xb);
+            };
+            if constexpr (PRO == PRO_X16) {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (c0 + u < c_end) {
+                        unsigned a1[4], a2[4];
+                        float sa, sb, xa, xb;
+                        staged_frags(st + u * REC, a1, a2, sa, sb, xa, xb);
+#pragma unroll
+                        for (int tm = 0; tm < TM; ++tm) {
+                            const uint4 q = *reinterpret_cast<const uint4*>(xs + 4 * ((u * TM + tm) * 32 + lane));
+                            mma_chunk<WT>(acc[tm], a1, a2, q.x, q.y, q.z, q.w, sa, sb, xa, xb);
+                        }
+                    }
+            } else {
+                unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
+#pragma unroll
+                for (int h = 0; h < U / 4; ++h) {
+                    float4 f = *reinterpret_cast<const float4*>(xs + 4 * (32 * h + lane));
+                    if (PRO == PRO_NORM) {
+                        const float4 nv = *reinterpret_cast<const float4*>(xs + U * 32 + 4 * (32 * h + lane));
+                        f.x = __fmul_rn(__fmul_rn(f.x, inv), nv.x);
+                        f.y = __fmul_rn(__fmul_rn(f.y, inv), nv.y);
+                        f.z = __fmul_rn(__fmul_rn(f.z, inv), nv.z);
+                        f.w = __fmul_rn(__fmul_rn(f.w, inv), nv.w);
+                    }
+                    p0[h] = pack_act<WT>(f.x, f.y);
+                    p1[h] = pack_act<WT>(f.z, f.w);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (c0 + u < c_end) {
+                        const int src = (u & 3) * 8 + 2 * t;
+                        const unsigned q0 = p0[u >> 2], q1 = p1[u >> 2];
+                        unsigned bb[4] = {__shfl_sync(0xffffffffu, q0, src), __shfl_sync(0xffffffffu, q1, src),
+                                          __shfl_sync(0xffffffffu, q0, src + 1), __shfl_sync(0xffffffffu, q1, src + 1)};
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) bb[i] = g == 0 ? bb[i] : 0u;
+                        unsigned a1[4], a2[4];
+                        float sa, sb, xa, xb;
+                        staged_frags(st + u * REC, a1, a2, sa, sb, xa, xb);
+                        mma_chunk<WT>(acc[0], a1, a2, bb[0], bb[1], bb[2], bb[3], sa, sb, xa, xb);
+                    }
+            }
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::);
+    } else if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (c0 != c_begin) load_weights(c0);
             unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
@@ -354,7 +514,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 }
         }
     }
-    for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
+    for (int c0 = c_begin; c0 < c_end && !RING && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
         if (PRO == PRO_X16) {
             // The batch's activations first, then its weights behind a branch: ptxas keeps loads in
             // their basic block, so every load is out before the first MMA waits (it moved each
@@ -487,17 +647,16 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #ifndef KQ_BOUND
 #define KQ_BOUND 512  // threads of a K-quant block at 1-16 rows (plan.KQ_MAX_SPLIT warps)
 #endif
-#ifndef KQ_U_ONE
-#define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
-#endif
+
 #define MM_THREADS(WT, TM) (KQ(WT) ? ((TM) > 4 ? 256 : (TM) > 2 ? 512 : KQ_BOUND) : 1024 / ((TM) > 2 ? (TM) / 2 : 1))
-#define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
+#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_R(NAME, WT, TM, U, PRO, 3)
+#define MM_TC_R(NAME, WT, TM, U, PRO, RG)                                                                \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
         int kv) {                                                                                        \
-        mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,             \
+        mm_tc<WT, TM, U, PRO, RG>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,         \
                               QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv,         \
                               blockIdx.y * (8 * TM));                                                    \
     }
@@ -517,8 +676,21 @@ MM_TC_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // K-quants: 8 bytes a lane a chunk (f16: 32), so more chunks a batch at 1-2 token tiles; blocks of at
 // most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
-MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
-MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
+// The ring kernels (one row; 9-16 rows of 16-bit activations, KQ_U_X16 chunks a stage) of 3 stages
+// and (_r2) of 2, so that more blocks fit an SM (plan.kq_ring_stages).
+#define MM_KQ_SET(T, WT)                                      \
+    MM_TC(mm_##T##_tm1, WT, 1, 4, 0)                          \
+    MM_TC(mm_##T##_tm2, WT, 2, 4, 0)                          \
+    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)                          \
+    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)                          \
+    MM_TC_R(mm_##T##_one, WT, 1, KQ_U_ONE, PRO_ONE, 3)        \
+    MM_TC_R(mm_##T##_norm, WT, 1, KQ_U_ONE, PRO_NORM, 3)      \
+    MM_TC_R(mm_##T##_tm2h, WT, 2, KQ_U_X16, PRO_X16, 3)       \
+    MM_TC_R(mm_##T##_one_r2, WT, 1, KQ_U_ONE, PRO_ONE, 2)     \
+    MM_TC_R(mm_##T##_norm_r2, WT, 1, KQ_U_ONE, PRO_NORM, 2)   \
+    MM_TC_R(mm_##T##_tm2h_r2, WT, 2, KQ_U_X16, PRO_X16, 2)
+MM_KQ_SET(q4k, WT_Q4K)
+MM_KQ_SET(q6k, WT_Q6K)
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first row, rows, 0) written on the device
@@ -659,16 +831,9 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
     const int wn = warp & 1, wm = warp >> 1;
     const int n0 = blockIdx.x * TILE_N, m0 = blockIdx.y * TILE_M;
     const int C = Kp >> 5;
-    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w);
-    const i64 row_bytes = (i64)Kp * (WB / 32);
 
     auto load_chunk = [&](int c, int stage) {
-        for (int i = tid; i < TILE_N * WB / 16; i += 128) {
-            const int r = i / (WB / 16), seg = i % (WB / 16);
-            const int row = n0 + r;
-            const bool ok = row < Np;
-            cp_async16(&ws[stage][r * WB + seg * 16], ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
-        }
+        stage_weights<WT, TILE_N>(ws[stage], w, scales, n0, Np, C, c, 128);
         for (int i = tid; i < TILE_M * 8; i += 128) {
             const int r = i >> 3, seg = i & 7;
             const int m = m0 + r, k = c * 32 + seg * 4;
@@ -726,6 +891,8 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
 MM_TILE(mm_tile_f16, WT_F16)
 MM_TILE(mm_tile_bf16, WT_BF16)
 MM_TILE(mm_tile_q8, WT_Q8)
+MM_TILE(mm_tile_q4k, WT_Q4K)
+MM_TILE(mm_tile_q6k, WT_Q6K)
 
 // ---- the wide kernel for long prefills: the same sums again, on 128 weight rows x 128 tokens per
 // block (8 warps, each 64 x 32: 4 row tiles x 4 token tiles). Activations arrive already rounded
@@ -758,9 +925,7 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
     const int n0 = blockIdx.x * WIDE_N, m0 = blockIdx.y * WIDE_M;
     const int C = Kp >> 5;
     const int CS = (C + WIDE_KC - 1) / WIDE_KC;  // pipeline stages' worth of chunks
-    const unsigned char* wb = reinterpret_cast<const unsigned char*>(w);
     const unsigned char* xb = reinterpret_cast<const unsigned char*>(x16);
-    const i64 row_bytes = (i64)Kp * (WB / 32);
 
     auto load_stage = [&](int cs, int stage) {
 #pragma unroll
@@ -769,12 +934,7 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
             if (c >= C) break;
             unsigned char* wdst = ws + stage * W_STAGE + kc * WIDE_N * WB;
             unsigned char* xdst = xs + stage * X_STAGE + kc * WIDE_M * 64;
-            for (int i = tid; i < WIDE_N * WB / 16; i += 256) {
-                const int r = i / (WB / 16), seg = i % (WB / 16);
-                const int row = n0 + r;
-                const bool ok = row < Np;
-                cp_async16(wdst + r * WB + seg * 16, ok ? wb + row * row_bytes + c * WB + seg * 16 : wb, ok ? 16 : 0);
-            }
+            stage_weights<WT, WIDE_N>(wdst, w, scales, n0, Np, C, c, 256);
             for (int i = tid; i < WIDE_M * 4; i += 256) {
                 const int r = i >> 2, seg = i & 3;
                 const bool ok = m0 + r < M;
@@ -833,3 +993,5 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
 MM_WIDE(mm_wide_f16, WT_F16)
 MM_WIDE(mm_wide_bf16, WT_BF16)
 MM_WIDE(mm_wide_q8, WT_Q8)
+MM_WIDE(mm_wide_q4k, WT_Q4K)
+MM_WIDE(mm_wide_q6k, WT_Q6K)

@@ -66,6 +66,14 @@ def _halves(gate, up) -> tuple[Any, Any]:
     return _rows(gate), _rows(up)
 
 
+def streaming_kernel(dtype: str, mm: plan.MatmulLaunch, defines: tuple = ()):
+    """The streaming kernel of a launch; the one-row K-quant kernels' rings take shared memory past the
+    default limit (one opt-in for every split, so the cached function serves them all)."""
+    if dtype in kquant.KQUANT_TYPES and mm.shared > plan.SMEM_LIMIT:
+        return big_smem_kernel("matmul.cu", mm.kernel, plan.kq_ring_max(dtype), defines)
+    return kernel("matmul.cu", mm.kernel, defines)
+
+
 def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0, norm_weight=None, eps: float = 0.0,
                qkv_out: tuple = ()) -> tuple:
     """The arguments of the streaming kernel (matmul.cu's mm_tc) for x @ w^T into out; `dummy` stands
@@ -216,6 +224,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
                    (w.data, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), flags, _i32(plan.F32_TOKENS_PER_Y)))
             return out
         scales = w.scales if w.scales is not None else self._dummy
+        rows = plan.round_up(n, plan.ROW_TILE) if w.dtype in kquant.KQUANT_TYPES else int(w.data.shape[0])
         kind, wide = self._shared_memory_launch(t, w)
         if kind == "wgmma":  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
             return self._wgmma(self._act16(x, kp, w.dtype == "bf16", perm=True), w, wide, b, res, out, flags)
@@ -223,11 +232,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
             launch(big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines), wide.grid, wide.block,
                    (w.data, scales, self._act16(x, kp, w.dtype == "bf16"), b, res, out, _i32(t), _i32(n), _i32(kp),
-                    _i32(w.data.shape[0]), flags, _i32(wide.split)), shared=wide.shared)
+                    _i32(rows), flags, _i32(wide.split)), shared=wide.shared)
             return out
         if kind == "tile":  # wide batches: same sums, weights staged through shared memory
             launch(kernel("matmul.cu", wide.kernel), wide.grid, wide.block,
-                   (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(w.data.shape[0]),
+                   (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(rows),
                     flags, _i32(wide.split)))
             return out
         return self._streaming(x, w, out, b, res, flags)
@@ -279,7 +288,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input.
         `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write)."""
         mm = plan.matmul_launch(w.dtype, int(out.shape[0]), w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
-        launch(kernel("matmul.cu", mm.kernel), mm.grid, mm.block,
+        launch(streaming_kernel(w.dtype, mm), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
 

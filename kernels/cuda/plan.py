@@ -16,6 +16,8 @@ K_CHUNK = 32  # k per chunk: two m16n8k16 MMAs, one Q8_0 block
 MAX_SPLIT = 32  # warps per block
 KQUANT_TYPES = ("q4_k", "q6_k")  # blocks read by the streaming kernel (kernels/cuda/kquant.py)
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
+KERNEL_NAMES = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q6_k": "q6k"}  # the kernels' suffixes
+KQ_U = {"one": 4, "norm": 4, "tm2h": 2}  # chunks a stage of the K-quant rings (matmul.cu KQ_U_ONE, KQ_U_X16)
 WARPS_PER_SM = 16  # warps in flight per SM that keep its load units busy for a weight stream
 SMEM_LIMIT = 48 * 1024  # static + dynamic shared memory without an opt-in
 F32_ROWS_PER_BLOCK = 8  # weight rows of the float32 kernel (one warp each)
@@ -65,6 +67,30 @@ def combine_bytes(split: int, token_tiles: int) -> int:
     return (split - 1) * 32 * token_tiles * 4 * 4
 
 
+RING_VARIANTS = {"one": (1, 128), "norm": (1, 256), "tm2h": (2, 1024)}  # token tiles, activation bytes a chunk
+
+
+def kq_ring_stages(split: int, variant: str) -> int:
+    """Stages of a K-quant ring kernel's per-warp ring (matmul.cu RG): 3 (two in flight during a stage's
+    MMAs), 2 where 3 would leave too few blocks an SM (one row: 16 warps; 9-16 rows: 8 or more). Speed
+    only: bits do not depend on it."""
+    return 3 if split <= (8 if variant in ("one", "norm") else 4) else 2
+
+
+def kq_ring_bytes(dtype: str, split: int, variant: str) -> int:
+    """Shared memory of a K-quant ring block past its combine: per warp kq_ring_stages stages of KQ_U
+    chunks, each a record of the planes (Q4_K 352 bytes, Q6_K 448) and the chunk's activations (one
+    row: 32 floats, with the norm prologue also 32 norm weights; 9-16 rows: 16 rows of 32 f16)."""
+    tiles, act = RING_VARIANTS[variant]
+    return split * kq_ring_stages(split, variant) * KQ_U[variant] * ((448 if dtype == "q6_k" else 352) + act)
+
+
+def kq_ring_max(dtype: str) -> int:
+    """The most dynamic shared memory a K-quant ring launch takes (the opt-in its kernels get)."""
+    return max(combine_bytes(s, tiles) + kq_ring_bytes(dtype, s, v) for v, (tiles, _) in RING_VARIANTS.items()
+               for s in (1, 2, 4, 8, KQ_MAX_SPLIT))
+
+
 @dataclass(frozen=True)
 class MatmulLaunch:
     kernel: str  # e.g. "mm_f16_tm2"
@@ -92,10 +118,13 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
         if tm != 2:
             raise ValueError(f"16-bit activations are for the 9-16-row kernel, not {m} rows")
         prologue = "tm2h"
-    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q6_k": "q6k"}[dtype]
+    name = KERNEL_NAMES[dtype]
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
+    if dtype in KQUANT_TYPES and variant in RING_VARIANTS:
+        shared += kq_ring_bytes(dtype, s, variant)
+        variant += "_r2" if kq_ring_stages(s, variant) == 2 else ""
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
@@ -133,9 +162,9 @@ def norm_prologue(n: int, k: int) -> bool:
     return ceil_div(n, ROW_TILE) * k * 4 <= NORM_PROLOGUE_BYTES
 
 
-# Weight types the shared-memory kernels (mm_tile, mm_wide) read; K-quant weights stream at any width
-# (the prefill kernels do not yet unpack their planes), with the same sums per element.
-SHARED_MEMORY_TYPES = ("f16", "bf16", "q8_0")
+# Weight types the shared-memory kernels (mm_tile, mm_wide) read (K-quants as staged plane records),
+# with the streaming kernel's sums per element.
+SHARED_MEMORY_TYPES = ("f16", "bf16", "q8_0", *KQUANT_TYPES)
 TILE_N = 64  # weight rows per block of the tiled kernel (mm_tile_*)
 TILE_M = 64  # token rows per block of the tiled kernel
 TILE_MIN_ROWS = 33  # from this many rows the tiled kernel can beat the streaming one (same bits)
@@ -147,9 +176,9 @@ def tile_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
     tiles to fill the device, or rows of activations that are not whole 16-byte groups)."""
     if dtype not in SHARED_MEMORY_TYPES or m < TILE_MIN_ROWS or k % 8 or ceil_div(n, TILE_N) * ceil_div(m, TILE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
         return None
-    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, TILE_N), ceil_div(m, TILE_M), 1)
-    return MatmulLaunch(f"mm_tile_{name}", grid, (128, 1, 1), 0, split_k(n, k, sm_count), TILE_M // TOKEN_TILE)
+    return MatmulLaunch(f"mm_tile_{KERNEL_NAMES[dtype]}", grid, (128, 1, 1), 0, split_k(n, k, sm_count, dtype),
+                        TILE_M // TOKEN_TILE)
 
 
 WIDE_N = 128  # weight rows per block of the wide kernel (mm_wide_*)
@@ -169,10 +198,9 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
     batch is too short or its tiles would leave the device idle."""
     if dtype not in SHARED_MEMORY_TYPES or m < WIDE_MIN_ROWS or ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M) < TILE_MIN_BLOCKS_PER_SM * sm_count:
         return None
-    name = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}[dtype]
     grid = (ceil_div(n, WIDE_N), ceil_div(m, WIDE_M), 1)
-    return MatmulLaunch(f"mm_wide_{name}", grid, (256, 1, 1), wide_smem(dtype), split_k(n, k, sm_count),
-                        WIDE_M // TOKEN_TILE)
+    return MatmulLaunch(f"mm_wide_{KERNEL_NAMES[dtype]}", grid, (256, 1, 1), wide_smem(dtype),
+                        split_k(n, k, sm_count, dtype), WIDE_M // TOKEN_TILE)
 
 
 WGMMA_STAGES = 4  # more stages cost more shared memory than their latency hiding returns
