@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
+from kernels.cuda.weights import CudaWeight  # noqa: E402
 
-PROBE_BUILDS = [(512, 4), (512, 8), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
+PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch: plan.KQ_U sizes the rings)
 
 
 def probe(ops: CudaOps, bw: float, results: list) -> None:
@@ -60,12 +61,18 @@ def main() -> None:
         n, k = SHAPES_8B[name]
         for m in (int(r) for r in args.rows.split(",")):
             for dtype in ("f16", "q4_k", "q6_k"):
-                guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name)
-                r = results[-1]
-                if "us" in r:
-                    r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
-                    print(f"{name:8} m={m:3} {dtype:5} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
-                          f"{r['bandwidth_fraction']:.2f}", flush=True)
+                # wide batches: the kernel dispatch picks, then the 64-row tiled kernel (same bits)
+                for tiled in ((True, "tile") if m >= 128 and dtype != "f16" else (True,)):
+                    ops.tiled = tiled
+                    family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
+                    guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name,
+                            family=family)
+                    r = results[-1]
+                    if "us" in r:
+                        r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
+                        print(f"{name:8} m={m:3} {dtype:5} {family:13} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
+                              f"{r['bandwidth_fraction']:.2f} {r['TFLOPs']:6.1f} TFLOP/s", flush=True)
+            ops.tiled = True
     Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
 
 

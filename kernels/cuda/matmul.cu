@@ -125,6 +125,28 @@ __device__ __forceinline__ uint4 staged_group(const unsigned char* row, int t) {
     return *reinterpret_cast<const uint4*>(row + 16 * t);
 }
 
+// Q4_K's second sums of a chunk, sum(x) of a token's pairs by an MMA of ones: the same for every weight
+// row, so a kernel with several row tiles against one token tile may take them once.
+__device__ __forceinline__ void q4k_ones(float (&e)[4], unsigned b0, unsigned b1, unsigned b2, unsigned b3) {
+    const unsigned one = 0x3c003c00u;
+    e[0] = e[1] = e[2] = e[3] = 0.f;
+    mma_f16(e, one, one, one, one, b0, b1);
+    mma_f16(e, one, one, one, one, b2, b3);
+}
+
+// A Q4_K chunk into an accumulator from its ones sums `e`: d*sc * sum(q x) - dmin*m * sum(x).
+__device__ __forceinline__ void q4k_chunk(float (&acc)[4], const unsigned (&a1)[4], const unsigned (&a2)[4],
+                                          unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db,
+                                          float ea, float eb, const float (&e)[4]) {
+    float p[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
+    mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
+    acc[0] = __fmaf_rn(-ea, e[0], __fmaf_rn(da, p[0], acc[0]));
+    acc[1] = __fmaf_rn(-ea, e[1], __fmaf_rn(da, p[1], acc[1]));
+    acc[2] = __fmaf_rn(-eb, e[2], __fmaf_rn(db, p[2], acc[2]));
+    acc[3] = __fmaf_rn(-eb, e[3], __fmaf_rn(db, p[3], acc[3]));
+}
+
 // One chunk into an accumulator; b0, b1 (k 8t .. 8t+3) and b2, b3 (k 8t+4 .. 8t+7) are a token's
 // activation pairs. q8_0 sums the chunk apart and scales it by its rows' block scales da, db;
 // K-quants also take ea, eb (Q4_K: dmin*m; Q6_K: the second half's scales) of rows g, g + 8.
@@ -132,23 +154,17 @@ template <int WT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[4], const unsigned (&a2)[4],
                                           unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db,
                                           float ea = 0.f, float eb = 0.f) {
-    if (KQ(WT)) {
+    if (WT == WT_Q4K) {
+        float e[4];
+        q4k_ones(e, b0, b1, b2, b3);
+        q4k_chunk(acc, a1, a2, b0, b1, b2, b3, da, db, ea, eb, e);
+    } else if (KQ(WT)) {  // Q6_K: the halves' sums apart
         float p[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
-        if (WT == WT_Q4K) {
-            const unsigned one = 0x3c003c00u;
-            mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
-            mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
-            mma_f16(e, one, one, one, one, b0, b1);
-            mma_f16(e, one, one, one, one, b2, b3);
-            ea = -ea;
-            eb = -eb;
-        } else {
-            const unsigned lo = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, hi = ~lo;
-            mma_f16(p, a1[0] & lo, a1[1] & lo, a1[2] & lo, a1[3] & lo, b0, b1);
-            mma_f16(p, a2[0] & lo, a2[1] & lo, a2[2] & lo, a2[3] & lo, b2, b3);
-            mma_f16(e, a1[0] & hi, a1[1] & hi, a1[2] & hi, a1[3] & hi, b0, b1);
-            mma_f16(e, a2[0] & hi, a2[1] & hi, a2[2] & hi, a2[3] & hi, b2, b3);
-        }
+        const unsigned lo = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, hi = ~lo;
+        mma_f16(p, a1[0] & lo, a1[1] & lo, a1[2] & lo, a1[3] & lo, b0, b1);
+        mma_f16(p, a2[0] & lo, a2[1] & lo, a2[2] & lo, a2[3] & lo, b2, b3);
+        mma_f16(e, a1[0] & hi, a1[1] & hi, a1[2] & hi, a1[3] & hi, b0, b1);
+        mma_f16(e, a2[0] & hi, a2[1] & hi, a2[2] & hi, a2[3] & hi, b2, b3);
         acc[0] = __fmaf_rn(ea, e[0], __fmaf_rn(da, p[0], acc[0]));
         acc[1] = __fmaf_rn(ea, e[1], __fmaf_rn(da, p[1], acc[1]));
         acc[2] = __fmaf_rn(eb, e[2], __fmaf_rn(db, p[2], acc[2]));
@@ -198,6 +214,10 @@ __device__ __forceinline__ void tile_chunk(float (&part)[RT][4][4], const unsign
                                            const u16* __restrict__ scales, int n0, int Np, int C, int c) {
     constexpr int WB = WT == WT_Q8 ? 32 : 64;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float ones[4][4];  // Q4_K: each token tile's ones sums, taken once for the RT row tiles
+    if (WT == WT_Q4K)
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) q4k_ones(ones[tt], b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1]);
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
         const int ra = r0 + rt * 16 + g;
@@ -216,8 +236,12 @@ __device__ __forceinline__ void tile_chunk(float (&part)[RT][4][4], const unsign
             if (n0 + ra + 8 < Np) db = f16_to_f32(scales[(i64)(n0 + ra + 8) * C + c]);
         }
 #pragma unroll
-        for (int tt = 0; tt < 4; ++tt)
-            mma_chunk<WT>(part[rt][tt], a1, a2, b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1], da, db, ea, eb);
+        for (int tt = 0; tt < 4; ++tt) {
+            if (WT == WT_Q4K)
+                q4k_chunk(part[rt][tt], a1, a2, b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1], da, db, ea, eb, ones[tt]);
+            else
+                mma_chunk<WT>(part[rt][tt], a1, a2, b1[tt][0], b1[tt][1], b2[tt][0], b2[tt][1], da, db, ea, eb);
+        }
     }
 }
 
