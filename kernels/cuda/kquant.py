@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K blocks repacked for the streaming kernel (matmul.cu, WT_Q4K / WT_Q6K): planes in the
+"""Q4_K and Q6_K blocks repacked for the matmul kernels (matmul.cu, WT_Q4K / WT_Q6K): planes in the
 order one warp reads them, so every load is whole and coalesced, and the values are the blocks'
 own integers and scales (nothing is rounded here; the kernels scale as gguf does).
 

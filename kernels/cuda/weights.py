@@ -19,7 +19,7 @@ from kernels.cuda import kquant
 from kernels.cuda.plan import K_CHUNK, padded_shape
 from kernels.weights import RowStack, Weight
 
-# Whether Q4_K and Q6_K weights stay as blocks (kquant planes read by the streaming kernel); False
+# Whether Q4_K and Q6_K weights stay as blocks (kquant planes the matmul kernels read); False
 # dequantises them to f16 at load like the types without kernels (tests compare the two paths).
 KQUANT_KERNELS = True
 STORAGE = {"f32": np.float32, "f16": np.uint16, "bf16": np.uint16, "q8_0": np.int8}
