@@ -372,22 +372,28 @@ __device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64
 // so that the staged kernels (the one-row ring, mm_tile, mm_wide) read what mm_tc reads from global.
 __device__ __forceinline__ constexpr int kq_rec_bytes(bool q6) { return q6 ? 448 : 352; }
 
-// Copy 16-byte segment `seg` (0 .. kq_rec_bytes / 16 - 1) of tile `tile`'s chunk c into `rec`;
-// `ok` false zero-fills it (tiles past the weight).
-__device__ __forceinline__ void kq_issue_seg(unsigned char* rec, const KqPlanes& p, bool q6, i64 tile, int C, int c,
-                                             int seg, bool ok) {
+// Where 16-byte segment `seg` (0 .. kq_rec_bytes / 16 - 1) of a record comes from: its plane, that
+// plane's bytes per (tile, chunk) (0: the super-block scales, per 8 chunks) and its offset there.
+struct KqSeg {
+    const unsigned char* plane;
+    int stride;
+    int off;
+};
+
+__device__ __forceinline__ KqSeg kq_seg(const KqPlanes& p, bool q6, int seg) {
     const int top = q6 ? 8 : 0;
-    const i64 tc = tile * C + c;
-    const unsigned char* src;
-    if (seg < 16)
-        src = p.nib + tc * 256 + seg * 16;
-    else if (seg < 16 + top)
-        src = p.top + tc * 128 + (seg - 16) * 16;
-    else if (seg < 18 + top)
-        src = p.sc + tc * 32 + (seg - 16 - top) * 16;
-    else
-        src = p.d + (tile * (C >> 3) + (c >> 3)) * (q6 ? 32 : 64) + (seg - 18 - top) * 16;
-    cp_async16(rec + seg * 16, ok ? src : p.nib, ok ? 16 : 0);
+    if (seg < 16) return KqSeg{p.nib, 256, seg * 16};
+    if (seg < 16 + top) return KqSeg{p.top, 128, (seg - 16) * 16};
+    if (seg < 18 + top) return KqSeg{p.sc, 32, (seg - 16 - top) * 16};
+    return KqSeg{p.d, 0, (seg - 18 - top) * 16};
+}
+
+// Copy segment `sg` of tile `tile`'s chunk c into its place `dst` in the record; `ok` false zero-fills
+// it (tiles past the weight).
+__device__ __forceinline__ void kq_issue_seg(unsigned char* dst, const KqSeg& sg, bool q6, i64 tile, int C, int c,
+                                             bool ok) {
+    const i64 at = sg.stride ? (tile * C + c) * sg.stride : (tile * (C >> 3) + (c >> 3)) * (q6 ? 32 : 64);
+    cp_async16(dst, ok ? sg.plane + at + sg.off : sg.plane, ok ? 16 : 0);
 }
 
 // A lane's words of a staged record, as mm_tc's load_weights packs them: wa = (row g's nibbles,

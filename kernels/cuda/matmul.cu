@@ -258,8 +258,8 @@ __device__ __forceinline__ void stage_weights(unsigned char* dst, const void* __
         constexpr int SEGS = kq_rec_bytes(q6) / 16;
         const KqPlanes kq = kq_planes(w, scales, q6, Np >> 4, C);
         for (int i = tid; i < (ROWS / 16) * SEGS; i += threads) {
-            const int j = i / SEGS, tile = (n0 >> 4) + j;
-            kq_issue_seg(dst + j * kq_rec_bytes(q6), kq, q6, tile, C, c, i % SEGS, tile < (Np >> 4));
+            const int j = i / SEGS, seg = i % SEGS, tile = (n0 >> 4) + j;
+            kq_issue_seg(dst + j * kq_rec_bytes(q6) + 16 * seg, kq_seg(kq, q6, seg), q6, tile, C, c, tile < (Np >> 4));
         }
         return;
     }
@@ -340,12 +340,12 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     constexpr int REC = kq_rec_bytes(WT == WT_Q6K), STAGE = U * (REC + ACT);
     unsigned char* ring = reinterpret_cast<unsigned char*>(red) + (S - 1) * 32 * TM * 16 + s * RG * STAGE;
     auto ring_weights = [&](int stage, int c0) {  // records of chunks c0 .. c0 + U - 1 (past c_end: none)
-        if (c0 >= c_end) return;
-        unsigned char* st = ring + stage * STAGE;
-        for (int i = lane; i < U * (REC / 16); i += 32) {
-            const int u = i / (REC / 16), c = c0 + u;
-            if (c < c_end) kq_issue_seg(st + u * REC, kq, WT == WT_Q6K, blockIdx.x, C, c, i % (REC / 16), true);
-        }
+        if (c0 >= c_end || lane >= REC / 16) return;  // lane l copies segment l of each record
+        unsigned char* st = ring + stage * STAGE + 16 * lane;
+        const KqSeg sg = kq_seg(kq, WT == WT_Q6K, lane);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (c0 + u < c_end) kq_issue_seg(st + u * REC, sg, WT == WT_Q6K, blockIdx.x, C, c0 + u, true);
     };
     auto ring_row_acts = [&](float* xs, int c0) {  // one row: 32 floats (and norm weights) a chunk
         for (int i = lane; i < U * 8; i += 32) {
@@ -673,9 +673,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #endif
 
 #define MM_THREADS(WT, TM) (KQ(WT) ? ((TM) > 4 ? 256 : (TM) > 2 ? 512 : KQ_BOUND) : 1024 / ((TM) > 2 ? (TM) / 2 : 1))
-#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_R(NAME, WT, TM, U, PRO, 3)
-#define MM_TC_R(NAME, WT, TM, U, PRO, RG)                                                                \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
+#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_R(NAME, WT, TM, U, PRO, 3, 1)
+// RG: stages of a K-quant ring; MINB: blocks an SM the registers must allow (ring kernels: 2 of 16 warps)
+#define MM_TC_R(NAME, WT, TM, U, PRO, RG, MINB)                                                          \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM), MINB) NAME(                         \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
@@ -707,12 +708,12 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
     MM_TC(mm_##T##_tm2, WT, 2, 4, 0)                          \
     MM_TC(mm_##T##_tm4, WT, 4, 2, 0)                          \
     MM_TC(mm_##T##_tm8, WT, 8, 1, 0)                          \
-    MM_TC_R(mm_##T##_one, WT, 1, KQ_U_ONE, PRO_ONE, 3)        \
-    MM_TC_R(mm_##T##_norm, WT, 1, KQ_U_ONE, PRO_NORM, 3)      \
-    MM_TC_R(mm_##T##_tm2h, WT, 2, KQ_U_X16, PRO_X16, 3)       \
-    MM_TC_R(mm_##T##_one_r2, WT, 1, KQ_U_ONE, PRO_ONE, 2)     \
-    MM_TC_R(mm_##T##_norm_r2, WT, 1, KQ_U_ONE, PRO_NORM, 2)   \
-    MM_TC_R(mm_##T##_tm2h_r2, WT, 2, KQ_U_X16, PRO_X16, 2)
+    MM_TC_R(mm_##T##_one, WT, 1, KQ_U_ONE, PRO_ONE, 3, 2)     \
+    MM_TC_R(mm_##T##_norm, WT, 1, KQ_U_ONE, PRO_NORM, 3, 2)   \
+    MM_TC_R(mm_##T##_tm2h, WT, 2, KQ_U_X16, PRO_X16, 3, 2)    \
+    MM_TC_R(mm_##T##_one_r2, WT, 1, KQ_U_ONE, PRO_ONE, 2, 2)  \
+    MM_TC_R(mm_##T##_norm_r2, WT, 1, KQ_U_ONE, PRO_NORM, 2, 2) \
+    MM_TC_R(mm_##T##_tm2h_r2, WT, 2, KQ_U_X16, PRO_X16, 2, 2)
 MM_KQ_SET(q4k, WT_Q4K)
 MM_KQ_SET(q6k, WT_Q6K)
 
