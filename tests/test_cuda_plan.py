@@ -64,11 +64,14 @@ def test_kquant_launches_share_one_split_and_fit_the_device(shape):
             assert ring <= plan.kq_ring_max(dtype)
             blocks = 2 if split > 8 else (4 if split == 8 and variant == "tm2h" else 3)
             assert ring * blocks <= 227 * 1024, (variant, split)
-        one = plan.matmul_launch(dtype, 1, n, k, 132)
-        assert one.kernel == f"mm_{plan.KERNEL_NAMES[dtype]}_one" + ("_r2" if split > 8 else "")
+        name = plan.KERNEL_NAMES[dtype]
+        one = plan.matmul_launch(dtype, 1, n, k, 132, ring=True)
+        assert one.kernel == f"mm_{name}_one_ring" + ("_r2" if split > 8 else "")
         assert one.shared == plan.combine_bytes(split, 1) + plan.kq_ring_bytes(dtype, split, "one")
-        x16 = plan.matmul_launch(dtype, 12, n, k, 132, prologue="x16")
-        assert x16.kernel == f"mm_{plan.KERNEL_NAMES[dtype]}_tm2h" + ("_r2" if split > 4 else "")
+        x16 = plan.matmul_launch(dtype, 12, n, k, 132, prologue="x16", ring=True)
+        assert x16.kernel == f"mm_{name}_tm2h_ring" + ("_r2" if split > 4 else "")
+        plain = plan.matmul_launch(dtype, 1, n, k, 132, ring=False)
+        assert plain.kernel == f"mm_{name}_one" and plain.shared == plan.combine_bytes(split, 1)
 
 
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 7, 8, 16])

@@ -274,7 +274,7 @@ __device__ __forceinline__ void stage_weights(unsigned char* dst, const void* __
     }
 }
 
-template <int WT, int TM, int U, int PRO, int RG = 3>
+template <int WT, int TM, int U, int PRO, int RG = 0>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
@@ -335,7 +335,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // a ring of RG stages in shared memory (U chunks of records and of the chunks' activations a stage,
     // cp.async), so RG - 1 stages are in flight during a stage's MMAs without holding registers. The
     // same words reach the same arithmetic.
-    constexpr bool RING = KQ(WT) && (PRO & (PRO_ONE | PRO_NORM | PRO_X16));
+    constexpr bool RING = KQ(WT) && (PRO & (PRO_ONE | PRO_NORM | PRO_X16)) && RG >= 2;
     constexpr int ACT = PRO == PRO_X16 ? TM * 512 : PRO == PRO_NORM ? 256 : 128;  // activation bytes a chunk
     constexpr int REC = kq_rec_bytes(WT == WT_Q6K), STAGE = U * (REC + ACT);
     unsigned char* ring = reinterpret_cast<unsigned char*>(red) + (S - 1) * 32 * TM * 16 + s * RG * STAGE;
@@ -673,8 +673,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #endif
 
 #define MM_THREADS(WT, TM) (KQ(WT) ? ((TM) > 4 ? 256 : (TM) > 2 ? 512 : KQ_BOUND) : 1024 / ((TM) > 2 ? (TM) / 2 : 1))
-#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_R(NAME, WT, TM, U, PRO, 3, 1)
-// RG: stages of a K-quant ring; MINB: blocks an SM the registers must allow (ring kernels: 2 of 16 warps)
+#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_R(NAME, WT, TM, U, PRO, 0, 1)
+// RG: stages of a K-quant ring (0: none); MINB: blocks an SM the registers must allow (ring kernels: 2 of 16 warps)
 #define MM_TC_R(NAME, WT, TM, U, PRO, RG, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM), MINB) NAME(                         \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
@@ -700,20 +700,17 @@ MM_TC_SET(f16, WT_F16, 2, 2, 1, 4)
 MM_TC_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // K-quants: 8 bytes a lane a chunk (f16: 32), so more chunks a batch at 1-2 token tiles; blocks of at
-// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
-// The ring kernels (one row; 9-16 rows of 16-bit activations, KQ_U_X16 chunks a stage) of 3 stages
-// and (_r2) of 2, so that more blocks fit an SM (plan.kq_ring_stages).
-#define MM_KQ_SET(T, WT)                                      \
-    MM_TC(mm_##T##_tm1, WT, 1, 4, 0)                          \
-    MM_TC(mm_##T##_tm2, WT, 2, 4, 0)                          \
-    MM_TC(mm_##T##_tm4, WT, 4, 2, 0)                          \
-    MM_TC(mm_##T##_tm8, WT, 8, 1, 0)                          \
-    MM_TC_R(mm_##T##_one, WT, 1, KQ_U_ONE, PRO_ONE, 3, 2)     \
-    MM_TC_R(mm_##T##_norm, WT, 1, KQ_U_ONE, PRO_NORM, 3, 2)   \
-    MM_TC_R(mm_##T##_tm2h, WT, 2, KQ_U_X16, PRO_X16, 3, 2)    \
-    MM_TC_R(mm_##T##_one_r2, WT, 1, KQ_U_ONE, PRO_ONE, 2, 2)  \
-    MM_TC_R(mm_##T##_norm_r2, WT, 1, KQ_U_ONE, PRO_NORM, 2, 2) \
-    MM_TC_R(mm_##T##_tm2h_r2, WT, 2, KQ_U_X16, PRO_X16, 2, 2)
+// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there. The _ring kernels (one
+// row; 9-16 rows of 16-bit activations, KQ_U_X16 chunks a stage) stream through rings of 3 stages,
+// _ring_r2 of 2 (plan.kq_ring_stages); plan.KQ_RING_DECODE picks them.
+#define MM_KQ_SET(T, WT)                                           \
+    MM_TC_SET(T, WT, 4, 2, 1, KQ_U_ONE)                            \
+    MM_TC_R(mm_##T##_one_ring, WT, 1, KQ_U_ONE, PRO_ONE, 3, 2)     \
+    MM_TC_R(mm_##T##_norm_ring, WT, 1, KQ_U_ONE, PRO_NORM, 3, 2)   \
+    MM_TC_R(mm_##T##_tm2h_ring, WT, 2, KQ_U_X16, PRO_X16, 3, 2)    \
+    MM_TC_R(mm_##T##_one_ring_r2, WT, 1, KQ_U_ONE, PRO_ONE, 2, 2)  \
+    MM_TC_R(mm_##T##_norm_ring_r2, WT, 1, KQ_U_ONE, PRO_NORM, 2, 2) \
+    MM_TC_R(mm_##T##_tm2h_ring_r2, WT, 2, KQ_U_X16, PRO_X16, 2, 2)
 MM_KQ_SET(q4k, WT_Q4K)
 MM_KQ_SET(q6k, WT_Q6K)
 
