@@ -274,6 +274,18 @@ __device__ __forceinline__ void stage_weights(unsigned char* dst, const void* __
     }
 }
 
+// One row's activation pairs of chunk u of a four-chunk warp load (lane l packed k 4l .. 4l + 3 into q0,
+// q1), as the lanes of token 0 (g = 0) feed them to the MMA (load_x8's pairs); zeros on the others.
+__device__ __forceinline__ void row_pairs(unsigned q0, unsigned q1, int u, unsigned (&b)[4]) {
+    const int lane = threadIdx.x & 31, src = (u & 3) * 8 + 2 * (lane & 3);
+    b[0] = __shfl_sync(0xffffffffu, q0, src);
+    b[1] = __shfl_sync(0xffffffffu, q1, src);
+    b[2] = __shfl_sync(0xffffffffu, q0, src + 1);
+    b[3] = __shfl_sync(0xffffffffu, q1, src + 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) b[i] = lane < 4 ? b[i] : 0u;
+}
+
 template <int WT, int TM, int U, int PRO, int RG = 0>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
@@ -482,12 +494,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
                 for (int u = 0; u < U; ++u)
                     if (c0 + u < c_end) {
-                        const int src = (u & 3) * 8 + 2 * t;
-                        const unsigned q0 = p0[u >> 2], q1 = p1[u >> 2];
-                        unsigned bb[4] = {__shfl_sync(0xffffffffu, q0, src), __shfl_sync(0xffffffffu, q1, src),
-                                          __shfl_sync(0xffffffffu, q0, src + 1), __shfl_sync(0xffffffffu, q1, src + 1)};
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) bb[i] = g == 0 ? bb[i] : 0u;
+                        unsigned bb[4];
+                        row_pairs(p0[u >> 2], p1[u >> 2], u, bb);
                         unsigned a1[4], a2[4];
                         float sa, sb, xa, xb;
                         staged_frags(st + u * REC, a1, a2, sa, sb, xa, xb);
@@ -524,12 +532,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
             for (int u = 0; u < U; ++u)
                 if (c0 + u < c_end) {
-                    const int src = (u & 3) * 8 + 2 * t;
-                    const unsigned q0 = p0[u >> 2], q1 = p1[u >> 2];
-                    unsigned b[4] = {__shfl_sync(0xffffffffu, q0, src), __shfl_sync(0xffffffffu, q1, src),
-                                     __shfl_sync(0xffffffffu, q0, src + 1), __shfl_sync(0xffffffffu, q1, src + 1)};
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) b[i] = g == 0 ? b[i] : 0u;
+                    unsigned b[4];
+                    row_pairs(p0[u >> 2], p1[u >> 2], u, b);
                     unsigned a1[4], a2[4];
                     a_frags<WT>(wa[u], wb[u], a1, a2);
                     float sa, sb, xa, xb;
