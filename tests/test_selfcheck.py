@@ -248,4 +248,6 @@ def test_matmul_families_of_8b_weights_on_an_h200():
     # 64 x 2 tiles from 65 rows fill 0.75 of 132 SMs; 32 x 2 wgmma tiles from 129 rows fill 0.45
     assert family_rows(ops, FakeCudaWeight("f16", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
                                                                           "mm_wgmma_tma": 129}
-    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1}  # K-quants stream
+    # K-quants: the tiled and wide kernels read their planes (no wgmma)
+    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
+                                                                           "mm_wide": 512}
