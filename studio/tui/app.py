@@ -32,6 +32,7 @@ from studio.pull_api import target_folder
 from studio.tui.api_server import ApiServer
 from studio.tui.messages import ApiStarted, CatalogScanned, LoadFinished, LoadOutcome, StatusPolled, Unloaded
 from studio.tui.navigation import PLACES
+from studio.tui.prebuild import prebuild, thaw
 from studio.tui.screens import SCREENS
 from studio.tui.screens.quit import QuitScreen
 from studio.tui.stylesheets import STYLE_DIR
@@ -94,6 +95,7 @@ class LockstepApp(App[int]):
         self.css_refreshed_at: int | None = None  # the style stamp the stylesheet was last parsed at
         self._poll_worker: Worker | None = None
         self._load_worker: Worker | None = None
+        self.prebuild_worker: Worker | None = None
         # Saved chats live beside the settings file.
         self.conversations_dir = Path(self.manager.store.path).parent / "conversations"
 
@@ -111,27 +113,19 @@ class LockstepApp(App[int]):
         self.rescan()
         self.poll_status()
         self.set_interval(self._poll_interval, self.poll_status)
-        self.call_after_refresh(self.prebuild, "load")  # the screen a new user visits next
+        self.call_after_refresh(self.prebuild_screens)
         for problem in getattr(self.manager.store, "problems", []):
             self.notify(problem.message(), title="Settings file", severity="warning", timeout=15)
 
-    def prebuild(self, mode: str) -> None:
-        """Composes and mounts a mode's screen now, off screen, so that its first visit only lays it out:
-        building the Load form's hundred widgets is most of a first visit's work. Textual (8.2) has no
-        public call that mounts a screen without making it current (install_screen and get_screen do not
-        mount); this is the part of its first switch_mode (App._init_mode) before the screen resumes.
-        The resume, on the visit, sets the width classes and lays it out."""
-        if mode in self._screen_stacks:
-            return
-        screen = self.MODES[mode]()
-        self._get_screen(screen)
-        self._load_screen_css(screen)  # the visit will not: switch_mode finds the mode built and only resumes it
-        self._screen_stacks[mode] = [screen]
+    def prebuild_screens(self) -> None:
+        """Every other screen built off screen while the user reads this one: first visits then only paint."""
+        self.prebuild_worker = self.run_worker(prebuild(self, [p.mode for p in PLACES]), group="prebuild")
 
     async def on_unmount(self) -> None:
         # Our own requests (a streaming reply, a pull) end first, so the engine has none left to finish;
         # then the engine and the API together: proxied requests end at once instead of holding its shutdown.
         self.workers.cancel_all()
+        thaw()
         await asyncio.gather(self.manager.shutdown(), self.api.stop() if self.api is not None else asyncio.sleep(0))
 
     def action_ask_quit(self) -> None:

@@ -8,8 +8,9 @@ from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Select, TextArea
+from textual.widgets import Input, Select, TextArea
 
+from studio.tui.widgets.key_footer import KeyFooter
 from studio.tui.widgets.nav_bar import NavBar
 
 if TYPE_CHECKING:
@@ -31,6 +32,13 @@ class StudioScreen(Screen):
             self._css_update_count = self.app._css_update_count
         self._styled_once = False
 
+    def _on_mount(self, event: events.Mount) -> None:
+        # The same for a screen made before the app's first styling and mounted after it (the first screen):
+        # its widgets were styled with the current stylesheet, and a lagging stamp would restyle everything
+        # on the first return to it.
+        if self.app.css_refreshed_at == self.app._css_update_count:
+            self._css_update_count = self.app._css_update_count
+
     def _on_screen_resume(self, event: events.ScreenResume) -> None:
         # Runs before Screen's own handler (Textual walks the MRO from the subclass). The first resume
         # styles the new screen with the theme's variables; after that a resumed screen keeps its styles,
@@ -46,7 +54,7 @@ class StudioScreen(Screen):
     def compose(self) -> ComposeResult:
         yield NavBar(self.MODE)
         yield from self.compose_body()
-        yield Footer()
+        yield KeyFooter()
 
     def compose_body(self) -> ComposeResult:
         yield from ()
