@@ -16,7 +16,6 @@ import asyncio
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,19 +25,12 @@ from studio.catalog import bundled_models_dir  # noqa: E402
 from studio.manager import LoadManager  # noqa: E402
 from studio.tui.app import LockstepApp  # noqa: E402
 from tests.hub_server import Hub  # noqa: E402
+from tests.tui_helpers import until  # noqa: E402
 
 SIZE = (120, 40)
 SYSTEM = "You complete Python code."
 PROMPT = "def fibonacci(n):"
 BUSY_PROMPT = "class Stack:"
-
-
-async def _until(pilot, predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up waiting for {what} after {timeout:g} s")
-        await pilot.pause(0.1)
 
 
 async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
@@ -47,13 +39,13 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
         # The API on its usual port, so the Status shot shows where scripts reach it (or why not).
         app = LockstepApp(manager)
         async with app.run_test(size=SIZE) as pilot:
-            await _until(pilot, lambda: app.models is not None, 60, "the catalog")
+            await until(pilot, lambda: app.models is not None, 60, "the catalog")
             if not app.models:
                 raise SystemExit("no models found: install the bundled model or set LOCKSTEP_MODEL_DIRS")
             target = model or app.models[0].id
             shots = [await _pull_shot(app, pilot, out, Path(tmp))]
             app.start_load(LoadRequest(model=target, exact_concurrency="on"), origin="models")
-            await _until(pilot, lambda: app.status.get("state") == "ready" and app.loading is None, 300, "the load")
+            await until(pilot, lambda: app.status.get("state") == "ready" and app.loading is None, 300, "the load")
             await pilot.press("f4")
             chat = app.screen
             chat.query_one("#system").value = SYSTEM
@@ -63,7 +55,7 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
             chat.query_one("#prompt").focus()
             await pilot.press(*PROMPT, "enter")
             await pilot.pause(0.5)
-            await _until(pilot, lambda: not chat.streaming, 600, "the reply")
+            await until(pilot, lambda: not chat.streaming, 600, "the reply")
             app.clear_notifications()
             await pilot.pause(0.2)
             shots.append(Path(app.save_screenshot("chat.svg", str(out))))
@@ -74,11 +66,11 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
             def busy() -> bool:
                 return any(s.get("is_processing") and s.get("generated") for s in app.status.get("slots") or [])
 
-            await _until(pilot, busy, 60, "a busy slot")
+            await until(pilot, busy, 60, "a busy slot")
             await pilot.pause(2.5)  # two more polls: the rate reflects the running reply
             app.clear_notifications()
             shots.append(Path(app.save_screenshot("status.svg", str(out))))
-            await _until(pilot, lambda: not chat.streaming, 600, "the second reply")
+            await until(pilot, lambda: not chat.streaming, 600, "the second reply")
             if len(chat.conversation) != 4:
                 raise RuntimeError("the reply streamed while the Chat screen was not shown did not complete")
         return shots
@@ -100,12 +92,12 @@ async def _pull_shot(app: LockstepApp, pilot, out: Path, tmp: Path) -> Path:
             p = app.pull_progress
             return p is not None and p.file == weights.name and p.completed >= hub.hold_after // 2
 
-        await _until(pilot, half_way, 120, "the pull to get half way")
+        await until(pilot, half_way, 120, "the pull to get half way")
         await pilot.pause(0.3)
         app.clear_notifications()
         shot = Path(app.save_screenshot("models.svg", str(out)))
         hub.release.set()
-        await _until(pilot, lambda: app.pull_progress.status in ("success", "error"), 120, "the pull to end")
+        await until(pilot, lambda: app.pull_progress.status in ("success", "error"), 120, "the pull to end")
     finally:
         await hub.server.close()
     return shot

@@ -12,7 +12,6 @@ import importlib
 import socket
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from studio.tui.app import LockstepApp
 from studio.tui.widgets.chat_message import ChatMessage
 from studio.tui.widgets.exact_badge import ExactBadge
+from tests.tui_helpers import until  # noqa: F401  (re-exported to the other TUI tests)
 
 SIZE = (120, 40)
 LOAD_S = 120
@@ -55,14 +55,6 @@ def studio_env(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("LOCKSTEP_LOG_DIR", str(tmp_path / "logs"))
     monkeypatch.setenv("LOCKSTEP_MODEL_DIRS", str(tiny_llama.parent))
     return tiny_llama.name
-
-
-async def until(pilot, predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await pilot.pause(0.05)
 
 
 async def pick_model(pilot, model_id: str) -> None:

@@ -31,7 +31,7 @@ from studio.pull import PullProgress, pull
 from studio.pull_api import target_folder
 from studio.tui.api_server import ApiServer
 from studio.tui.messages import ApiStarted, CatalogScanned, LoadFinished, LoadOutcome, StatusPolled, Unloaded
-from studio.tui.navigation import PLACES
+from studio.tui.navigation import PLACES, Place
 from studio.tui.prebuild import prebuild, thaw
 from studio.tui.screens import SCREENS
 from studio.tui.screens.quit import QuitScreen
@@ -48,6 +48,13 @@ class LoadProgress:
     model: str
     exact: str
     started: float
+
+
+def nav_binding(place: Place) -> Binding:
+    # Shown by the nav bar, not the footer; priority so a focused text field cannot keep them.
+    keys, label = place.bindings()
+    return Binding(keys, f"goto('{place.mode}')", place.title, key_display=label, group=NAV, tooltip=place.help,
+                   show=False, priority=True)
 
 
 def instance_log_dir() -> Path:
@@ -67,9 +74,7 @@ class LockstepApp(App[int]):
     MODES = {place.mode: SCREENS[place.mode] for place in PLACES}
     DEFAULT_MODE = "models"
     BINDINGS = [
-        # Shown by the nav bar, not the footer; priority so a focused text field cannot keep them.
-        *(Binding(p.keys, f"goto('{p.mode}')", p.title, key_display=p.key_label, group=NAV, tooltip=p.help,
-                  show=False, priority=True) for p in PLACES),
+        *(nav_binding(p) for p in PLACES),
         Binding("q", "ask_quit", "Quit"),
         Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
     ]

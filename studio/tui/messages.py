@@ -97,6 +97,11 @@ class EvidenceFinished(Message):
 
 
 @dataclass
+class SettingsOnDisk(Message):
+    version: str  # of the settings file as it is now (settings.store.version_of)
+
+
+@dataclass
 class LogsRead(Message):
     logs: dict[str, Any]
 

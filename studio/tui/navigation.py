@@ -15,13 +15,9 @@ class Place(NamedTuple):
     title: str
     help: str
 
-    @property
-    def keys(self) -> str:
-        return f"f{self.number},alt+{self.number}"
-
-    @property
-    def key_label(self) -> str:
-        return f"F{self.number}"
+    def bindings(self) -> tuple[str, str]:
+        """The keys that go to this place (as a Binding names them) and the label the nav bar shows."""
+        return f"f{self.number},alt+{self.number}", f"F{self.number}"
 
 
 PLACES: tuple[Place, ...] = (

@@ -17,10 +17,22 @@ if TYPE_CHECKING:
     from studio.tui.app import LockstepApp
 
 
+def keys(*specs: tuple[str, str, str]) -> list[Binding]:
+    """A screen's bindings from (key, action, description) triples."""
+    return [Binding(key, action, description) for key, action, description in specs]
+
+
 class StudioScreen(Screen):
+    """A place in the studio: `class ChatScreen(StudioScreen, mode="chat", focus="#prompt")`."""
+
     MODE: ClassVar[str] = ""
     # Escape leaves a typing field, so the screen's single-letter keys act again.
     BINDINGS = [Binding("escape", "leave_field", "Leave field")]
+
+    def __init_subclass__(cls, mode: str = "", focus: str | None = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.MODE = mode or cls.MODE
+        cls.AUTO_FOCUS = focus or cls.AUTO_FOCUS
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -11,14 +11,13 @@ from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import HorizontalGroup, VerticalScroll
 from textual.widgets import Input, Label, Static
 
 from studio.tui.chat_turn import speed_text, stream_turn
 from studio.tui.conversations import Conversation, ConversationStore
 from studio.tui.messages import ChatDelta, ChatFinished, ChatTrimmed, EngineReloaded
-from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.base import StudioScreen, keys
 from studio.tui.screens.conversations import ConversationsScreen
 from studio.tui.widgets.chat_message import ChatMessage
 
@@ -46,16 +45,10 @@ def sampling(temperature: str, max_tokens: str, seed: str) -> tuple[dict[str, An
     return body, None
 
 
-class ChatScreen(StudioScreen):
-    MODE = "chat"
-    AUTO_FOCUS = "#prompt"
-    BINDINGS = [
-        Binding("escape", "stop_or_leave", "Stop / leave input"),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+y", "copy_reply", "Copy reply"),
-        Binding("ctrl+o", "open_chats", "Chats…"),
-    ]
+class ChatScreen(StudioScreen, mode="chat", focus="#prompt"):
+    BINDINGS = keys(("escape", "stop_or_leave", "Stop / leave input"), ("ctrl+n", "new_chat", "New chat"),
+                    ("ctrl+r", "regenerate", "Regenerate"), ("ctrl+y", "copy_reply", "Copy reply"),
+                    ("ctrl+o", "open_chats", "Chats…"))
 
     def compose_body(self) -> ComposeResult:
         with HorizontalGroup(id="system-row"):

@@ -7,7 +7,6 @@ import re
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import HorizontalGroup, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, DataTable, ProgressBar, Static
@@ -15,7 +14,7 @@ from textual.widgets import Button, DataTable, ProgressBar, Static
 from studio import evidence
 from studio.tui.evidence_target import NoTarget, evidence_target
 from studio.tui.messages import EvidenceFinished, EvidenceProgress
-from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.base import StudioScreen, keys
 
 # The matrix's cell count today; the bar grows if the harness adds cells.
 EXPECTED_CELLS = len(evidence.CELLS)
@@ -50,12 +49,8 @@ def loaded_note(status: dict) -> str:
             "load with exact concurrency on for that.")
 
 
-class ExactnessScreen(StudioScreen):
-    MODE = "exactness"
-    BINDINGS = [
-        Binding("r", "run", "Run check"),
-        Binding("escape", "cancel", "Cancel"),
-    ]
+class ExactnessScreen(StudioScreen, mode="exactness"):
+    BINDINGS = keys(("r", "run", "Run check"), ("escape", "cancel", "Cancel"))
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="exactness-body"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
 from textual.widgets import Button, Input, Label, Select, Static
 
@@ -13,7 +12,7 @@ from studio.catalog import ModelInfo
 from studio.tui.format import size
 from studio.tui.load_form import DEFAULT, check_load_form, effective_defaults, form_values
 from studio.tui.messages import SettingsSaved, settings_saved
-from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.base import StudioScreen, keys
 from studio.tui.widgets.load_banner import LoadBanner
 
 # name, label, help; a field's errors replace its help while they last.
@@ -42,14 +41,9 @@ ORDER = ("exact", "ctx_size", "parallel", "batch_size", "ubatch_size", "flash_at
          "cache_type_k", "cache_type_v", "spec_type", "spec_draft_n_max", "tp", "tensor_split", "extra_args")
 
 
-class LoadScreen(StudioScreen):
-    MODE = "load"
-    AUTO_FOCUS = "#field-model"
-    BINDINGS = [
-        Binding("ctrl+l", "load", "Load"),
-        Binding("ctrl+s", "save_defaults", "Save as defaults"),
-        Binding("ctrl+r", "reset", "Reset to defaults"),
-    ]
+class LoadScreen(StudioScreen, mode="load", focus="#field-model"):
+    BINDINGS = keys(("ctrl+l", "load", "Load"), ("ctrl+s", "save_defaults", "Save as defaults"),
+                    ("ctrl+r", "reset", "Reset to defaults"))
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="load-form", classes="-compact-form"):

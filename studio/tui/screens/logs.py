@@ -7,14 +7,13 @@ from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import OptionList, RichLog, Static
 from textual.widgets.option_list import Option
 
 from studio.tui.messages import LogsRead
-from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.base import StudioScreen, keys
 
 TAIL_BYTES = 256 * 1024
 
@@ -24,10 +23,8 @@ def attempt_label(attempt: dict[str, Any]) -> str:
     return f"attempt {attempt['attempt']}: {attempt.get('outcome', '?')}{change}"
 
 
-class LogsScreen(StudioScreen):
-    MODE = "logs"
-    AUTO_FOCUS = "#log-list"
-    BINDINGS = [Binding("r", "refresh", "Refresh")]
+class LogsScreen(StudioScreen, mode="logs", focus="#log-list"):
+    BINDINGS = keys(("r", "refresh", "Refresh"))
 
     def compose_body(self) -> ComposeResult:
         yield Static(Content.from_markup("[dim]this studio's logs:[/dim] $d", d=str(self.studio.manager.log_dir)),

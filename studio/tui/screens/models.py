@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -13,11 +14,22 @@ from studio.catalog import ModelInfo, bundled_models_dir
 from studio.pull import PullProgress, progress_text
 from studio.tui.format import count, size
 from studio.tui.load_form import effective_defaults
-from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.base import StudioScreen, keys
 from studio.tui.screens.pull import PullScreen
 from studio.tui.widgets.load_banner import LoadBanner
 
 COLUMNS = ("model", "format", "arch", "params", "size", "context", "quant mix")
+
+
+def table_rows(models: list[ModelInfo]) -> list[tuple[str, ...]]:
+    return [(m.id, m.format, m.architecture or "?", count(m.parameters), size(m.size_bytes),
+             str(m.native_context or "—"), m.quant_mix or "—") for m in models]
+
+
+def column_widths(rows: list[tuple[str, ...]]) -> list[int]:
+    """Each column as wide as its widest cell or label. Set with the rows: DataTable's own sizing waits for
+    an idle pass, and a first frame painted before it showed the columns cut to their labels' width."""
+    return [max(cell_len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=False)]
 
 
 def empty_hint(folders: list[str]) -> Content:
@@ -57,15 +69,9 @@ def details(info: ModelInfo, bundled: bool, loaded: bool) -> Content:
     return Content("\n").join(parts)
 
 
-class ModelsScreen(StudioScreen):
-    MODE = "models"
-    AUTO_FOCUS = "#model-table"
-    BINDINGS = [
-        Binding("l", "load_selected", "Load", key_display="⏎/l"),
-        Binding("e", "edit", "Load settings…"),
-        Binding("r", "rescan", "Rescan"),
-        Binding("p", "pull", "Pull from Hub…"),
-    ]
+class ModelsScreen(StudioScreen, mode="models", focus="#model-table"):
+    BINDINGS = [Binding("l", "load_selected", "Load", key_display="⏎/l"),
+                *keys(("e", "edit", "Load settings…"), ("r", "rescan", "Rescan"), ("p", "pull", "Pull from Hub…"))]
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="models-body"):
@@ -78,9 +84,6 @@ class ModelsScreen(StudioScreen):
                 yield LoadBanner("models", id="models-load-banner")
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for column in COLUMNS:
-            table.add_column(column, key=column)
         self.query_one("#catalog-pane").border_title = "Models"
         self.query_one("#details-pane").border_title = "Details"
         self.watch(self.app, "models", self._show_models, init=True)
@@ -104,10 +107,12 @@ class ModelsScreen(StudioScreen):
         hint = self.query_one("#catalog-hint", Static)
         if models is None:
             return
-        table.clear()
-        for m in models:
-            table.add_row(m.id, m.format, m.architecture or "?", count(m.parameters), size(m.size_bytes),
-                          str(m.native_context or "—"), m.quant_mix or "—", key=m.id)
+        rows = table_rows(models)
+        table.clear(columns=True)
+        for label, width in zip(COLUMNS, column_widths(rows), strict=True):
+            table.add_column(label, key=label, width=width)
+        for m, row in zip(models, rows, strict=True):
+            table.add_row(*row, key=m.id)
         self.query_one("#catalog-pane").border_title = f"Models ({len(models)})"
         table.display = bool(models)
         hint.display = not models

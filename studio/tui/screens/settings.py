@@ -7,15 +7,15 @@ from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from settings import EXACT_MODES, PREEMPT_MODES, Settings
 from settings.env import ENV_MODEL_DIRS
-from studio.tui.messages import SettingsSaved, settings_saved
-from studio.tui.screens.base import StudioScreen
+from settings.store import version_of
+from studio.tui.messages import SettingsOnDisk, SettingsSaved, settings_saved
+from studio.tui.screens.base import StudioScreen, keys
 
 NOT_SET = "unset"
 
@@ -41,13 +41,8 @@ def settings_patch(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, st
     return patch, errors
 
 
-class SettingsScreen(StudioScreen):
-    MODE = "settings"
-    AUTO_FOCUS = "#set-exact"
-    BINDINGS = [
-        Binding("ctrl+s", "save", "Save"),
-        Binding("ctrl+r", "revert", "Revert"),
-    ]
+class SettingsScreen(StudioScreen, mode="settings", focus="#set-exact"):
+    BINDINGS = keys(("ctrl+s", "save", "Save"), ("ctrl+r", "revert", "Revert"))
 
     def compose_body(self) -> ComposeResult:
         exact_options = [("not set (off unless LOCKSTEP_EXACT=1 is inherited)", NOT_SET)] + [
@@ -93,6 +88,29 @@ class SettingsScreen(StudioScreen):
     def on_mount(self) -> None:
         self.action_revert()
 
+    def on_screen_resume(self) -> None:
+        # The REST API or another studio may have written the file since the form was filled.
+        self.read_version()
+
+    @work(thread=True, exclusive=True, group="settings-version")
+    def read_version(self) -> None:
+        try:
+            raw: bytes | None = self.studio.manager.store.path.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        except OSError:
+            return  # the store reports an unreadable file itself
+        self.post_message(SettingsOnDisk(version_of(raw)))
+
+    def on_settings_on_disk(self, message: SettingsOnDisk) -> None:
+        if message.version == self._version:
+            return
+        if self.values() == self._filled:
+            self.action_revert()  # nothing typed here: show what is stored now
+        else:
+            self._set_error("the settings file changed since this form was filled: ctrl+r (Revert) loads it; "
+                            "a save now would be refused")
+
     def action_revert(self) -> None:
         manager = self.studio.manager
         # What is on disk now (another studio or the REST API may have written it); a save names this version.
@@ -114,6 +132,7 @@ class SettingsScreen(StudioScreen):
         box.display = bool(problems)
         self._show_context()
         self._set_error("")
+        self._filled = self.values()
 
     def _show_context(self) -> None:
         manager = self.studio.manager
@@ -169,6 +188,7 @@ class SettingsScreen(StudioScreen):
             self._set_error(f"not saved: {message.error}")
             return
         self._version = self.studio.manager.store.version
+        self._filled = self.values()  # what is stored now
         self._set_error("")
         self._show_context()
         self.notify("settings saved")

@@ -7,13 +7,12 @@ import time
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import DataTable, ProgressBar, Static
 
 from studio.tui.format import number
-from studio.tui.screens.base import StudioScreen
+from studio.tui.screens.base import StudioScreen, keys
 from studio.tui.widgets.exact_badge import ExactBadge
 from studio.tui.widgets.load_banner import describe, show_on_bar
 
@@ -89,14 +88,9 @@ def rate_text(status: dict[str, Any], live: float | None) -> str:
     return f"idle (last requests {number(last, 1)} tokens/s)" if last else "idle"
 
 
-class StatusScreen(StudioScreen):
-    MODE = "status"
-    BINDINGS = [
-        Binding("c", "app.goto('chat')", "Chat"),
-        Binding("x", "app.goto('exactness')", "Check exactness"),
-        Binding("u", "app.unload", "Unload"),
-        Binding("r", "app.refresh_status", "Refresh"),
-    ]
+class StatusScreen(StudioScreen, mode="status"):
+    BINDINGS = keys(("c", "app.goto('chat')", "Chat"), ("x", "app.goto('exactness')", "Check exactness"),
+                    ("u", "app.unload", "Unload"), ("r", "app.refresh_status", "Refresh"))
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="status-body"):

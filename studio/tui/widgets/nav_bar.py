@@ -16,7 +16,8 @@ def nav_content(current: str) -> Content:
     parts: list[Content] = []
     for place in PLACES:
         style = "reverse b" if place.mode == current else ""
-        label = Content.from_markup(" [b]$key[/b] $title ", key=place.key_label, title=place.title)
+        _keys, key_label = place.bindings()
+        label = Content.from_markup(" [b]$key[/b] $title ", key=key_label, title=place.title)
         if style:
             label = label.stylize(style)
         parts.append(label.stylize(f"@click=app.goto('{place.mode}')"))
