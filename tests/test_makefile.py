@@ -24,6 +24,7 @@ def test_make_run_installs_the_runtime_only_and_says_what_it_does(tmp_path):
     installs = [line for line in plan.splitlines() if "pip install" in line]
     assert installs, plan
     assert all("[test" not in line and " -q" not in line for line in installs), installs
+    assert all("--no-compile" in line for line in installs), installs  # compiling everything was an eighth
     assert "installing Lockstep and its runtime dependencies" in plan
     assert "starting the studio" in plan
 
