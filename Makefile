@@ -4,9 +4,10 @@ PY := $(VENV)/bin/python
 # Two stamps: `make run` needs the runtime only; `make test` adds the test extras (torch, transformers, ruff).
 RUNTIME := $(VENV)/.runtime-installed
 TESTDEPS := $(VENV)/.test-installed
-# pip's own progress, not -q: a first install takes a minute and must not look like a hang. --no-compile:
-# byte-compiling every installed file was 12 of a 95 s first install (2 busy cores); Python compiles the
-# modules the studio imports when it first starts, in about a second.
+# The installers' own progress, not -q: a first install must not look like a hang. The runtime goes in
+# through scripts/install.sh (uv, else pip); the test extras through pip, which reads pip.conf (the CPU
+# torch wheel is found through it).
+INSTALL := scripts/install.sh $(PY)
 PIP := $(PY) -m pip install --progress-bar on --disable-pip-version-check --no-compile
 
 .PHONY: run test lint clean
@@ -24,8 +25,8 @@ $(PY):
 
 # Reinstall when the project's metadata changes; pick the CuPy build matching the NVIDIA driver.
 $(RUNTIME): pyproject.toml | $(PY)
-	@echo "==> installing Lockstep and its runtime dependencies (first run: a minute or two)"
-	extra=$$(scripts/cuda_extra.sh); $(PIP) -e ".$${extra:+[$${extra#,}]}"
+	@echo "==> installing Lockstep and its runtime dependencies (first run: under a minute)"
+	extra=$$(scripts/cuda_extra.sh); $(INSTALL) -e ".$${extra:+[$${extra#,}]}"
 	touch $(RUNTIME)
 
 $(TESTDEPS): $(RUNTIME)

@@ -21,10 +21,9 @@ def dry_run(target: str, tmp_path) -> str:
 
 def test_make_run_installs_the_runtime_only_and_says_what_it_does(tmp_path):
     plan = dry_run("run", tmp_path)
-    installs = [line for line in plan.splitlines() if "pip install" in line]
-    assert installs, plan
+    installs = [line for line in plan.splitlines() if "pip install" in line or "install.sh" in line]
+    assert installs and all("scripts/install.sh" in line for line in installs), installs
     assert all("[test" not in line and " -q" not in line for line in installs), installs
-    assert all("--no-compile" in line for line in installs), installs  # compiling everything was an eighth
     assert "installing Lockstep and its runtime dependencies" in plan
     assert "starting the studio" in plan
 
@@ -70,3 +69,37 @@ def test_a_venv_that_could_not_be_made_is_not_left_to_pass_for_one(tmp_path):
         assert done.returncode != 0
         assert "could not create" in done.stdout and "python3-venv" in done.stdout, done.stdout
         assert not (tmp_path / "venv").exists()
+
+
+def stand_ins(tmp_path, uv_works: bool = True) -> Path:
+    """A venv's python and uv that record how they were called (nothing is installed)."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "python $*" >> {calls}\n')
+    (bin_dir / "uv").write_text(f'#!/bin/sh\necho "uv $*" >> {calls}\n' + ("" if uv_works else "exit 1\n"))
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return bin_dir / "python"
+
+
+def install(tmp_path, python: Path, **env: str) -> list[str]:
+    done = subprocess.run([str(ROOT / "scripts" / "install.sh"), str(python), "-e", "."], capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / "calls").read_text().splitlines()
+
+
+def test_the_runtime_goes_in_through_uv_when_the_venv_has_it(tmp_path):
+    python = stand_ins(tmp_path)
+    assert install(tmp_path, python) == [f"uv pip install --python {python} -e ."]
+
+
+def test_pip_without_byte_compiling_when_uv_fails_or_is_not_wanted(tmp_path):
+    python = stand_ins(tmp_path, uv_works=False)
+    calls = install(tmp_path, python)
+    assert calls[0].startswith("uv pip install") and calls[1].startswith("python -m pip install"), calls
+    assert "--no-compile" in calls[1] and calls[1].endswith("-e ."), calls
+    (tmp_path / "calls").unlink()
+    assert [c.split()[:4] for c in install(tmp_path, python, LOCKSTEP_NO_UV="1")] == [
+        ["python", "-m", "pip", "install"]]

@@ -126,3 +126,22 @@ async def test_q_asks_before_quitting_with_a_model_loaded_and_quitting_stops_the
         await pilot.press("q", "y")
         await until(pilot, lambda: app.return_code is not None, 10, "the app to quit")
     assert process.returncode is not None  # the engine is stopped, not left running
+
+
+async def test_quitting_while_a_reply_streams_cancels_it_instead_of_waiting_for_it(studio_env, tiny_llama_noeos):  # noqa: F811
+    app = LockstepApp(api=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await load_from_models(pilot, tiny_llama_noeos.name)  # no end token: the reply runs to max tokens
+        process = app.manager.loaded.child.process
+        await pilot.press("f4")
+        screen = app.screen
+        screen.query_one("#opt-max-tokens").value = "100000"
+        await pilot.press(*"hello", "enter")
+        await until(pilot, lambda: screen.streaming and bool(screen.query(".-assistant").last(ChatMessage).text),
+                    CHAT_S, "the reply to start streaming")
+        reply = screen.query(".-assistant").last(ChatMessage)
+        await pilot.press("q", "y")
+        await until(pilot, lambda: app.return_code is not None, 30, "the app to quit")
+    # Quitting stopped the reply where it was (a wait for it would have let it finish) and the engine with it.
+    assert not reply.border_subtitle and screen.conversation == [], screen.conversation
+    assert process.returncode is not None

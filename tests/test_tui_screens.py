@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.widgets import DataTable
 
@@ -97,3 +98,20 @@ async def test_an_edited_settings_form_keeps_the_edit_and_says_the_file_changed(
         await until(pilot, lambda: error.display, WAIT_S, "the note that the file changed")
         assert "changed since this form was filled" in str(error.render())
         assert screen.query_one("#set-api_port").value == "9999"  # the user's typing is not thrown away
+
+
+def shown(widget) -> str:
+    """The text a widget shows in the region it has (cut where the region cuts it)."""
+    return "\n".join(strip.text for strip in widget.render_lines(Region(0, 0, *widget.size)))
+
+
+async def test_at_80x24_the_header_keeps_the_model_and_its_exact_state(tmp_path):
+    app = LockstepApp(offline_app(tmp_path).manager, api=False, poll_interval=3600)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.status.get("state") == "stopped", WAIT_S, "the first status poll")
+        app.status = {"model": "qwen2.5-0.5b-instruct-q8_0", "state": "ready", "exact_concurrency": "on"}
+        for key in ("f1", "f3", "f4", "f7"):
+            await pilot.press(key)
+            await pilot.pause()
+            text = shown(app.screen.query_one("#nav-summary"))
+            assert "qwen2.5-0.5b-instruct-q8_0" in text and "EXACT ON" in text, (key, text)
