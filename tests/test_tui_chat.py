@@ -22,6 +22,17 @@ async def chat_turn_done(pilot, screen, n_messages: int, what: str) -> None:
     await until(pilot, lambda: not screen.streaming and len(screen.conversation) == n_messages, CHAT_S, what)
 
 
+async def start_a_reply(app, pilot, max_tokens: int):
+    """On the Chat screen, send a message and return once the reply has started streaming."""
+    await pilot.press("f4")
+    screen = app.screen
+    screen.query_one("#opt-max-tokens").value = str(max_tokens)
+    await pilot.press(*"hello", "enter")
+    await until(pilot, lambda: screen.streaming and bool(screen.query(".-assistant").last(ChatMessage).text),
+                CHAT_S, "the reply to start streaming")
+    return screen
+
+
 async def test_a_tui_load_gets_one_slot_with_the_native_context(studio_env):  # noqa: F811
     app = LockstepApp(api=False)
     async with app.run_test(size=SIZE) as pilot:
@@ -94,12 +105,7 @@ async def test_a_killed_engine_mid_reply_says_so_and_reloads(studio_env, tiny_ll
         # Without an end token the reply runs until it is killed (random weights end some replies at once).
         await load_from_models(pilot, tiny_llama_noeos.name)
         first_pid = app.status["pid"]
-        await pilot.press("f4")
-        screen = app.screen
-        screen.query_one("#opt-max-tokens").value = "4000"
-        await pilot.press(*"hello", "enter")
-        await until(pilot, lambda: screen.streaming and bool(screen.query(".-assistant").last(ChatMessage).text),
-                    CHAT_S, "the reply to start streaming")
+        screen = await start_a_reply(app, pilot, max_tokens=4000)
         os.kill(first_pid, signal.SIGKILL)
         await until(pilot, lambda: bool(screen.query(".-error")), CHAT_S, "the crash message")
         error = screen.query(".-error").last(ChatMessage).text
@@ -133,12 +139,7 @@ async def test_quitting_while_a_reply_streams_cancels_it_instead_of_waiting_for_
     async with app.run_test(size=SIZE) as pilot:
         await load_from_models(pilot, tiny_llama_noeos.name)  # no end token: the reply runs to the context's end
         process = app.manager.loaded.child.process
-        await pilot.press("f4")
-        screen = app.screen
-        screen.query_one("#opt-max-tokens").value = "100000"
-        await pilot.press(*"hello", "enter")
-        await until(pilot, lambda: screen.streaming and bool(screen.query(".-assistant").last(ChatMessage).text),
-                    CHAT_S, "the reply to start streaming")
+        screen = await start_a_reply(app, pilot, max_tokens=100000)
         reply = screen.query(".-assistant").last(ChatMessage)
         # Keys as a terminal sends them (Pilot's press waits for an idle app, which a streaming one is not):
         # to Status (in the chat box q is typed, Escape stops the reply), q, and y to confirm.
