@@ -281,6 +281,8 @@ async def test_settings_changed_by_another_writer_are_not_overwritten(offline_ap
     async with offline_app.run_test(size=SIZE) as pilot:
         await pilot.press("f7")
         screen = offline_app.screen
+        await offline_app.workers.wait_for_complete()  # the visit's own look at the file is done
+        await pilot.pause()
         SettingsStore(tmp_path / "config").update({"exact_concurrency": "off"})  # another studio, after reading
         screen.query_one("#set-exact").value = "on"
         await pilot.press("ctrl+s")

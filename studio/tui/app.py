@@ -32,7 +32,7 @@ from studio.pull_api import target_folder
 from studio.tui.api_server import ApiServer
 from studio.tui.messages import ApiStarted, CatalogScanned, LoadFinished, LoadOutcome, StatusPolled, Unloaded
 from studio.tui.navigation import PLACES, Place
-from studio.tui.prebuild import prebuild, thaw
+from studio.tui.prebuild import Prebuilder, thaw
 from studio.tui.screens import SCREENS
 from studio.tui.screens.quit import QuitScreen
 from studio.tui.stylesheets import STYLE_DIR
@@ -100,6 +100,7 @@ class LockstepApp(App[int]):
         self.css_refreshed_at: int | None = None  # the style stamp the stylesheet was last parsed at
         self._poll_worker: Worker | None = None
         self._load_worker: Worker | None = None
+        self.prebuilder = Prebuilder(self)
         self.prebuild_worker: Worker | None = None
         # Saved chats live beside the settings file.
         self.conversations_dir = Path(self.manager.store.path).parent / "conversations"
@@ -124,7 +125,13 @@ class LockstepApp(App[int]):
 
     def prebuild_screens(self) -> None:
         """Every other screen built off screen while the user reads this one: first visits then only paint."""
-        self.prebuild_worker = self.run_worker(prebuild(self, [p.mode for p in PLACES]), group="prebuild")
+        self.prebuild_worker = self.run_worker(self.prebuilder.run([p.mode for p in PLACES]), group="prebuild")
+
+    async def _shutdown(self) -> None:
+        # Textual's shutdown (quitting, and the end of a Pilot test alike) closes the screens it has: the
+        # prebuild stops first, so none is left half mounted.
+        await self.prebuilder.stop()
+        await super()._shutdown()
 
     async def on_unmount(self) -> None:
         # Our own requests (a streaming reply, a pull) end first, so the engine has none left to finish;

@@ -51,21 +51,42 @@ async def settle(app: LockstepApp, screen: Screen) -> None:
     screen._compositor.render_update(full=True)  # the frame is dropped; the widgets keep their rendered lines
 
 
-async def prebuild(app: LockstepApp, modes: Iterable[str]) -> None:
-    for mode in modes:
-        await asyncio.sleep(GAP_S)
-        built = build(app, mode)
-        if built is None:
-            continue
-        screen, mounted = built
-        await mounted  # the mount runs in the screen's own message loop
-        await asyncio.sleep(0)
-        if not screen.is_current:  # visited meanwhile: its resume did all this
-            await settle(app, screen)
-    # The screens are built for the app's life: a full collection that scans them all takes 100-300 ms
-    # whenever it falls, a stall in whichever key press it lands on. Frozen, collections skip them.
-    gc.collect()
-    gc.freeze()
+class Prebuilder:
+    """Builds the screens one after another; `stop` lets a mount in flight finish and starts no other, since
+    the app's shutdown closes the screens it has and must not close one whose widgets are still mounting."""
+
+    def __init__(self, app: LockstepApp) -> None:
+        self.app = app
+        self.stopped = False
+        self._between = asyncio.Event()  # clear while a screen and its widgets are being mounted
+        self._between.set()
+
+    async def run(self, modes: Iterable[str]) -> None:
+        for mode in modes:
+            await asyncio.sleep(GAP_S)
+            built = None if self.stopped else build(self.app, mode)
+            if built is None:
+                continue
+            screen, mounted = built
+            self._between.clear()
+            try:
+                await mounted  # the widgets, in the screen's own message loop; then the screen's on_mount
+                await AwaitMount(screen, [screen])
+            finally:
+                self._between.set()
+            await asyncio.sleep(0)
+            if not screen.is_current and not self.stopped:  # visited meanwhile: its resume did all this
+                await settle(self.app, screen)
+        if self.stopped:
+            return
+        # The screens are built for the app's life: a full collection that scans them all takes 100-300 ms
+        # whenever it falls, a stall in whichever key press it lands on. Frozen, collections skip them.
+        gc.collect()
+        gc.freeze()
+
+    async def stop(self) -> None:
+        self.stopped = True
+        await self._between.wait()
 
 
 def thaw() -> None:
