@@ -101,6 +101,7 @@ class LockstepApp(App[int]):
         self._poll_worker: Worker | None = None
         self._load_worker: Worker | None = None
         self.prebuilder = Prebuilder(self)
+        self._to_built_screen = False
         self.prebuild_worker: Worker | None = None
         # Saved chats live beside the settings file.
         self.conversations_dir = Path(self.manager.store.path).parent / "conversations"
@@ -294,6 +295,18 @@ class LockstepApp(App[int]):
         self.notify("engine stopped" if message.had_model else "no model was loaded")
 
     # navigation ----------------------------------------------------------------------------------
+
+    def switch_mode(self, mode: str):
+        self._to_built_screen = mode in self._screen_stacks
+        try:
+            return super().switch_mode(mode)
+        finally:
+            self._to_built_screen = False
+
+    def delay_update(self, delay: float = 0.05) -> None:
+        # switch_mode holds every frame for 50 ms to hide a screen being built; a built one has nothing to
+        # hide (1 ms, not 0: a zero-delay timer never ended the hold).
+        super().delay_update(0.001 if self._to_built_screen else delay)
 
     def action_goto(self, mode: str) -> None:
         self.switch_mode(mode)
