@@ -60,7 +60,9 @@ async def export(out: Path, model: str | None, max_tokens: int) -> list[Path]:
             await pilot.pause(0.2)
             shots.append(Path(app.save_screenshot("chat.svg", str(out))))
             # The Status shot is taken while a second reply streams, so a slot is busy and tokens/s moves.
-            chat.query_one("#opt-max-tokens").value = str(max_tokens * 3)
+            # Long enough to span status polls (1 s apart): ~300 tokens/s on 2 cores ran a 288-token reply out
+            # between two of them.
+            chat.query_one("#opt-max-tokens").value = "900"
             await pilot.press(*BUSY_PROMPT, "enter", "f3")
 
             def busy() -> bool:
