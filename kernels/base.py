@@ -137,6 +137,11 @@ class Ops(Protocol):
         weights[t, j] * down_e(silu(gate_e x) * up_e x), e = ids[t, j], each (token, expert) pair with
         the dense matmul's row arithmetic on e's weights (bits independent of how many rows chose e);
         then + sigmoid(x . g) * shared(x) when there is a shared expert, then residual + that."""
+    def moe(self, x: Any, norm_weight: Any, eps: float, router: Any, experts: Any, top_k: int, renormalize: bool,
+            residual: Any | None = None) -> Any:
+        """The MoE FFN of the layer's rows x: moe_ffn(h, experts, *moe_route(matmul(h, router), top_k,
+        renormalize), residual) with h = rms_norm(x, norm_weight, eps), the same bits (fewer kernels where
+        a backend can)."""
 
     # --- paged KV cache and attention
     def kv_alloc(self, n_pages: int, n_kv_heads: int, head_dim: int, kv_type: str,

@@ -111,6 +111,45 @@ def test_ffn_row_invariant(gpu, dtype, f):
         assert run(batch)[at].tobytes() == alone.tobytes(), f"{t} rows"
 
 
+def _block(gpu, dtype, shared, h=256, f=128, n_e=64):
+    (gate, up, down), sh = _experts(n_e, h, f, dtype, shared)
+    ex = gpu.upload_experts(gate, up, down, sh, active=8)
+    router = gpu.upload(Weight.from_f32(_rand(n_e, h, scale=h**-0.5 * 3.0), dtype))
+    return ex, router, cp.asarray(1.0 + 0.1 * _rand(h))
+
+
+@pytest.mark.parametrize("dtype,shared", [("f16", False), ("f16", True), ("bf16", False), ("q8_0", False),
+                                          ("f32", False)])
+def test_moe_has_the_bits_of_norm_route_then_ffn(gpu, dtype, shared):
+    """ops.moe (route and schedule in one kernel up to ROUTE_ROWS tokens, the weighted sum in the down
+    launch up to SUM_ROWS, one token normalised inside the router and gate|up kernels) against the
+    separate ops, at widths on both sides of each switch; the down launch's counters end at zero."""
+    ex, router, nw = _block(gpu, dtype, shared)
+    for t in (1, 2, 16, 64, 65, 256, 257):
+        x = cp.asarray(_rand(t, 256))
+        got = gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)
+        h = gpu.rms_norm(x, nw, 1e-6)
+        ids, w = gpu.moe_route(gpu.matmul(h, router), 8, True)
+        want = gpu.moe_ffn(h, ex, ids, w, x)
+        assert cp.asnumpy(got).tobytes() == cp.asnumpy(want).tobytes(), f"{t} rows"
+        assert int(cp.count_nonzero(ex.counts)) == 0, f"{t} rows"
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+def test_moe_row_invariant(gpu, dtype):
+    """A token alone (the one-token kernels) and inside batches that route elsewhere: the same bits."""
+    ex, router, nw = _block(gpu, dtype, False)
+    row = _rand(1, 256)
+    alone = cp.asnumpy(gpu.moe(cp.asarray(row), nw, 1e-6, router, ex, 8, True, cp.asarray(row)))[0]
+    for t in BATCHES:
+        batch = _rand(t, 256)
+        at = int(RNG.integers(0, t))
+        batch[at] = row[0]
+        x = cp.asarray(batch)
+        got = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x))[at]
+        assert got.tobytes() == alone.tobytes(), f"{t} rows"
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0", "f32"])
 def test_pair_has_the_dense_matmul_bits(gpu, dtype):
     """Every row routed to one expert with weight 1: the dense gate|up and down matmuls' bits, at

@@ -222,6 +222,10 @@ def test_moe_tiles_bound_every_routing():
 def test_moe_token_tiles_follow_rows_per_expert_within_the_cap():
     assert plan.moe_token_tiles(8, 128, 8) == 1  # one decode token: one row per expert
     assert plan.moe_token_tiles(16 * 8, 128, 8) == 1
+    assert plan.moe_token_tiles(8 * 8, 128, 8, tokens=8) == 1  # an expert takes at most the step's 8 tokens
+    assert plan.moe_token_tiles(16 * 8, 128, 8, tokens=16) == 2  # 16 tokens: all of an expert's rows in one tile
+    assert plan.moe_token_tiles(16 * 8, 128, 1, tokens=16) == 1  # within the cap
+    assert plan.moe_token_tiles(32 * 8, 128, 8, tokens=32) == 1  # past ALL_ROWS_TOKENS: the mean
     assert plan.moe_token_tiles(512 * 8, 128, 8) == 4  # 32 rows an expert
     assert plan.moe_token_tiles(512 * 8, 128, 2) == 2
 

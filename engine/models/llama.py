@@ -150,7 +150,7 @@ class LlamaModel:
             if layer.moe is None:
                 x = ops.ffn(x, layer.ffn_norm, c.rms_eps, layer.w_gate_up, layer.w_down)
             else:
-                x = layer.moe(ops.rms_norm(x, layer.ffn_norm, c.rms_eps), residual=x)
+                x = layer.moe.ffn(x, layer.ffn_norm, c.rms_eps)
         return final_logits(ops, x, logit_rows, self.norm, c.rms_eps, self.lm_head)
 
     def attention_q(self, x, layer: _Layer, rows: PagedRows, cache) -> Any:

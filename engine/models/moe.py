@@ -6,7 +6,8 @@ Weights go by Hugging Face's per-expert names under the block's prefix (`model.l
 the experts into one tensor are split into per-expert views (`expert_views`), never copied.
 
 Use: `block = MoeBlock(config.moe, weights, "model.layers.3.mlp.", ops)`, then per step
-`x = block(rms_norm(x), residual=x)`; `moe_shapes` lists the tensors it needs for load-time checks.
+`x = block.ffn(x, norm_weight, eps)` (the layer's FFN half with its norm and residual: ops.moe) or
+`block(normalised_rows, residual)`; `moe_shapes` lists the tensors it needs for load-time checks.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class MoeBlock:
         per = [[weights[expert_name(prefix, e, p)] for e in range(moe.n_experts)] for p in PROJECTIONS]
         shared = tuple(weights[prefix + n] for n in SHARED) if moe.shared_ffn else None
         self.experts = ops.upload_experts(*per, shared=shared, active=moe.top_k)
+
+    def ffn(self, x: Any, norm_weight: Any, eps: float) -> Any:
+        """x + the block on rms_norm(x, norm_weight, eps): the bits of self(rms_norm(x), residual=x)."""
+        return self.ops.moe(x, norm_weight, eps, self.router, self.experts, self.moe.top_k, self.moe.norm_topk, x)
 
     def __call__(self, x: Any, residual: Any | None = None) -> Any:
         ops = self.ops

@@ -146,7 +146,7 @@ class Qwen35Model:
             if isinstance(layer.ffn, tuple):
                 x = ops.ffn(x, layer.ffn_norm, c.rms_eps, *layer.ffn)
             else:
-                x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, c.rms_eps), residual=x)
+                x = layer.ffn.ffn(x, layer.ffn_norm, c.rms_eps)
         return llama.final_logits(ops, x, logit_rows, self.norm, c.rms_eps, self.lm_head)
 
     def _attention(self, x, layer: _Layer, rows: PagedRows, cache) -> Any:

@@ -53,6 +53,12 @@ class CpuMoeOps:
             weights = weights / total[:, None]
         return ids, np.ascontiguousarray(weights, dtype=np.float32)
 
+    def moe(self, x: np.ndarray, norm_weight: np.ndarray, eps: float, router, experts: CpuExperts, top_k: int,
+            renormalize: bool, residual: np.ndarray | None = None) -> np.ndarray:
+        h = self.rms_norm(x, norm_weight, eps)
+        ids, weights = self.moe_route(self.matmul(h, router), top_k, renormalize)
+        return self.moe_ffn(h, experts, ids, weights, residual)
+
     def moe_ffn(self, x: np.ndarray, experts: CpuExperts, ids: np.ndarray, weights: np.ndarray,
                 residual: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)

@@ -416,4 +416,23 @@ __device__ __forceinline__ void kq_chunk_scales(uint4 wa, uint4 wb, bool q6, flo
     const float2 pa = kq_scale_pair(wa.z, wb.y, q6);
     const float2 pb = kq_scale_pair(wa.z >> 16, q6 ? wb.y >> 16 : wb.z, q6);
     sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
+
+// ---- mixture of experts (moe.cu, matmul.cu's grouped epilogue)
+// Token t's output feature h: the sum over slots j = 0 .. k-1, in that order, of weights[t, j] times
+// its pair's expert output y[pos[t * k + j]] (rows of H), then + shared[t] * sigmoid(gate[t]) where
+// `has_shared`, then res[t] + that where `has_res`: the reference's float32 steps, each rounded.
+// y is read through L2 (__ldcg): other blocks of the same kernel may have written it.
+__device__ __forceinline__ float moe_weighted_sum(const float* __restrict__ y, const int* __restrict__ pos,
+                                                  const float* __restrict__ weights, const float* __restrict__ shared,
+                                                  const float* __restrict__ gate, const float* __restrict__ res,
+                                                  i64 t, int h, int H, int k, int has_shared, int has_res) {
+    const int* pr = pos + t * k;
+    const float* wr = weights + t * k;
+    float acc = __fmul_rn(__ldcg(y + (i64)pr[0] * H + h), wr[0]);
+    for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(__ldcg(y + (i64)pr[j] * H + h), wr[j]));
+    if (has_shared) {
+        const float s = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-gate[t])));
+        acc = __fadd_rn(acc, __fmul_rn(shared[t * H + h], s));
+    }
+    return has_res ? __fadd_rn(res[t * H + h], acc) : acc;
 }

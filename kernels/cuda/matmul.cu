@@ -60,6 +60,8 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1
 // Activations already rounded to the MMA's 16-bit pairs by the kernel that wrote them (rms_norm_16:
 // pack_act's rounding), [M, Kp] zero-padded past K: half the bytes and registers of float32 rows.
 #define PRO_X16 8
+// Token m's activations are row rows[m] of x (the grouped kernels' gather; rows null: row m).
+#define PRO_ROWS 16
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -73,19 +75,20 @@ __device__ __forceinline__ unsigned q8_pair(unsigned q, int shift) {
     return pack_f16x2(lo, hi);
 }
 
-// A token's 8 activations x[m][k0 .. k0+7] (rows ldx floats apart); zeros past K or past M.
-__device__ __forceinline__ void load_x8(const float* __restrict__ x, int m, int M, int K, i64 ldx, int k0, bool vec,
-                                        float (&v)[8]) {
+// A token's 8 activations x[row][k0 .. k0+7] (rows ldx floats apart); zeros past K or where !live
+// (a token past M).
+__device__ __forceinline__ void load_x8(const float* __restrict__ x, int row, bool live, int K, i64 ldx, int k0,
+                                        bool vec, float (&v)[8]) {
     if (vec) {
-        const bool ok = m < M && k0 < K;
-        const float4* p = reinterpret_cast<const float4*>(x + (ok ? (i64)m * ldx + k0 : 0));
+        const bool ok = live && k0 < K;
+        const float4* p = reinterpret_cast<const float4*>(x + (ok ? (i64)row * ldx + k0 : 0));
         const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 lo = ok ? p[0] : zero, hi = ok ? p[1] : zero;
         v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
         v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = (m < M && k0 + i < K) ? x[(i64)m * ldx + k0 + i] : 0.f;
+        for (int i = 0; i < 8; ++i) v[i] = (live && k0 + i < K) ? x[(i64)row * ldx + k0 + i] : 0.f;
     }
 }
 
@@ -291,7 +294,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags, const float* __restrict__ nw, float eps,
-                                      int ldx, const QkvOut& qkv, int kv, int m_base) {
+                                      int ldx, const QkvOut& qkv, int kv, int m_base,
+                                      const int* __restrict__ rows = nullptr) {
     extern __shared__ float red[];
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -407,6 +411,14 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     __shared__ float norm_scratch[8];
     float inv = 0.f;
     if (PRO == PRO_NORM) inv = rms_inv(x, K, eps, norm_scratch);
+    // Each token tile's row of x for this lane (token m_base + 8 tm + g), read once: PRO_ROWS takes
+    // it from `rows` (written by the kernel before, so after pdl_start).
+    int xrow[TM];
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+        const int m = m_base + tm * 8 + g;
+        xrow[tm] = (PRO & PRO_ROWS) && rows != nullptr ? (m < M ? rows[m] : 0) : m;
+    }
     // One chunk into the accumulators from its activations' 16-bit pairs (b: k 8t .. 8t+3, then
     // 8t+4 .. 8t+7, per token tile). No branch on the token tiles (a tile past M multiplies zeros
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together.
@@ -433,7 +445,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     auto chunk = [&](int u, int c) {
         float xv[TM][8];
 #pragma unroll
-        for (int tm = 0; tm < TM; ++tm) load_x8(x, m_base + tm * 8 + g, M, K, ldx, c * 32 + 8 * t, vec, xv[tm]);
+        for (int tm = 0; tm < TM; ++tm) load_x8(x, xrow[tm], m_base + tm * 8 + g < M, K, ldx, c * 32 + 8 * t, vec, xv[tm]);
         unsigned b[TM][4];
         pack_chunk(xv, b);
         chunk_mma(u, b);
@@ -582,7 +594,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int tm = 0; tm < TM; ++tm)
-                    load_x8(x, m_base + tm * 8 + g, M, K, ldx, (c0 + u) * 32 + 8 * t, true, xv[u][tm]);
+                    load_x8(x, xrow[tm], m_base + tm * 8 + g < M, K, ldx, (c0 + u) * 32 + 8 * t, true, xv[u][tm]);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 unsigned b[TM][4];
@@ -719,32 +731,77 @@ MM_KQ_SET(q4k, WT_Q4K)
 MM_KQ_SET(q6k, WT_Q6K)
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
-// scale words apart) and a tile table of int4 (expert, first row, rows, 0) written on the device
-// (moe.cu's moe_schedule); block y takes tile y, rows first .. first + rows - 1 of x and out, and
-// runs mm_tc on its expert's weights as if they were one weight of rows M = rows. mm_tc's sums do
-// not depend on M, the tile's place or TM, so a (token, expert) pair has the bits of a dense matmul
-// of its row on that expert, however many rows chose it. The table is read after pdl_start: the
-// kernel before wrote it.
-#define MM_TCG(NAME, WT, TM, U)                                                                          \
+// scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device
+// (moe.cu's schedule); block y takes tile y, places first .. first + rows - 1 of out, and runs mm_tc
+// on its expert's weights as if they were one weight of rows M = rows. mm_tc's sums do not depend
+// on M, the tile's place, TM or the prologue (a one-row kernel has the bits of the others), so a
+// (token, expert) pair has the bits of a dense matmul of its row on that expert, however many rows
+// chose it. With `gather` (the gate|up projection) place q's input is token row src[q] of x, else
+// row q (the down projection: the gated products, in place order). PRO_NORM (one token): that row
+// normalised by nw, eps, as rms_norm would. The table is read after pdl_start: the kernel before
+// wrote it.
+//
+// With `sum` (the down projection of at most moe.py's SUM_ROWS tokens) the block that completes a
+// token's k pairs for its 16 features also writes their weighted sum (moe_weighted_sum, the bits of
+// moe_combine): every block counts its tokens in counts[t, blockIdx.x] after its stores are visible
+// (__threadfence), and the one that counts the k-th reads the others' outputs through L2 and sets the
+// count back to 0 for the next launch.
+__device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 tile, int N, const int* __restrict__ src,
+                                             const int* __restrict__ pos, const float* __restrict__ weights,
+                                             const float* __restrict__ shared, const float* __restrict__ gate,
+                                             const float* __restrict__ res, float* __restrict__ sum,
+                                             int* __restrict__ counts, int k, int has_shared, int has_res) {
+    const int lane = threadIdx.x & 31, n = blockIdx.x * 16 + (lane & 15);
+    __threadfence();
+    __syncwarp();
+    for (int m0 = 0; m0 < tile.z; m0 += 32) {
+        const int m = m0 + lane;
+        int t = 0;
+        bool last = false;
+        if (m < tile.z) {
+            t = src[tile.y + m];
+            last = atomicAdd(counts + (i64)t * gridDim.x + blockIdx.x, 1) == k - 1;
+        }
+        for (unsigned mask = __ballot_sync(0xffffffffu, last); mask; mask &= mask - 1) {
+            const int tt = __shfl_sync(0xffffffffu, t, __ffs(mask) - 1);
+            if (lane < 16 && n < N)
+                sum[(i64)tt * N + n] = moe_weighted_sum(y, pos, weights, shared, gate, res, tt, n, N, k, has_shared,
+                                                        has_res);
+            if (lane == 0) counts[(i64)tt * gridDim.x + blockIdx.x] = 0;
+        }
+    }
+}
+
+#define MM_TCG(NAME, WT, TM, U, PRO)                                                                     \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,        \
-        const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo) {                 \
+        const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, const int* src,   \
+        int gather, const float* nw, float eps, const int* pos, const float* weights, const float* shared, \
+        const float* gate, const float* res, float* sum, int* counts, int k, int has_shared, int has_res) { \
         pdl_start();                                                                                     \
         const int4 tile = tiles[blockIdx.y];                                                             \
         if (tile.z <= 0) return;                                                                         \
-        mm_tc<WT, TM, U, 0>(w + tile.x * w_stride, scales + tile.x * s_stride, x + (i64)tile.y * ldx,     \
-                            nullptr, nullptr, out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags, nullptr, 0.f, \
-                            ldx, QkvOut{}, 0, 0);                                                        \
+        const float* xt = (PRO & PRO_ROWS) ? (gather ? x : x + (i64)tile.y * ldx)                         \
+                                           : x + (i64)(gather ? src[tile.y] : tile.y) * ldx;              \
+        mm_tc<WT, TM, U, PRO>(w + tile.x * w_stride, scales + tile.x * s_stride, xt, nullptr, nullptr,     \
+                              out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags, nw, eps, ldx, QkvOut{}, 0, 0, \
+                              gather ? src + tile.y : nullptr);                                          \
+        if (sum != nullptr && threadIdx.x < 32)                                                          \
+            moe_sum_tail(out, tile, N, src, pos, weights, shared, gate, res, sum, counts, k, has_shared,  \
+                         has_res);                                                                       \
     }
-#define MM_TCG_SET(T, WT, U12, U4, U8) \
-    MM_TCG(mmg_##T##_tm1, WT, 1, U12)  \
-    MM_TCG(mmg_##T##_tm2, WT, 2, U12)  \
-    MM_TCG(mmg_##T##_tm4, WT, 4, U4)   \
-    MM_TCG(mmg_##T##_tm8, WT, 8, U8)
+// tm*: any rows; one: tiles of one row (one token in the step); norm: one token, normalised here.
+#define MM_TCG_SET(T, WT, U12, U4, U8, U1)      \
+    MM_TCG(mmg_##T##_tm1, WT, 1, U12, PRO_ROWS) \
+    MM_TCG(mmg_##T##_tm2, WT, 2, U12, PRO_ROWS) \
+    MM_TCG(mmg_##T##_tm4, WT, 4, U4, PRO_ROWS)  \
+    MM_TCG(mmg_##T##_tm8, WT, 8, U8, PRO_ROWS)  \
+    MM_TCG(mmg_##T##_one, WT, 1, U1, PRO_ONE)   \
+    MM_TCG(mmg_##T##_norm, WT, 1, U1, PRO_NORM)
 
-MM_TCG_SET(f16, WT_F16, 2, 2, 1)
-MM_TCG_SET(bf16, WT_BF16, 2, 2, 1)
-MM_TCG_SET(q8, WT_Q8, 2, 2, 1)
+MM_TCG_SET(f16, WT_F16, 2, 2, 1, 4)
+MM_TCG_SET(bf16, WT_BF16, 2, 2, 1, 4)
+MM_TCG_SET(q8, WT_Q8, 2, 2, 1, 4)
 
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with
@@ -753,7 +810,7 @@ MM_TCG_SET(q8, WT_Q8, 2, 2, 1)
 __device__ __forceinline__ void mm_f32_rows(const float* __restrict__ w, const float* __restrict__ x,
                                             const float* __restrict__ bias, const float* __restrict__ res,
                                             float* __restrict__ out, int N, int K, int Kp, int flags, int m_first,
-                                            int m_last) {
+                                            int m_last, const int* __restrict__ rows = nullptr) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * 8 + warp;
     if (n >= N) return;  // no block-wide barrier below
@@ -769,7 +826,7 @@ __device__ __forceinline__ void mm_f32_rows(const float* __restrict__ w, const f
             for (int i = 0; i < F32_TOKENS; ++i) {
                 const int m = m0 + i;
                 if (m >= m_last) break;
-                const float* xr = x + (i64)m * K;
+                const float* xr = x + (i64)(rows != nullptr ? rows[m] : m) * K;
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const float xv = (k + j < K) ? xr[k + j] : 0.f;
@@ -795,15 +852,16 @@ extern "C" __global__ void __launch_bounds__(256) mm_f32(const float* __restrict
     mm_f32_rows(w, x, bias, res, out, N, K, Kp, flags, m_first, imin(M, m_first + rows_per_y));
 }
 
-// mm_f32 grouped as MM_TCG is (w_stride in floats; x rows K apart, out rows N apart).
+// mm_f32 grouped as MM_TCG is, without the sum (w_stride in floats; x rows K apart, out rows N apart).
 extern "C" __global__ void __launch_bounds__(256) mmg_f32(const float* __restrict__ w, i64 w_stride,
                                                           const int4* __restrict__ tiles, const float* __restrict__ x,
-                                                          float* __restrict__ out, int N, int K, int Kp, int flags) {
+                                                          float* __restrict__ out, int N, int K, int Kp, int flags,
+                                                          const int* __restrict__ src, int gather) {
     pdl_start();
     const int4 tile = tiles[blockIdx.y];
     if (tile.z <= 0) return;
-    mm_f32_rows(w + tile.x * w_stride, x + (i64)tile.y * K, nullptr, nullptr, out + (i64)tile.y * N, N, K, Kp, flags,
-                0, tile.z);
+    mm_f32_rows(w + tile.x * w_stride, gather ? x : x + (i64)tile.y * K, nullptr, nullptr, out + (i64)tile.y * N, N, K,
+                Kp, flags, 0, tile.z, gather ? src + tile.y : nullptr);
 }
 
 // Activations to 16 bits, zero-padded to Kp columns (a multiple of 32), with pack_act's rounding:

@@ -1,25 +1,25 @@
 // Mixture-of-experts steps around the grouped matmul (matmul.cu's mmg_*): routing, the schedule that
-// groups (token, slot) pairs by expert, the gather of their rows and the weighted sum. Every step
-// reads its counts from device memory, so a decode step with them is graph-capturable; none of them
-// lets the batch change a row's arithmetic (routing and the sum are per row, the schedule only
-// decides where a pair's row sits).
+// groups (token, slot) pairs by expert, and the weighted sum where the down projection does not do it
+// itself. Every step reads its counts from device memory, so a decode step with them is
+// graph-capturable; none of them lets the batch change a row's arithmetic (routing and the sum are
+// per row, the schedule only decides where a pair's row sits).
 #include "common.cuh"
 
 #define MOE_MAX_E 1024  // experts a router may have (kernels/cuda/moe.py checks)
 #define SCHED_THREADS 1024
 #define SCHED_STAGE 2048  // pair ids staged in shared memory at a time
+#define ROUTE_SMEM 24576  // bytes of the fused kernel's routing scratch (moe.py's ROUTE_SMEM)
 
-// One warp per row: softmax over the E router logits in float32 (lane l takes e = l, l + 32, ...,
-// then the fixed butterfly), the top k by repeated argmax with ties to the lowest expert index (the
-// stable descending order of the reference), divided by their sum added in slot order when `renorm`.
-extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ logits, int* __restrict__ ids,
-                                                         float* __restrict__ weights, int E, int k, int renorm) {
-    pdl_start();
-    __shared__ float p[MOE_MAX_E];
-    __shared__ float chosen[32];
-    const int lane = threadIdx.x;
-    const float* row = logits + (i64)blockIdx.x * E;
-    float m = __int_as_float(0xff800000);  // -inf
+// One row routed by one warp: softmax over the E router logits in float32 (lane l takes e = l,
+// l + 32, ..., then the fixed butterfly), the top k by repeated argmax with ties to the lowest expert
+// index (the stable descending order of the reference), divided by their sum added in slot order
+// when `renorm`. p: E floats, chosen: k floats of the warp's shared memory. Every kernel that routes
+// calls this, so a row's ids and weights never depend on which kernel or batch routed it.
+__device__ __forceinline__ void route_row(const float* __restrict__ row, int* __restrict__ ids,
+                                          float* __restrict__ weights, int E, int k, int renorm, float* p,
+                                          float* chosen) {
+    const int lane = threadIdx.x & 31;
+    float m = NEG_INF;
     for (int e = lane; e < E; e += 32) m = fmaxf(m, row[e]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restri
         }
         if (lane == 0) {
             chosen[j] = best;
-            ids[(i64)blockIdx.x * k + j] = at;
+            ids[j] = at;
             p[at] = -2.f;
         }
         __syncwarp();
@@ -54,32 +54,66 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restri
     if (lane == 0) {
         float total = chosen[0];
         for (int j = 1; j < k; ++j) total = __fadd_rn(total, chosen[j]);
-        for (int j = 0; j < k; ++j)
-            weights[(i64)blockIdx.x * k + j] = renorm ? __fdiv_rn(chosen[j], total) : chosen[j];
+        for (int j = 0; j < k; ++j) weights[j] = renorm ? __fdiv_rn(chosen[j], total) : chosen[j];
     }
+    __syncwarp();
+}
+
+// One warp per row (any number of rows: a block each).
+extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ logits, int* __restrict__ ids,
+                                                         float* __restrict__ weights, int E, int k, int renorm) {
+    pdl_start();
+    __shared__ float p[MOE_MAX_E];
+    __shared__ float chosen[32];
+    const i64 r = blockIdx.x;
+    route_row(logits + r * E, ids + r * k, weights + r * k, E, k, renorm, p, chosen);
 }
 
 // Pair ids p0 .. p0 + n - 1 into shared memory once every thread is done with the previous ones; n.
-__device__ __forceinline__ int stage_ids(const int* __restrict__ ids, int p0, int P, int* stage) {
+__device__ __forceinline__ int stage_ids(const int* ids, int p0, int P, int* stage) {
     const int n = imin(SCHED_STAGE, P - p0);
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += SCHED_THREADS) stage[i] = ids[p0 + i];
+    for (int i = threadIdx.x; i < n; i += SCHED_THREADS) stage[i] = __ldcg(ids + p0 + i);  // L2: see moe_route_schedule
     __syncthreads();
     return n;
 }
 
-// The P = T * k pairs grouped by expert, one block: thread e counts expert e's pairs, the experts'
-// rows are laid out in expert order, and within an expert in pair order. pos[p]: where pair p's row
-// sits; src[q]: the token row at place q; tiles: int4 (expert, first place, rows, 0) of at most R
-// rows each, in expert order, then empty ones up to n_tiles (a bound fixed by T, k, E and R).
-extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_schedule(const int* __restrict__ ids, int P, int k,
-                                                                       int E, int R, int n_tiles,
-                                                                       int* __restrict__ pos, int* __restrict__ src,
-                                                                       int4* __restrict__ tiles) {
-    pdl_start();
+// Exclusive prefix sums of a and b over the block's threads in thread order (integers: exact); the
+// totals in *ta, *tb. Contains barriers.
+__device__ __forceinline__ void block_scan2(int& a, int& b, int* ta, int* tb, int* wa, int* wb) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int ia = a, ib = b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int xa = __shfl_up_sync(0xffffffffu, ia, o), xb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) ia += xa, ib += xb;
+    }
+    if (lane == 31) wa[warp] = ia, wb[warp] = ib;
+    __syncthreads();
+    if (warp == 0) {
+        int sa = lane < SCHED_THREADS / 32 ? wa[lane] : 0, sb = lane < SCHED_THREADS / 32 ? wb[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int xa = __shfl_up_sync(0xffffffffu, sa, o), xb = __shfl_up_sync(0xffffffffu, sb, o);
+            if (lane >= o) sa += xa, sb += xb;
+        }
+        wa[lane] = sa, wb[lane] = sb;  // inclusive over warps
+    }
+    __syncthreads();
+    const int oa = warp ? wa[warp - 1] : 0, ob = warp ? wb[warp - 1] : 0;
+    a = oa + ia - a, b = ob + ib - b;
+    *ta = wa[31], *tb = wb[31];
+}
+
+// The P = T * k pairs grouped by expert, one block of SCHED_THREADS: thread e counts expert e's
+// pairs, the experts' rows are laid out in expert order, and within an expert in pair order. pos[p]:
+// where pair p's row sits; src[q]: the token row at place q; tiles: int4 (expert, first place, rows,
+// 0) of at most R rows each, in expert order, then empty ones up to n_tiles (a bound fixed by T, k,
+// E and R).
+__device__ __forceinline__ void schedule(const int* ids, int P, int k, int E, int R, int n_tiles,
+                                         int* __restrict__ pos, int* __restrict__ src, int4* __restrict__ tiles) {
     __shared__ int stage[SCHED_STAGE];
-    __shared__ int first[MOE_MAX_E];
-    __shared__ int tile0[MOE_MAX_E + 1];
+    __shared__ int wa[32], wb[32];
     const int e = threadIdx.x;
     int count = 0;
     for (int p0 = 0; p0 < P; p0 += SCHED_STAGE) {
@@ -87,25 +121,11 @@ extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_schedule(const i
         if (e < E)
             for (int i = 0; i < n; ++i) count += stage[i] == e;
     }
-    if (e < E) first[e] = count;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int rows = 0, t = 0;
-        for (int i = 0; i < E; ++i) {
-            const int c = first[i];
-            first[i] = rows;
-            tile0[i] = t;
-            rows += c;
-            t += (c + R - 1) / R;
-        }
-        tile0[E] = t;
-    }
-    __syncthreads();
-    if (e < E)
-        for (int i = 0; i * R < count; ++i)
-            tiles[tile0[e] + i] = make_int4(e, first[e] + i * R, imin(R, count - i * R), 0);
-    for (int i = tile0[E] + threadIdx.x; i < n_tiles; i += SCHED_THREADS) tiles[i] = make_int4(0, 0, 0, 0);
-    int q = e < E ? first[e] : 0;
+    int first = count, tile0 = (count + R - 1) / R, rows_all, tiles_all;
+    block_scan2(first, tile0, &rows_all, &tiles_all, wa, wb);
+    for (int i = 0; i * R < count; ++i) tiles[tile0 + i] = make_int4(e, first + i * R, imin(R, count - i * R), 0);
+    for (int i = tiles_all + threadIdx.x; i < n_tiles; i += SCHED_THREADS) tiles[i] = make_int4(0, 0, 0, 0);
+    int q = first;
     for (int p0 = 0; p0 < P; p0 += SCHED_STAGE) {
         const int n = stage_ids(ids, p0, P, stage);
         if (e < E)
@@ -117,20 +137,32 @@ extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_schedule(const i
     }
 }
 
-// xs[q] = x[src[q]]: each pair's token row at its place (rows of H floats).
-extern "C" __global__ void moe_gather(const float* __restrict__ x, const int* __restrict__ src, float* __restrict__ xs,
-                                      int P, int H) {
+extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_schedule(const int* __restrict__ ids, int P, int k,
+                                                                       int E, int R, int n_tiles,
+                                                                       int* __restrict__ pos, int* __restrict__ src,
+                                                                       int4* __restrict__ tiles) {
     pdl_start();
-    const i64 n = (i64)P * H;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        const i64 q = i / H;
-        xs[i] = x[(i64)src[q] * H + (i - q * H)];
-    }
+    schedule(ids, P, k, E, R, n_tiles, pos, src, tiles);
 }
 
-// out[t] = sum over slots j = 0 .. k-1, in that order, of weights[t, j] * y[pos[t * k + j]]; then
-// + shared[t] * sigmoid(gate[t]) where `shared` is given, then res[t] + that where `res` is given:
-// the reference's float32 steps, each rounded (no contraction).
+// moe_route then moe_schedule in one block (a decode step's few rows): warps w < W route rows w,
+// w + W, ... with route_row in ROUTE_SMEM bytes of scratch, then the block schedules their pairs.
+extern "C" __global__ void __launch_bounds__(SCHED_THREADS) moe_route_schedule(
+    const float* __restrict__ logits, int T, int E, int k, int renorm, int R, int n_tiles, int* __restrict__ ids,
+    float* __restrict__ weights, int* __restrict__ pos, int* __restrict__ src, int4* __restrict__ tiles) {
+    pdl_start();
+    __shared__ float scratch[ROUTE_SMEM / 4];
+    const int per = E + 32, W = imin(SCHED_THREADS / 32, (ROUTE_SMEM / 4) / per), warp = threadIdx.x >> 5;
+    if (warp < W)
+        for (int r = warp; r < T; r += W)
+            route_row(logits + (i64)r * E, ids + (i64)r * k, weights + (i64)r * k, E, k, renorm,
+                      scratch + warp * per, scratch + warp * per + E);
+    __syncthreads();  // the ids in global memory are the block's own writes: visible after the barrier
+    schedule(ids, T * k, k, E, R, n_tiles, pos, src, tiles);
+}
+
+// out[t] = moe_weighted_sum (common.cuh) of every token (rows of H floats), where the down projection's
+// grouped launch did not sum them itself.
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const int* __restrict__ pos,
                                        const float* __restrict__ weights, const float* __restrict__ shared,
                                        const float* __restrict__ gate, const float* __restrict__ res,
@@ -138,15 +170,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const int* _
     pdl_start();
     const i64 n = (i64)T * H;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        const i64 t = i / H, h = i - t * H;
-        const int* pr = pos + t * k;
-        const float* wr = weights + t * k;
-        float acc = __fmul_rn(y[(i64)pr[0] * H + h], wr[0]);
-        for (int j = 1; j < k; ++j) acc = __fadd_rn(acc, __fmul_rn(y[(i64)pr[j] * H + h], wr[j]));
-        if (has_shared) {
-            const float s = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-gate[t])));
-            acc = __fadd_rn(acc, __fmul_rn(shared[i], s));
-        }
-        out[i] = has_res ? __fadd_rn(res[i], acc) : acc;
+        const i64 t = i / H;
+        out[i] = moe_weighted_sum(y, pos, weights, shared, gate, res, t, (int)(i - t * H), H, k, has_shared, has_res);
     }
 }

@@ -1,13 +1,15 @@
 """Mixture-of-experts ops of the CUDA backend (mixed into CudaOps), kernels in moe.cu and matmul.cu's mmg_*.
 
-A step routes on the device (moe_route), groups its (token, slot) pairs by expert on the device
-(moe_schedule: a tile table), gathers each pair's row, and runs the gate|up and down projections
-of every expert in one grouped launch each: block y takes tile y's rows and its expert's weights,
-with the streaming matmul's arithmetic (mm_tc, mm_f32), whose sums do not depend on how many rows a
-launch holds. So a pair's output has the bits of the dense matmul of its row on that expert, however
-the neighbours routed; the weighted sum over a token's slots runs in slot order (moe_combine). Only
-the routed experts' weights are read, and nothing waits for the host: decode steps are captured
-into CUDA graphs with the MoE layers inside. Exact mode on or off runs the same kernels.
+A step routes on the device and groups its (token, slot) pairs by expert into a tile table (one
+kernel, moe_route_schedule, for a decode step's few rows), then runs the gate|up and down
+projections of every expert in one grouped launch each: block y takes tile y's rows and its
+expert's weights, with the streaming matmul's arithmetic (mm_tc, mm_f32), whose sums do not depend
+on how many rows a launch holds or which of its kernels ran. The gate|up launch reads each pair's
+token row itself (and normalises it, for one token); the down launch of a few tokens also writes
+the weighted sum over each token's slots in slot order (else moe_combine does). So a pair's output
+has the bits of the dense matmul of its row on that expert, however the neighbours routed; only the
+routed experts' weights are read, and nothing waits for the host: decode steps are captured into
+CUDA graphs with the MoE layers inside. Exact mode on or off runs the same kernels.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from kernels.weights import Weight
 
 MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_E
 SCHED_THREADS = 1024  # moe.cu's SCHED_THREADS: one thread per expert
+ROUTE_SMEM = 24576  # moe.cu's ROUTE_SMEM: the fused kernel's routing scratch, (E + 32) floats a warp
+ROUTE_ROWS = 64  # tokens that moe_route_schedule routes in its one block (more: a block each, then the schedule)
+SUM_ROWS = 256  # tokens whose weighted sums the down projection's launch writes (its counters' rows)
 SHORT = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}
 EPI_SILU = 8  # matmul.cu's epilogue flag
 
@@ -54,6 +59,7 @@ class CudaExperts:
     gate_up: StackedWeight  # products silu(gate) * up, as upload_gate_up's
     down: StackedWeight
     token_tiles_cap: int  # the most token tiles a grouped block of both projections may carry
+    counts: Any = None  # [SUM_ROWS, H / 16] int32, zero between launches: the down launch's pairs done
     shared_gate_up: Any = None
     shared_down: Any = None
     shared_gate: Any = None  # [1, H]: the shared expert's sigmoid gate
@@ -69,7 +75,8 @@ class CudaMoeOps:
         gate_up = self._stack([self.upload_gate_up(g, u) for g, u in zip(f16[0], f16[1], strict=True)], active)
         down_w = self._stack([self.upload(w) for w in f16[2]], active)
         cap = min(plan.max_token_tiles(gate_up.split), plan.max_token_tiles(down_w.split))
-        ex = CudaExperts(len(gate), gate_up, down_w, cap)
+        counts = cp.zeros((SUM_ROWS, plan.ceil_div(down_w.shape[0], plan.ROW_TILE)), dtype=cp.int32)
+        ex = CudaExperts(len(gate), gate_up, down_w, cap, counts)
         if shared is not None:
             s_gate, s_up, s_down, s_inp = shared
             ex.shared_gate_up = self.upload_gate_up(s_gate, s_up)
@@ -103,58 +110,103 @@ class CudaMoeOps:
             launch(kernel("moe.cu", "moe_route"), (t,), (32,), (x, ids, weights, i32(e), i32(top_k), i32(renormalize)))
         return ids, weights
 
-    def moe_ffn(self, x, experts: CudaExperts, ids, weights, residual=None):
+    def moe(self, x, norm_weight, eps: float, router, experts: CudaExperts, top_k: int, renormalize: bool,
+            residual=None):
         x = f32_rows(x)
         t, h = (int(s) for s in x.shape)
-        out = cp.empty((t, h), dtype=cp.float32)
+        e = experts.n
+        if e > MAX_EXPERTS or not 0 < top_k <= min(e, 32):
+            raise ValueError(f"top {top_k} of {e} experts: the CUDA router takes 1 to 32 of at most {MAX_EXPERTS}")
         if not t:
-            return out
-        ids, weights = index(ids), f32_rows(weights)
+            return cp.empty((t, h), dtype=cp.float32)
+        # one token: the router and gate|up kernels normalise the row themselves (rms_norm's bits)
+        norm = (t == 1 and experts.shared_gate_up is None and experts.gate_up.dtype != "f32"
+                and self._prologue(1, h, router) == "norm")
+        xn = x if norm else self.rms_norm(x, norm_weight, eps)
+        logits = self.norm_matmul(x, norm_weight, eps, router) if norm else self.matmul(xn, router)
+        if t > ROUTE_ROWS:
+            ids, weights = self.moe_route(logits, top_k, renormalize)
+            return self._experts(xn, experts, ids, weights, residual)
+        p = t * top_k
+        tm, n_tiles = self._tiles(t, p, experts)
+        ids, weights = cp.empty((t, top_k), dtype=cp.int32), cp.empty((t, top_k), dtype=cp.float32)
+        pos, src, tiles = cp.empty(p, dtype=cp.int32), cp.empty(p, dtype=cp.int32), cp.empty((n_tiles, 4), dtype=cp.int32)
+        launch(kernel("moe.cu", "moe_route_schedule"), (1,), (SCHED_THREADS,),
+               (f32_rows(logits), i32(t), i32(e), i32(top_k), i32(renormalize), i32(plan.TOKEN_TILE * tm),
+                i32(n_tiles), ids, weights, pos, src, tiles))
+        return self._ffn(xn, experts, weights, (pos, src, tiles, tm), residual, (norm_weight, eps) if norm else None)
+
+    def moe_ffn(self, x, experts: CudaExperts, ids, weights, residual=None):
+        return self._experts(f32_rows(x), experts, index(ids), f32_rows(weights), residual)
+
+    def _tiles(self, t: int, p: int, experts: CudaExperts) -> tuple[int, int]:
+        tm = plan.moe_token_tiles(p, experts.n, experts.token_tiles_cap, t)
+        return tm, plan.moe_tiles(p, experts.n, plan.TOKEN_TILE * tm)
+
+    def _experts(self, x, experts: CudaExperts, ids, weights, residual):
+        t = int(x.shape[0])
+        if not t:
+            return cp.empty(x.shape, dtype=cp.float32)
         k = int(ids.shape[1])
         p = t * k
-        tm = plan.moe_token_tiles(p, experts.n, experts.token_tiles_cap)
-        rows = plan.TOKEN_TILE * tm
-        n_tiles = plan.moe_tiles(p, experts.n, rows)
-        pos, src = cp.empty(p, dtype=cp.int32), cp.empty(p, dtype=cp.int32)
-        tiles = cp.empty((n_tiles, 4), dtype=cp.int32)
+        tm, n_tiles = self._tiles(t, p, experts)
+        pos, src, tiles = cp.empty(p, dtype=cp.int32), cp.empty(p, dtype=cp.int32), cp.empty((n_tiles, 4), dtype=cp.int32)
         launch(kernel("moe.cu", "moe_schedule"), (1,), (SCHED_THREADS,),
-               (ids, i32(p), i32(k), i32(experts.n), i32(rows), i32(n_tiles), pos, src, tiles))
-        xs = cp.empty((p, h), dtype=cp.float32)
-        grid, block = plan.elementwise_grid(p * h)
-        launch(kernel("moe.cu", "moe_gather"), grid, block, (x, src, xs, i32(p), i32(h)))
-        act = self._grouped(experts.gate_up, xs, tiles, tm)
+               (ids, i32(p), i32(k), i32(experts.n), i32(plan.TOKEN_TILE * tm), i32(n_tiles), pos, src, tiles))
+        return self._ffn(x, experts, weights, (pos, src, tiles, tm), residual)
+
+    def _ffn(self, x, experts: CudaExperts, weights, sched, residual, norm=None):
+        """x [T, H] (normalised unless `norm` = (weight, eps) says the gate|up kernel does it) through
+        the experts that the schedule (pos, src, tiles, tm) groups its pairs by; residual + the sum."""
+        pos, src, tiles, tm = sched
+        t, h = (int(s) for s in x.shape)
+        k = int(weights.shape[1])
+        act = self._grouped(experts.gate_up, x, tiles, tm, t * k, src=src, one=t == 1, norm=norm)
         if experts.gate_up.gate_up == "halves":
             f = experts.gate_up.shape[0] // 2
             act = self.silu_mul(act[:, :f], act[:, f:])
-        y = self._grouped(experts.down, act, tiles, tm)
         shared = gate = self._dummy
         if experts.shared_gate_up is not None:
             shared = self.matmul(self.matmul(x, experts.shared_gate_up), experts.shared_down)
             gate = self.matmul(x, experts.shared_gate)
         res = self._dummy if residual is None else f32_rows(residual)
+        out = cp.empty((t, h), dtype=cp.float32)
+        tail = (pos, weights, shared, gate, res, out, experts.counts, i32(k), i32(experts.shared_gate_up is not None),
+                i32(residual is not None))
+        if t <= SUM_ROWS and experts.down.dtype != "f32":
+            self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1, tail=tail)
+            return out
+        y = self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1)
         grid, block = plan.elementwise_grid(t * h)
-        launch(kernel("moe.cu", "moe_combine"), grid, block,
-               (y, pos, weights, shared, gate, res, out, i32(t), i32(h), i32(k),
-                i32(experts.shared_gate_up is not None), i32(residual is not None)))
+        launch(kernel("moe.cu", "moe_combine"), grid, block, (y, *tail[:6], i32(t), i32(h), *tail[7:]))
         return out
 
-    def _grouped(self, w: StackedWeight, xs, tiles, tm: int):
-        """xs [P, K] (rows grouped by expert as `tiles` says) through each row's expert: [P, N], or
-        [P, N / 2] gated products for a "tiles" gate|up weight."""
+    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, one=False, norm=None, tail=None):
+        """The rows of the pairs (token rows src[q] of xs with `src`, else xs's rows in place order)
+        through each pair's expert as `tiles` groups them: [P, N], or [P, N / 2] gated products for a
+        "tiles" gate|up weight. `one`: every tile holds one row (a one-token step); `norm`: that row
+        normalised here; `tail`: the arguments of the weighted sum the launch writes (MM_TCG's)."""
         n, k = w.shape
-        p, n_tiles = int(xs.shape[0]), int(tiles.shape[0])
+        n_tiles = int(tiles.shape[0])
         silu = w.gate_up == "tiles"
-        out = cp.empty((p, n // 2 if silu else n), dtype=cp.float32)
+        out = cp.empty((pairs, n // 2 if silu else n), dtype=cp.float32)
         xs = f32_rows(xs)
+        gather = i32(src is not None)
+        src = self._dummy if src is None else src
         if w.dtype == "f32":
             launch(kernel("matmul.cu", "mmg_f32"), (plan.ceil_div(n, 8), n_tiles, 1), (256, 1, 1),
-                   (w.data, np.int64(w.data[0].size), tiles, xs, out, i32(n), i32(k), i32(w.kp), i32(0)))
+                   (w.data, np.int64(w.data[0].size), tiles, xs, out, i32(n), i32(k), i32(w.kp), i32(0), src, gather))
             return out
         scales = self._dummy if w.scales is None else w.scales
         s_stride = 0 if w.scales is None else int(w.scales[0].size)
-        launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_tm{tm}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
+        d = self._dummy
+        tail = tail or (d, d, d, d, d, np.int64(0), d, i32(0), i32(0), i32(0))
+        nw, eps = norm or (d, 0.0)
+        variant = "norm" if norm else "one" if one else f"tm{tm}"
+        launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_{variant}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
                (32 * w.split, 1, 1),
                (w.data, scales, np.int64(w.data[0].nbytes), np.int64(s_stride), tiles, xs, out, i32(n), i32(k),
-                i32(w.kp), i32(EPI_SILU if silu else 0), i32(k), i32(out.shape[1])),
-               shared=plan.combine_bytes(w.split, tm))
+                i32(w.kp), i32(EPI_SILU if silu else 0), i32(xs.shape[1]), i32(out.shape[1]), src, gather,
+                nw, np.float32(eps), *tail),
+               shared=plan.combine_bytes(w.split, 1 if one or norm else tm))
         return out

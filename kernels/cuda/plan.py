@@ -134,11 +134,18 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
-def moe_token_tiles(pairs: int, experts: int, cap: int) -> int:
+ALL_ROWS_TOKENS = 16  # steps of at most this many tokens get tiles that hold every row an expert can take
+
+
+def moe_token_tiles(pairs: int, experts: int, cap: int, tokens: int = 0) -> int:
     """Token tiles a block of the grouped expert matmul (mmg_*) carries: enough for the mean rows of
-    an expert that got any, at most `cap` (max_token_tiles of the experts' splits). It decides which
-    rows share a block, never a row's sums."""
-    want = ceil_div(ceil_div(pairs, max(1, min(experts, pairs))), TOKEN_TILE)
+    an expert that got any and, in a step of at most ALL_ROWS_TOKENS tokens, for all of them (an
+    expert takes a token once), so that every routed expert's weights are read once; at most `cap`
+    (max_token_tiles of the experts' splits). It decides which rows share a block, never a row's sums."""
+    rows = ceil_div(pairs, max(1, min(experts, pairs)))
+    if tokens <= ALL_ROWS_TOKENS:
+        rows = max(rows, tokens)
+    want = ceil_div(rows, TOKEN_TILE)
     tm = 1
     while tm < want and tm < cap:
         tm *= 2
