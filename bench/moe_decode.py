@@ -7,11 +7,16 @@ off (at decode buckets both run the same kernels; prefill past 64 rows takes cuB
 
 Decode tok/s = rows / wall time of a replayed step (inputs copied in, logits left on the device, argmax
 computed in the graph), at --ctx tokens of context per sequence. Prefill: one --prompt-token prompt.
+--profile: each exact-on bucket's kernels under the PyTorch profiler (bench/gpu_profile.py's summary,
+with PDL as the engine runs, so neighbouring kernels overlap). --tile-rule mean: then exact on again
+with tiles sized by the mean rows of a used expert only (the rule before 16-token steps got tiles that
+hold all of an expert's rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -73,6 +78,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dense-split", action="store_true",
                     help="then exact on again with the experts split as one dense weight each (the split before "
                          "upload_experts took the active count)")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--tile-rule", choices=("all", "mean"), default="all")
+    ap.add_argument("--split-variants", action="store_true",
+                    help="then exact on again with every expert weight's split halved, then doubled (other sums: "
+                         "speed only)")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -111,11 +121,30 @@ def main(argv=None) -> int:
                 sw.split = plan.split_k(*sw.shape, ops.sm_count, sw.dtype)
             ex.token_tiles_cap = min(plan.max_token_tiles(ex.gate_up.split), plan.max_token_tiles(ex.down.split))
 
+    def rescale_split(factor: float) -> None:
+        from kernels.cuda import plan
+
+        for layer in model.layers:
+            ex = layer.moe.experts
+            for sw in (ex.gate_up, ex.down):
+                sw.split = max(1, min(plan.MAX_SPLIT, int(sw.split * factor)))
+            ex.token_tiles_cap = min(plan.max_token_tiles(ex.gate_up.split), plan.max_token_tiles(ex.down.split))
+
+    from kernels.cuda import plan
+
+    all_rows = plan.ALL_ROWS_TOKENS
     rng = np.random.default_rng(1)
     runs = [(m == "on", "active") for m in args.modes.split(",")] + ([(True, "dense")] if args.dense_split else [])
+    runs += [(True, "mean-tiles")] if args.tile_rule == "mean" else []
+    runs += [(True, "half-split"), (True, "double-split")] if args.split_variants else []
     for exact, split in runs:
         if split == "dense":
             dense_split()
+        from kernels.cuda import plan
+
+        plan.ALL_ROWS_TOKENS = 0 if split == "mean-tiles" else all_rows
+        if split.endswith("-split"):
+            rescale_split(0.5 if split == "half-split" else 4.0)  # doubled from the halved
         ops.exact = exact
         n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
         pos = np.arange(n, dtype=np.int32)
@@ -151,6 +180,14 @@ def main(argv=None) -> int:
             print(f"exact {'on' if exact else 'off'}, {split} split: {b} rows {step * 1e3:.2f} ms/step, {b / step:.1f} tok/s",
                   flush=True)
             save()
+            if args.profile and exact and split == "active":
+                from gpu_profile import kernel_times, summarize
+
+                prof = summarize(kernel_times(functools.partial(graphs, toks, p, tables, sl), 5), {"rows": b, "pdl": True}, layers)
+                report.setdefault("profile", []).append(prof)
+                print(f"  profile: {prof.get('kernels')} kernels, span {prof.get('span_us', 0):.0f} us; "
+                      + " | ".join(f"{n} {t:.0f}us x{c}" for n, t, c in prof.get("by_name", [])[:8]), flush=True)
+                save()
     for b in buckets:
         got = {d["exact"]: d["tok_s"] for d in report["decode"] if d["rows"] == b and d["split"] == "active"}
         if len(got) == 2:

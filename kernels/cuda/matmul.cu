@@ -738,8 +738,10 @@ MM_KQ_SET(q6k, WT_Q6K)
 // (token, expert) pair has the bits of a dense matmul of its row on that expert, however many rows
 // chose it. With `gather` (the gate|up projection) place q's input is token row src[q] of x, else
 // row q (the down projection: the gated products, in place order). PRO_NORM (one token): that row
-// normalised by nw, eps, as rms_norm would. The table is read after pdl_start: the kernel before
-// wrote it.
+// normalised by nw, eps, as rms_norm would. The table is read after pdl_start (the kernel before
+// wrote it), unless flags has MMG_TILES_EARLY: a kernel at least two back wrote it (and src), which
+// had finished before the kernel just before passed its own pdl_start, that is before this one could
+// start; then the expert's first weights are in flight before the wait (the down projection).
 //
 // With `sum` (the down projection of at most moe.py's SUM_ROWS tokens) the block that completes a
 // token's k pairs for its 16 features also writes their weighted sum (moe_weighted_sum, the bits of
@@ -762,7 +764,9 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
             t = src[tile.y + m];
             last = atomicAdd(counts + (i64)t * gridDim.x + blockIdx.x, 1) == k - 1;
         }
-        for (unsigned mask = __ballot_sync(0xffffffffu, last); mask; mask &= mask - 1) {
+        const unsigned done = __ballot_sync(0xffffffffu, last);
+        if (done) __threadfence();  // the other blocks' outputs are read after their counts
+        for (unsigned mask = done; mask; mask &= mask - 1) {
             const int tt = __shfl_sync(0xffffffffu, t, __ffs(mask) - 1);
             if (lane < 16 && n < N)
                 sum[(i64)tt * N + n] = moe_weighted_sum(y, pos, weights, shared, gate, res, tt, n, N, k, has_shared,
@@ -772,19 +776,21 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
     }
 }
 
+#define MMG_TILES_EARLY 1024  // a flag beside the EPI_* ones, for MM_TCG only
 #define MM_TCG(NAME, WT, TM, U, PRO)                                                                     \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,        \
         const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, const int* src,   \
         int gather, const float* nw, float eps, const int* pos, const float* weights, const float* shared, \
         const float* gate, const float* res, float* sum, int* counts, int k, int has_shared, int has_res) { \
-        pdl_start();                                                                                     \
+        if (!(flags & MMG_TILES_EARLY)) pdl_start();                                                     \
         const int4 tile = tiles[blockIdx.y];                                                             \
         if (tile.z <= 0) return;                                                                         \
         const float* xt = (PRO & PRO_ROWS) ? (gather ? x : x + (i64)tile.y * ldx)                         \
                                            : x + (i64)(gather ? src[tile.y] : tile.y) * ldx;              \
         mm_tc<WT, TM, U, PRO>(w + tile.x * w_stride, scales + tile.x * s_stride, xt, nullptr, nullptr,     \
-                              out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags, nw, eps, ldx, QkvOut{}, 0, 0, \
+                              out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags & ~MMG_TILES_EARLY, nw, eps, ldx, \
+                              QkvOut{}, 0, 0,                                                            \
                               gather ? src + tile.y : nullptr);                                          \
         if (sum != nullptr && threadIdx.x < 32)                                                          \
             moe_sum_tail(out, tile, N, src, pos, weights, shared, gate, res, sum, counts, k, has_shared,  \

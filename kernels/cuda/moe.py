@@ -34,6 +34,7 @@ ROUTE_ROWS = 64  # tokens that moe_route_schedule routes in its one block (more:
 SUM_ROWS = 256  # tokens whose weighted sums the down projection's launch writes (its counters' rows)
 SHORT = {"f16": "f16", "bf16": "bf16", "q8_0": "q8"}
 EPI_SILU = 8  # matmul.cu's epilogue flag
+TILES_EARLY = 1024  # matmul.cu's MMG_TILES_EARLY: the tile table was written two or more kernels back
 
 
 @dataclass
@@ -174,18 +175,20 @@ class CudaMoeOps:
         tail = (pos, weights, shared, gate, res, out, experts.counts, i32(k), i32(experts.shared_gate_up is not None),
                 i32(residual is not None))
         if t <= SUM_ROWS and experts.down.dtype != "f32":
-            self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1, tail=tail)
+            self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1, tail=tail, early=True)
             return out
-        y = self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1)
+        y = self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1, early=True)
         grid, block = plan.elementwise_grid(t * h)
         launch(kernel("moe.cu", "moe_combine"), grid, block, (y, *tail[:6], i32(t), i32(h), *tail[7:]))
         return out
 
-    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, one=False, norm=None, tail=None):
+    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, one=False, norm=None, tail=None,
+                 early=False):
         """The rows of the pairs (token rows src[q] of xs with `src`, else xs's rows in place order)
         through each pair's expert as `tiles` groups them: [P, N], or [P, N / 2] gated products for a
         "tiles" gate|up weight. `one`: every tile holds one row (a one-token step); `norm`: that row
-        normalised here; `tail`: the arguments of the weighted sum the launch writes (MM_TCG's)."""
+        normalised here; `tail`: the arguments of the weighted sum the launch writes (MM_TCG's); `early`:
+        the tile table was written two or more kernels back (the down projection's)."""
         n, k = w.shape
         n_tiles = int(tiles.shape[0])
         silu = w.gate_up == "tiles"
@@ -206,7 +209,7 @@ class CudaMoeOps:
         launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_{variant}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
                (32 * w.split, 1, 1),
                (w.data, scales, np.int64(w.data[0].nbytes), np.int64(s_stride), tiles, xs, out, i32(n), i32(k),
-                i32(w.kp), i32(EPI_SILU if silu else 0), i32(xs.shape[1]), i32(out.shape[1]), src, gather,
+                i32(w.kp), i32((EPI_SILU if silu else 0) | (TILES_EARLY if early else 0)), i32(xs.shape[1]), i32(out.shape[1]), src, gather,
                 nw, np.float32(eps), *tail),
                shared=plan.combine_bytes(w.split, 1 if one or norm else tm))
         return out
