@@ -24,8 +24,9 @@ lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 for stage in ${stages//,/ }; do
   case $stage in
   tests)
-    timeout "$(left 150)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=5 \
-      --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py 2>&1 | tee "$work/moe-tests.txt" | grep -v '^$' | tail -n 25
+    timeout "$(left 150)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=5 \
+      --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
+    grep -E "relative L2|passed|failed|Error|error|assert" "$work/moe-tests.txt" | tail -n 40
     python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
       "$work/moe-tests.xml" "$OUT/moe-tests.json" || cp "$work/moe-tests.txt" "$OUT/"
     ;;

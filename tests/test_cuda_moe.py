@@ -267,3 +267,32 @@ def test_tiny_moe_logits_follow_cpu(dtype, record_property):
         assert err < 1e-4, f"relative error {err:.2e}"
     else:
         assert rows[len(rows) // 2] < 1e-2, f"median row relative error {rows[len(rows) // 2]:.2e}"
+
+
+def test_tiny_qwen3_5_moe_logits_follow_cpu(tmp_path):
+    """qwen3_5_moe (hybrid layers, routed experts and the gated shared expert), float32 weights: the
+    CUDA backend's logits over a prompt in two pieces and four decode steps against the CPU backend's,
+    relative L2 under 1e-3 (the bound of the dense hybrid's test in tests/test_cuda_deltanet.py)."""
+    from engine.loader import load_model
+    from engine.runner import Runner, StepEntry, make_ops
+    from kernels.cuda.plan import DELTA_CHUNK
+    from tests.tiny_hybrid import make_hybrid_model
+
+    loaded = load_model(make_hybrid_model(tmp_path, moe=True))
+    assert loaded.config.moe is not None and loaded.config.moe.shared_ffn
+    tokens = [int(t) for t in np.random.default_rng(0).integers(4, loaded.config.vocab_size, 2 * DELTA_CHUNK + 7)]
+
+    def run(ops):
+        runner = Runner(loaded, ops, 4, "f32")
+        pages, state = runner.pool.alloc(2), runner.new_state()
+        out = [runner.step([StepEntry(pages, tokens[lo:hi], lo, "all", state=state, prompt=True)])[0].logits
+               for lo, hi in ((0, DELTA_CHUNK), (DELTA_CHUNK, len(tokens)))]
+        for j, tok in enumerate((5, 9, 11, 3)):
+            out.append(runner.step([StepEntry(pages, [tok], len(tokens) + j, "last", state=state)])[0].logits)
+        return np.concatenate(out)
+
+    ref, got = run(make_ops("cpu", True)), run(CudaOps(exact=True))
+    assert got.shape == ref.shape == (len(tokens) + 4, loaded.config.vocab_size)
+    err = _rel(got, ref)
+    print(f"tiny qwen3_5_moe logits, CUDA vs CPU: relative L2 error {err:.3e} over {got.shape[0]} rows")
+    assert err < 1e-3, f"relative L2 error {err:.2e}"
