@@ -153,6 +153,10 @@ class Ops(Protocol):
         """The step after a fused q|k|v matmul: qkv [T, (heads + 2 kv_heads) * head_dim] -> q rotated
         [T, heads, head_dim]; k rotated and v written to the rows' slots. The bits of
         split_qkv_rope_write."""
+    def qk_norm_rope_write(self, qkv: Any, q_norm: Any, k_norm: Any, eps: float, rows: PagedRows, table: RopeTable,
+                           layer: KVLayer, n_heads: int, n_kv: int) -> Any:
+        """qkv_rope_write with each q and k head first normalised over head_dim by q_norm, k_norm
+        (Qwen3): the bits of split_qk_norm_rope_write."""
     def norm_qkv_rope_write(self, x: Any, norm_weight: Any, eps: float, w: Any, bias: Any | None, rows: PagedRows,
                             table: RopeTable, layer: KVLayer, n_heads: int, n_kv: int) -> Any:
         """qkv_rope_write(norm_matmul(x, norm_weight, eps, w, bias), ...) for upload_qkv's weight and
@@ -205,3 +209,16 @@ def split_qkv_rope_write(ops: Ops, qkv: Any, rows: PagedRows, table: RopeTable, 
     v = qkv[:, (n_heads + n_kv) * d :].reshape(t, n_kv, d)
     ops.kv_write(layer, ops.rope(k, rows.positions, table), v, rows.slots)
     return ops.rope(q, rows.positions, table)
+
+
+def split_qk_norm_rope_write(ops: Ops, qkv: Any, q_norm: Any, k_norm: Any, eps: float, rows: PagedRows,
+                             table: RopeTable, layer: KVLayer, n_heads: int, n_kv: int) -> Any:
+    """Ops.qk_norm_rope_write from the separate ops (the reference a fused kernel must equal)."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (n_heads + 2 * n_kv)
+    nq, nkv = n_heads * d, n_kv * d
+    q = ops.rms_norm(qkv[:, :nq].reshape(-1, d), q_norm, eps)
+    k = ops.rms_norm(qkv[:, nq : nq + nkv].reshape(-1, d), k_norm, eps)
+    v = qkv[:, nq + nkv :].reshape(t, n_kv, d)
+    ops.kv_write(layer, ops.rope(k.reshape(t, n_kv, d), rows.positions, table), v, rows.slots)
+    return ops.rope(q.reshape(t, n_heads, d), rows.positions, table)

@@ -436,3 +436,29 @@ def test_qkv_rope_write_equals_the_separate_ops(gpu, kv_type, neox):
     pages = list(range(4))
     for a, b in zip(gpu.kv_read_pages(fused_layer, pages), gpu.kv_read_pages(split_layer, pages), strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("hd,t", [(64, 37), (128, 1), (128, 19), (32, 5)])
+def test_qk_norm_rope_write_equals_the_separate_ops(gpu, kv_type, neox, hd, t):
+    """Qwen3's per-head q/k norm, rope and cache write in one launch: the bits of rms_norm, rope and
+    kv_write (q, and the cache cells; padding rows write nothing)."""
+    from kernels.base import PagedRows, split_qk_norm_rope_write
+
+    n_heads, n_kv = 8, 2
+    cos, sin, _ = _rope_table(2048, hd // 2, neox)
+    table = RopeTable(gpu.tensor(cos), gpu.tensor(sin), neox)
+    qkv = cp.asarray(_rand(t, (n_heads + 2 * n_kv) * hd, scale=3.0))
+    qn, kn = cp.asarray(1.0 + 0.1 * _rand(hd)), cp.asarray(1.0 + 0.1 * _rand(hd))
+    slots = RNG.choice(4 * PAGE_SIZE, t, replace=False).astype(np.int64)
+    slots[-1] = -1
+    rows = PagedRows(positions=cp.asarray(RNG.integers(0, 2048, t).astype(np.int32)), seq=cp.zeros(t, cp.int32),
+                     block_tables=cp.zeros((1, 4), cp.int32), slots=cp.asarray(slots))
+    fused_layer, split_layer = gpu.kv_alloc(4, n_kv, hd, kv_type), gpu.kv_alloc(4, n_kv, hd, kv_type)
+    q_fused = cp.asnumpy(gpu.qk_norm_rope_write(qkv, qn, kn, 1e-6, rows, table, fused_layer, n_heads, n_kv))
+    q_split = cp.asnumpy(split_qk_norm_rope_write(gpu, qkv, qn, kn, 1e-6, rows, table, split_layer, n_heads, n_kv))
+    assert q_fused.shape == (t, n_heads, hd) and q_fused.tobytes() == q_split.tobytes()
+    pages = list(range(4))
+    for a, b in zip(gpu.kv_read_pages(fused_layer, pages), gpu.kv_read_pages(split_layer, pages), strict=True):
+        assert a.tobytes() == b.tobytes()

@@ -164,11 +164,6 @@ class LlamaModel:
 
     def _qk_norm_rope_write(self, qkv, layer: _Layer, rows: PagedRows, cache) -> Any:
         """Qwen3: q and k are normalised per head before RoPE, so the fused write does not apply."""
-        c, ops = self.config, self.ops
-        t = qkv.shape[0]
-        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        q = ops.rms_norm(qkv[:, :nq].reshape(-1, c.head_dim), layer.q_norm, c.rms_eps)
-        k = ops.rms_norm(qkv[:, nq : nq + nkv].reshape(-1, c.head_dim), layer.k_norm, c.rms_eps)
-        v = qkv[:, nq + nkv :].reshape(t, c.n_kv_heads, c.head_dim)
-        ops.kv_write(cache, ops.rope(k.reshape(t, c.n_kv_heads, c.head_dim), rows.positions, self.rope), v, rows.slots)
-        return ops.rope(q.reshape(t, c.n_heads, c.head_dim), rows.positions, self.rope)
+        c = self.config
+        return self.ops.qk_norm_rope_write(qkv, layer.q_norm, layer.k_norm, c.rms_eps, rows, self.rope, cache,
+                                           c.n_heads, c.n_kv_heads)

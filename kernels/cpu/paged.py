@@ -8,7 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.base import KV_TYPES, PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
+from kernels.base import (
+    KV_TYPES,
+    PAGE_SIZE,
+    PagedRows,
+    RopeTable,
+    split_qk_norm_rope_write,
+    split_qkv_rope_write,
+)
 from kernels.cpu import attend, rope_write
 from kernels.weights import QK8_0, bf16_to_f32, f32_to_bf16
 
@@ -108,6 +115,10 @@ class PagedOps:
         rope_write.qkv_rope_write(np.ascontiguousarray(qkv, dtype=np.float32), as_index(rows.positions),
                                   as_index(rows.slots), table.cos, table.sin, table.neox, n_heads, n_kv, *cells, kind, q)
         return q
+
+    def qk_norm_rope_write(self, qkv: np.ndarray, q_norm, k_norm, eps: float, rows: PagedRows, table: RopeTable,
+                           layer: CpuKVLayer, n_heads: int, n_kv: int) -> np.ndarray:
+        return split_qk_norm_rope_write(self, qkv, q_norm, k_norm, eps, rows, table, layer, n_heads, n_kv)
 
     def norm_qkv_rope_write(self, x, norm_weight, eps: float, w, bias, rows: PagedRows, table: RopeTable,
                             layer: CpuKVLayer, n_heads: int, n_kv: int) -> np.ndarray:

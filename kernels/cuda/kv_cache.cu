@@ -59,3 +59,39 @@ __device__ __forceinline__ void rope_qkv_write(const float* __restrict__ qkv, co
 ROPE_QKV(rope_qkv_write_f32, F32)
 ROPE_QKV(rope_qkv_write_f16, F16)
 ROPE_QKV(rope_qkv_write_bf16, BF16)
+
+// Qwen3's step after the q|k|v matmul: each q and k head normalised over its D values (rms_norm's
+// arithmetic: rms_inv, then (x * inv) * w with w the q or k norm weight), then as rope_qkv_write.
+// One block per (row, head) of at least D / 2 threads, thread j taking pair j: the bits of rms_norm
+// on the head's rows, rope and kv_write (qkv_pair_store's rotate and stores), in one launch.
+template <typename S>
+__device__ __forceinline__ void qk_norm_rope_qkv_write(const float* __restrict__ qkv, const float* __restrict__ qw,
+                                                       const float* __restrict__ kw, float eps, const QkvOut& o,
+                                                       int neox) {
+    pdl_start();
+    __shared__ float scratch[8];
+    const int half = o.D >> 1, heads = o.H + 2 * o.Hkv, j = threadIdx.x;
+    const int r = blockIdx.x / heads, hh = blockIdx.x % heads;
+    const float* row = qkv + (i64)r * heads * o.D + (i64)hh * o.D;
+    const float* w = hh < o.H ? qw : hh < o.H + o.Hkv ? kw : nullptr;
+    const float inv = w != nullptr ? rms_inv(row, o.D, eps, scratch) : 0.f;  // block-uniform branch
+    if (j >= half) return;
+    const int e1 = neox ? j : 2 * j, e2 = neox ? j + half : 2 * j + 1;
+    float a = row[e1], b = row[e2];
+    if (w != nullptr) {
+        a = __fmul_rn(__fmul_rn(a, inv), w[e1]);
+        b = __fmul_rn(__fmul_rn(b, inv), w[e2]);
+    }
+    qkv_pair_store<S>(o, r, hh, j, e1, e2, a, b);
+}
+
+#define QK_NORM_ROPE_QKV(NAME, S)                                                                          \
+    extern "C" __global__ void NAME(const float* qkv, const float* qw, const float* kw, float eps, float* q,   \
+                                    S::T* kc, S::T* vc, const int* positions, const i64* slots,               \
+                                    const float* cos_t, const float* sin_t, int H, int Hkv, int D, int neox) {  \
+        qk_norm_rope_qkv_write<S>(qkv, qw, kw, eps, QkvOut{q, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, \
+                                  neox);                                                                   \
+    }
+QK_NORM_ROPE_QKV(qk_norm_rope_qkv_write_f32, F32)
+QK_NORM_ROPE_QKV(qk_norm_rope_qkv_write_f16, F16)
+QK_NORM_ROPE_QKV(qk_norm_rope_qkv_write_bf16, BF16)

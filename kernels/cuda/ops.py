@@ -21,7 +21,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from kernels.base import PAGE_SIZE, PagedRows, RopeTable
+from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
 from kernels.cuda.arrays import i32 as _i32
@@ -471,6 +471,24 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
             launch(kernel("kv_cache.cu", f"rope_qkv_write_{layer.kv_type}"), grid, block,
                    (qkv, q, layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64),
                     table.cos, table.sin, _i32(t), _i32(n_heads), _i32(n_kv), _i32(d), _i32(table.neox), _i32(tiles)))
+        return q
+
+    def qk_norm_rope_write(self, qkv, q_norm, k_norm, eps: float, rows: PagedRows, table: RopeTable,
+                           layer: CudaKVLayer, n_heads: int, n_kv: int):
+        """One block per (row, head) of kv_cache.cu's qk_norm_rope_qkv_write (the five launches of the
+        separate ops in one)."""
+        qkv = _rows(qkv)
+        t = int(qkv.shape[0])
+        d = int(qkv.shape[1]) // (n_heads + 2 * n_kv)
+        if layer.kv_type not in ("f32", "f16", "bf16") or d % 2 or d > 2048:
+            return split_qk_norm_rope_write(self, qkv, q_norm, k_norm, eps, rows, table, layer, n_heads, n_kv)
+        q = cp.empty((t, n_heads, d), dtype=cp.float32)
+        if t:
+            launch(kernel("kv_cache.cu", f"qk_norm_rope_qkv_write_{layer.kv_type}"), (t * (n_heads + 2 * n_kv),),
+                   (plan.round_up(max(d // 2, 32), 32),),
+                   (qkv, q_norm, k_norm, np.float32(eps), q, layer.k, layer.v, _index(rows.positions),
+                    _index(rows.slots, cp.int64), table.cos, table.sin, _i32(n_heads), _i32(n_kv), _i32(d),
+                    _i32(table.neox)))
         return q
 
     def norm_qkv_rope_write(self, x, norm_weight, eps: float, w: CudaWeight, bias, rows: PagedRows, table: RopeTable,
