@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixture-of-experts on CUDA in one go on a GPU machine, within a time budget, stages in the order given:
-#   tests     the MoE GPU tests (tests/test_cuda_moe.py)
+#   tests     the MoE GPU tests (tests/test_cuda_moe.py), then the fused q/k norm test and the Qwen3 graph tests
 #   decode    bench/moe_decode.py on the 30B-A3B shape built in memory (48 layers; exact on, off; kernel
 #             profile; 16 rows with the mean tile rule too)
 #   decodeN   the same at N layers, exact on only (the in-memory side of the engine comparison)
@@ -27,6 +27,12 @@ for stage in ${stages//,/ }; do
     timeout "$(left 150)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=5 \
       --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
     grep -E "relative L2|passed|failed|Error|error|assert" "$work/moe-tests.txt" | tail -n 40
+    # the fused Qwen3 q/k norm + rope + cache write, and the dense graphs it and the grouped kernels touch
+    timeout "$(left 100)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
+      --junitxml="$work/dense-tests.xml" tests/test_cuda_ops.py tests/test_cuda_graphs.py \
+      -k "qk_norm_rope_write or (replay_equals_uncaptured_step and qwen3) or follow_cpu or early_launched" 2>&1 | tail -n 6
+    python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
+      "$work/dense-tests.xml" "$OUT/dense-tests.json"
     python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
       "$work/moe-tests.xml" "$OUT/moe-tests.json" || cp "$work/moe-tests.txt" "$OUT/"
     ;;
@@ -64,8 +70,12 @@ PY
     for mode in on off; do
       timeout "$(left 45)" python3 bench/exactness.py -m "$tiny" --device cuda --exact $mode \
         --out "$work/moe-exactness-cuda-$mode" 2>&1 | tail -n 17
-      cp "$work/moe-exactness-cuda-$mode.json" "$OUT/" 2>/dev/null
     done
+    python3 - "$work" "$OUT/moe-exactness-cuda.json" <<'PY'
+import json, os, sys
+got = {m: json.load(open(p)) for m in ("on", "off") if os.path.exists(p := f"{sys.argv[1]}/moe-exactness-cuda-{m}.json")}
+json.dump(got, open(sys.argv[2], "w"), indent=1)
+PY
     ;;
   esac
   lap "$stage"
@@ -78,8 +88,9 @@ for p in sorted(glob.glob(sys.argv[1] + "/*.json")):
     except ValueError:
         continue
     name = p.rsplit("/", 1)[1]
-    if isinstance(d, dict) and "cells" in d:
-        print(name, "all_identical", d["all_identical"], "differ:", [c["name"] for c in d["cells"] if not c["identical"]])
+    if isinstance(d, dict) and set(d) <= {"on", "off"}:
+        for m, e in d.items():
+            print(name, m, "all_identical", e["all_identical"], "differ:", [c["name"] for c in e["cells"] if not c["identical"]])
     elif isinstance(d, dict) and "decode" in d:
         print(name, json.dumps({k: d[k] for k in ("layers", "decode", "on_off") if k in d}))
     elif isinstance(d, dict) and "passed" in d:
