@@ -160,3 +160,16 @@ def test_ffn_row_invariant(dtype, stored, with_shared):
         assert bi[i].tobytes() == ids[0].tobytes()
         inside = ops.moe_ffn(x, experts, bi, bw, residual=x)[i]
         assert inside.tobytes() == alone.tobytes(), f"batch {b}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_moe_is_norm_route_then_ffn(dtype):
+    """ops.moe (the model's MoE half: norm, router, experts, residual) has the bits of the separate ops."""
+    ops = _ops(True, stored=True)
+    experts = ops.upload_experts(*_stacked(dtype), shared=_shared(dtype))
+    router, nw = ops.upload(Weight.from_f32(_rand(E, H), dtype)), 1.0 + 0.1 * _rand(H)
+    for t in (1, 7):
+        x = _rand(t, H)
+        h = ops.rms_norm(x, nw, 1e-6)
+        want = ops.moe_ffn(h, experts, *ops.moe_route(ops.matmul(h, router), K, True), residual=x)
+        assert ops.moe(x, nw, 1e-6, router, experts, K, True, x).tobytes() == want.tobytes()

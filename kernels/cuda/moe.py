@@ -120,9 +120,10 @@ class CudaMoeOps:
             raise ValueError(f"top {top_k} of {e} experts: the CUDA router takes 1 to 32 of at most {MAX_EXPERTS}")
         if not t:
             return cp.empty((t, h), dtype=cp.float32)
-        # one token: the router and gate|up kernels normalise the row themselves (rms_norm's bits)
+        # one token: the router and gate|up kernels normalise the row themselves (rms_norm's bits), where
+        # the blocks' reads of the row stay small (plan.norm_prologue, the gate|up launch as one weight)
         norm = (t == 1 and experts.shared_gate_up is None and experts.gate_up.dtype != "f32"
-                and self._prologue(1, h, router) == "norm")
+                and self._prologue(1, h, router) == "norm" and plan.norm_prologue(experts.gate_up.shape[0] * top_k, h))
         xn = x if norm else self.rms_norm(x, norm_weight, eps)
         logits = self.norm_matmul(x, norm_weight, eps, router) if norm else self.matmul(xn, router)
         if t > ROUTE_ROWS:
