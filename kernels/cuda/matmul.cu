@@ -737,8 +737,7 @@ MM_KQ_SET(q6k, WT_Q6K)
 // on M, the tile's place, TM or the prologue (a one-row kernel has the bits of the others), so a
 // (token, expert) pair has the bits of a dense matmul of its row on that expert, however many rows
 // chose it. With `gather` (the gate|up projection) place q's input is token row src[q] of x, else
-// row q (the down projection: the gated products, in place order). PRO_NORM (one token): that row
-// normalised by nw, eps, as rms_norm would. The table is read after pdl_start (the kernel before
+// row q (the down projection: the gated products, in place order). The table is read after pdl_start (the kernel before
 // wrote it), unless flags has MMG_TILES_EARLY: a kernel at least two back wrote it (and src), which
 // had finished before the kernel just before passed its own pdl_start, that is before this one could
 // start; then the expert's first weights are in flight before the wait (the down projection).
@@ -781,33 +780,60 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,        \
         const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, const int* src,   \
-        int gather, const float* nw, float eps, const int* pos, const float* weights, const float* shared, \
-        const float* gate, const float* res, float* sum, int* counts, int k, int has_shared, int has_res) { \
+        int gather, const int* pos, const float* weights, const float* shared, const float* gate,        \
+        const float* res, float* sum, int* counts, int k, int has_shared, int has_res) {                 \
         if (!(flags & MMG_TILES_EARLY)) pdl_start();                                                     \
         const int4 tile = tiles[blockIdx.y];                                                             \
         if (tile.z <= 0) return;                                                                         \
         const float* xt = (PRO & PRO_ROWS) ? (gather ? x : x + (i64)tile.y * ldx)                         \
-                                           : x + (i64)(gather ? src[tile.y] : tile.y) * ldx;              \
+                                           : x + (i64)(gather ? src[tile.y] : tile.y) * ldx;  /* PRO_ONE */ \
         mm_tc<WT, TM, U, PRO>(w + tile.x * w_stride, scales + tile.x * s_stride, xt, nullptr, nullptr,     \
-                              out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags & ~MMG_TILES_EARLY, nw, eps, ldx, \
+                              out + (i64)tile.y * ldo, tile.z, N, K, Kp, flags & ~MMG_TILES_EARLY, nullptr, 0.f, ldx, \
                               QkvOut{}, 0, 0,                                                            \
                               gather ? src + tile.y : nullptr);                                          \
         if (sum != nullptr && threadIdx.x < 32)                                                          \
             moe_sum_tail(out, tile, N, src, pos, weights, shared, gate, res, sum, counts, k, has_shared,  \
                          has_res);                                                                       \
     }
-// tm*: any rows; one: tiles of one row (one token in the step); norm: one token, normalised here.
+// tm*: any rows; one: tiles of one row (one token in the step).
 #define MM_TCG_SET(T, WT, U12, U4, U8, U1)      \
     MM_TCG(mmg_##T##_tm1, WT, 1, U12, PRO_ROWS) \
     MM_TCG(mmg_##T##_tm2, WT, 2, U12, PRO_ROWS) \
     MM_TCG(mmg_##T##_tm4, WT, 4, U4, PRO_ROWS)  \
     MM_TCG(mmg_##T##_tm8, WT, 8, U8, PRO_ROWS)  \
-    MM_TCG(mmg_##T##_one, WT, 1, U1, PRO_ONE)   \
-    MM_TCG(mmg_##T##_norm, WT, 1, U1, PRO_NORM)
+    MM_TCG(mmg_##T##_one, WT, 1, U1, PRO_ONE)
 
 MM_TCG_SET(f16, WT_F16, 2, 2, 1, 4)
 MM_TCG_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TCG_SET(q8, WT_Q8, 2, 2, 1, 4)
+
+// A one-token step's gate|up launch that routes its token itself (no routing launch before it): every
+// block routes the row of router logits (route_row, the routing of every other kernel), block y takes
+// slot y's expert and runs mm_tc on the token's row normalised by nw, eps (PRO_NORM), as mmg_*_norm
+// does. Blocks (0, y) write what the down launch and its sum read: slot y's id and weight, tile y =
+// (expert, place y, 1 row), pos[y] = y, src[y] = 0. Grid (N / 16, k).
+#define MM_TCG_ROUTE(NAME, WT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
+        const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const float* logits, int E,  \
+        int k, int renorm, const float* x, float* out, int N, int K, int Kp, int flags, int ldo,          \
+        const float* nw, float eps, int* ids, float* weights, int4* tiles, int* pos, int* src) {         \
+        pdl_start();                                                                                      \
+        __shared__ float p[MOE_MAX_E];                                                                    \
+        __shared__ float chosen[32], slot_w[32];                                                          \
+        __shared__ int slot_id[32];                                                                       \
+        if (threadIdx.x < 32) route_row(logits, slot_id, slot_w, E, k, renorm, p, chosen);                \
+        __syncthreads();                                                                                  \
+        const int y = blockIdx.y, e = slot_id[y];                                                         \
+        if (blockIdx.x == 0 && threadIdx.x == 0) {                                                        \
+            ids[y] = e, weights[y] = slot_w[y], pos[y] = y, src[y] = 0;                                   \
+            tiles[y] = make_int4(e, y, 1, 0);                                                             \
+        }                                                                                                 \
+        mm_tc<WT, 1, 4, PRO_NORM>(w + e * w_stride, scales + e * s_stride, x, nullptr, nullptr,            \
+                                  out + (i64)y * ldo, 1, N, K, Kp, flags, nw, eps, K, QkvOut{}, 0, 0);     \
+    }
+MM_TCG_ROUTE(mmg_f16_route, WT_F16)
+MM_TCG_ROUTE(mmg_bf16_route, WT_BF16)
+MM_TCG_ROUTE(mmg_q8_route, WT_Q8)
 
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with

@@ -5,59 +5,9 @@
 // per row, the schedule only decides where a pair's row sits).
 #include "common.cuh"
 
-#define MOE_MAX_E 1024  // experts a router may have (kernels/cuda/moe.py checks)
 #define SCHED_THREADS 1024
 #define SCHED_STAGE 2048  // pair ids staged in shared memory at a time
 #define ROUTE_SMEM 24576  // bytes of the fused kernel's routing scratch (moe.py's ROUTE_SMEM)
-
-// One row routed by one warp: softmax over the E router logits in float32 (lane l takes e = l,
-// l + 32, ..., then the fixed butterfly), the top k by repeated argmax with ties to the lowest expert
-// index (the stable descending order of the reference), divided by their sum added in slot order
-// when `renorm`. p: E floats, chosen: k floats of the warp's shared memory. Every kernel that routes
-// calls this, so a row's ids and weights never depend on which kernel or batch routed it.
-__device__ __forceinline__ void route_row(const float* __restrict__ row, int* __restrict__ ids,
-                                          float* __restrict__ weights, int E, int k, int renorm, float* p,
-                                          float* chosen) {
-    const int lane = threadIdx.x & 31;
-    float m = NEG_INF;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, row[e]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float sum = 0.f;
-    for (int e = lane; e < E; e += 32) {
-        const float v = expf(__fsub_rn(row[e], m));
-        p[e] = v;
-        sum = __fadd_rn(sum, v);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-    for (int e = lane; e < E; e += 32) p[e] = __fdiv_rn(p[e], sum);
-    __syncwarp();
-    for (int j = 0; j < k; ++j) {
-        float best = -1.f;  // probabilities are >= 0; a chosen expert is marked -2
-        int at = E;
-        for (int e = lane; e < E; e += 32)
-            if (p[e] > best) best = p[e], at = e;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-            if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
-        }
-        if (lane == 0) {
-            chosen[j] = best;
-            ids[j] = at;
-            p[at] = -2.f;
-        }
-        __syncwarp();
-    }
-    if (lane == 0) {
-        float total = chosen[0];
-        for (int j = 1; j < k; ++j) total = __fadd_rn(total, chosen[j]);
-        for (int j = 0; j < k; ++j) weights[j] = renorm ? __fdiv_rn(chosen[j], total) : chosen[j];
-    }
-    __syncwarp();
-}
 
 // One warp per row (any number of rows: a block each).
 extern "C" __global__ void __launch_bounds__(32) moe_route(const float* __restrict__ logits, int* __restrict__ ids,

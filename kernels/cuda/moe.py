@@ -1,7 +1,8 @@
 """Mixture-of-experts ops of the CUDA backend (mixed into CudaOps), kernels in moe.cu and matmul.cu's mmg_*.
 
 A step routes on the device and groups its (token, slot) pairs by expert into a tile table (one
-kernel, moe_route_schedule, for a decode step's few rows), then runs the gate|up and down
+kernel, moe_route_schedule, for a decode step's few rows; a lone token is routed by its gate|up
+launch itself, mmg_*_route), then runs the gate|up and down
 projections of every expert in one grouped launch each: block y takes tile y's rows and its
 expert's weights, with the streaming matmul's arithmetic (mm_tc, mm_f32), whose sums do not depend
 on how many rows a launch holds or which of its kernels ran. The gate|up launch reads each pair's
@@ -120,12 +121,15 @@ class CudaMoeOps:
             raise ValueError(f"top {top_k} of {e} experts: the CUDA router takes 1 to 32 of at most {MAX_EXPERTS}")
         if not t:
             return cp.empty((t, h), dtype=cp.float32)
-        # one token: the router and gate|up kernels normalise the row themselves (rms_norm's bits), where
-        # the blocks' reads of the row stay small (plan.norm_prologue, the gate|up launch as one weight)
-        norm = (t == 1 and experts.shared_gate_up is None and experts.gate_up.dtype != "f32"
+        # one token: the router and gate|up kernels normalise the row themselves (rms_norm's bits) and the
+        # gate|up kernel routes it, where the blocks' reads of the row stay small (plan.norm_prologue)
+        norm = (t == 1 and experts.shared_gate_up is None and "f32" not in (experts.gate_up.dtype, experts.down.dtype)
                 and self._prologue(1, h, router) == "norm" and plan.norm_prologue(experts.gate_up.shape[0] * top_k, h))
-        xn = x if norm else self.rms_norm(x, norm_weight, eps)
-        logits = self.norm_matmul(x, norm_weight, eps, router) if norm else self.matmul(xn, router)
+        if norm:
+            return self._one_token(x, norm_weight, eps, self.norm_matmul(x, norm_weight, eps, router), experts, top_k,
+                                   renormalize, residual)
+        xn = self.rms_norm(x, norm_weight, eps)
+        logits = self.matmul(xn, router)
         if t > ROUTE_ROWS:
             ids, weights = self.moe_route(logits, top_k, renormalize)
             return self._experts(xn, experts, ids, weights, residual)
@@ -136,7 +140,34 @@ class CudaMoeOps:
         launch(kernel("moe.cu", "moe_route_schedule"), (1,), (SCHED_THREADS,),
                (f32_rows(logits), i32(t), i32(e), i32(top_k), i32(renormalize), i32(plan.TOKEN_TILE * tm),
                 i32(n_tiles), ids, weights, pos, src, tiles))
-        return self._ffn(xn, experts, weights, (pos, src, tiles, tm), residual, (norm_weight, eps) if norm else None)
+        return self._ffn(xn, experts, weights, (pos, src, tiles, tm), residual)
+
+    def _one_token(self, x, norm_weight, eps: float, logits, experts: CudaExperts, top_k: int, renormalize: bool,
+                   residual):
+        """One token: the gate|up launch routes it (mmg_*_route, writing the slots' tiles), then the down
+        launch with the weighted sum; two launches after the router's."""
+        gu, h = experts.gate_up, int(x.shape[1])
+        n, k = gu.shape
+        silu = gu.gate_up == "tiles"
+        act = cp.empty((top_k, n // 2 if silu else n), dtype=cp.float32)
+        ids, weights = cp.empty((1, top_k), dtype=cp.int32), cp.empty((1, top_k), dtype=cp.float32)
+        pos, src, tiles = (cp.empty(top_k, dtype=cp.int32), cp.empty(top_k, dtype=cp.int32),
+                           cp.empty((top_k, 4), dtype=cp.int32))
+        launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_route"), (plan.ceil_div(n, plan.ROW_TILE), top_k, 1),
+               (32 * gu.split, 1, 1),
+               (gu.data, self._dummy if gu.scales is None else gu.scales, np.int64(gu.data[0].nbytes),
+                np.int64(0 if gu.scales is None else gu.scales[0].size), f32_rows(logits), i32(experts.n), i32(top_k),
+                i32(renormalize), x, act, i32(n), i32(k), i32(gu.kp), i32(EPI_SILU if silu else 0),
+                i32(act.shape[1]), norm_weight, np.float32(eps), ids, weights, tiles, pos, src),
+               shared=plan.combine_bytes(gu.split, 1))
+        if gu.gate_up == "halves":
+            act = self.silu_mul(act[:, : n // 2], act[:, n // 2 :])
+        out = cp.empty((1, h), dtype=cp.float32)
+        res = self._dummy if residual is None else f32_rows(residual)
+        d = self._dummy
+        self._grouped(experts.down, act, tiles, 1, top_k, one=True,
+                      tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0), i32(residual is not None)))
+        return out
 
     def moe_ffn(self, x, experts: CudaExperts, ids, weights, residual=None):
         return self._experts(f32_rows(x), experts, index(ids), f32_rows(weights), residual)
@@ -157,13 +188,13 @@ class CudaMoeOps:
                (ids, i32(p), i32(k), i32(experts.n), i32(plan.TOKEN_TILE * tm), i32(n_tiles), pos, src, tiles))
         return self._ffn(x, experts, weights, (pos, src, tiles, tm), residual)
 
-    def _ffn(self, x, experts: CudaExperts, weights, sched, residual, norm=None):
-        """x [T, H] (normalised unless `norm` = (weight, eps) says the gate|up kernel does it) through
-        the experts that the schedule (pos, src, tiles, tm) groups its pairs by; residual + the sum."""
+    def _ffn(self, x, experts: CudaExperts, weights, sched, residual):
+        """x [T, H] (normalised) through the experts that the schedule (pos, src, tiles, tm) groups its
+        pairs by; residual + the sum."""
         pos, src, tiles, tm = sched
         t, h = (int(s) for s in x.shape)
         k = int(weights.shape[1])
-        act = self._grouped(experts.gate_up, x, tiles, tm, t * k, src=src, one=t == 1, norm=norm)
+        act = self._grouped(experts.gate_up, x, tiles, tm, t * k, src=src, one=t == 1)
         if experts.gate_up.gate_up == "halves":
             f = experts.gate_up.shape[0] // 2
             act = self.silu_mul(act[:, :f], act[:, f:])
@@ -183,12 +214,11 @@ class CudaMoeOps:
         launch(kernel("moe.cu", "moe_combine"), grid, block, (y, *tail[:6], i32(t), i32(h), *tail[7:]))
         return out
 
-    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, one=False, norm=None, tail=None,
+    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, one=False, tail=None,
                  early=False):
         """The rows of the pairs (token rows src[q] of xs with `src`, else xs's rows in place order)
         through each pair's expert as `tiles` groups them: [P, N], or [P, N / 2] gated products for a
-        "tiles" gate|up weight. `one`: every tile holds one row (a one-token step); `norm`: that row
-        normalised here; `tail`: the arguments of the weighted sum the launch writes (MM_TCG's); `early`:
+        "tiles" gate|up weight. `one`: every tile holds one row (a one-token step); `tail`: the arguments of the weighted sum the launch writes (MM_TCG's); `early`:
         the tile table was written two or more kernels back (the down projection's)."""
         n, k = w.shape
         n_tiles = int(tiles.shape[0])
@@ -205,12 +235,11 @@ class CudaMoeOps:
         s_stride = 0 if w.scales is None else int(w.scales[0].size)
         d = self._dummy
         tail = tail or (d, d, d, d, d, np.int64(0), d, i32(0), i32(0), i32(0))
-        nw, eps = norm or (d, 0.0)
-        variant = "norm" if norm else "one" if one else f"tm{tm}"
+        variant = "one" if one else f"tm{tm}"
         launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_{variant}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
                (32 * w.split, 1, 1),
                (w.data, scales, np.int64(w.data[0].nbytes), np.int64(s_stride), tiles, xs, out, i32(n), i32(k),
-                i32(w.kp), i32((EPI_SILU if silu else 0) | (TILES_EARLY if early else 0)), i32(xs.shape[1]), i32(out.shape[1]), src, gather,
-                nw, np.float32(eps), *tail),
-               shared=plan.combine_bytes(w.split, 1 if one or norm else tm))
+                i32(w.kp), i32((EPI_SILU if silu else 0) | (TILES_EARLY if early else 0)), i32(xs.shape[1]),
+                i32(out.shape[1]), src, gather, *tail),
+               shared=plan.combine_bytes(w.split, 1 if one else tm))
         return out
