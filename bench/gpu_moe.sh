@@ -24,7 +24,7 @@ lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 for stage in ${stages//,/ }; do
   case $stage in
   tests)
-    timeout "$(left 150)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=5 \
+    timeout "$(left 200)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
       --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
     grep -E "relative L2|passed|failed|Error|error|assert" "$work/moe-tests.txt" | tail -n 40
     # the fused Qwen3 q/k norm + rope + cache write, and the dense graphs it and the grouped kernels touch
