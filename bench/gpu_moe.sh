@@ -26,7 +26,7 @@ for stage in ${stages//,/ }; do
   tests)
     timeout "$(left 200)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
       --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
-    grep -E "relative L2|passed|failed|Error|error|assert" "$work/moe-tests.txt" | tail -n 40
+    grep -E "relative L2|passed|failed|Error|error|assert|^E  " "$work/moe-tests.txt" | tail -n 60
     # the fused Qwen3 q/k norm + rope + cache write, and the dense graphs it and the grouped kernels touch
     timeout "$(left 100)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
       --junitxml="$work/dense-tests.xml" tests/test_cuda_ops.py tests/test_cuda_graphs.py \
