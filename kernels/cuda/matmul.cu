@@ -737,10 +737,11 @@ MM_KQ_SET(q6k, WT_Q6K)
 // on M, the tile's place, TM or the prologue (a one-row kernel has the bits of the others), so a
 // (token, expert) pair has the bits of a dense matmul of its row on that expert, however many rows
 // chose it. With `gather` (the gate|up projection) place q's input is token row src[q] of x, else
-// row q (the down projection: the gated products, in place order). The table is read after pdl_start (the kernel before
-// wrote it), unless flags has MMG_TILES_EARLY: a kernel at least two back wrote it (and src), which
-// had finished before the kernel just before passed its own pdl_start, that is before this one could
-// start; then the expert's first weights are in flight before the wait (the down projection).
+// row q (the down projection: the gated products, in place order). The table is read after
+// pdl_start (the kernel before wrote it), unless flags has MMG_TILES_EARLY: a kernel at least two
+// back wrote it (and src), which had finished before the kernel just before passed its own
+// pdl_start, that is before this one could start; then the expert's first weights are in flight
+// before the wait (the down projection).
 //
 // With `sum` (the down projection of at most moe.py's SUM_ROWS tokens) the block that completes a
 // token's k pairs for its 16 features also writes their weighted sum (moe_weighted_sum, the bits of
@@ -809,8 +810,8 @@ MM_TCG_SET(q8, WT_Q8, 2, 2, 1, 4)
 
 // A one-token step's gate|up launch that routes its token itself (no routing launch before it): every
 // block routes the row of router logits (route_row, the routing of every other kernel), block y takes
-// slot y's expert and runs mm_tc on the token's row normalised by nw, eps (PRO_NORM), as mmg_*_norm
-// does. Blocks (0, y) write what the down launch and its sum read: slot y's id and weight, tile y =
+// slot y's expert and runs mm_tc on the token's row normalised by nw, eps (PRO_NORM: rms_norm's
+// bits, as the one-row dense kernels). Blocks (0, y) write what the down launch and its sum read: slot y's id and weight, tile y =
 // (expert, place y, 1 row), pos[y] = y, src[y] = 0. Grid (N / 16, k).
 #define MM_TCG_ROUTE(NAME, WT)                                                                            \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
