@@ -28,7 +28,7 @@ from kernels.cuda.modules import kernel
 from kernels.cuda.weights import kernel_weight
 from kernels.weights import Weight
 
-MAX_EXPERTS = 1024  # moe.cu's MOE_MAX_E
+MAX_EXPERTS = 1024  # common.cuh's MOE_MAX_E
 SCHED_THREADS = 1024  # moe.cu's SCHED_THREADS: one thread per expert
 ROUTE_SMEM = 24576  # moe.cu's ROUTE_SMEM: the fused kernel's routing scratch, (E + 32) floats a warp
 ROUTE_ROWS = 64  # tokens that moe_route_schedule routes in its one block (more: a block each, then the schedule)
