@@ -165,7 +165,7 @@ class CudaMoeOps:
         out = cp.empty((1, h), dtype=cp.float32)
         res = self._dummy if residual is None else f32_rows(residual)
         d = self._dummy
-        self._grouped(experts.down, act, tiles, 1, top_k, one=True,
+        self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True,
                       tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0), i32(residual is not None)))
         return out
 
@@ -207,25 +207,26 @@ class CudaMoeOps:
         tail = (pos, weights, shared, gate, res, out, experts.counts, i32(k), i32(experts.shared_gate_up is not None),
                 i32(residual is not None))
         if t <= SUM_ROWS and experts.down.dtype != "f32":
-            self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1, tail=tail, early=True)
+            self._grouped(experts.down, act, tiles, tm, t * k, src=src, gather=False, one=t == 1, tail=tail, early=True)
             return out
         y = self._grouped(experts.down, act, tiles, tm, t * k, one=t == 1, early=True)
         grid, block = plan.elementwise_grid(t * h)
         launch(kernel("moe.cu", "moe_combine"), grid, block, (y, *tail[:6], i32(t), i32(h), *tail[7:]))
         return out
 
-    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, one=False, tail=None,
+    def _grouped(self, w: StackedWeight, xs, tiles, tm: int, pairs: int, src=None, gather=True, one=False, tail=None,
                  early=False):
-        """The rows of the pairs (token rows src[q] of xs with `src`, else xs's rows in place order)
+        """The rows of the pairs (token rows src[q] of xs with `src` and `gather`, else xs's rows in place order)
         through each pair's expert as `tiles` groups them: [P, N], or [P, N / 2] gated products for a
         "tiles" gate|up weight. `one`: every tile holds one row (a one-token step); `tail`: the arguments of the weighted sum the launch writes (MM_TCG's); `early`:
-        the tile table was written two or more kernels back (the down projection's)."""
+        the tile table was written two or more kernels back (the down projection's). The sum reads src
+        (each place's token) too."""
         n, k = w.shape
         n_tiles = int(tiles.shape[0])
         silu = w.gate_up == "tiles"
         out = cp.empty((pairs, n // 2 if silu else n), dtype=cp.float32)
         xs = f32_rows(xs)
-        gather = i32(src is not None)
+        gather = i32(src is not None and gather)
         src = self._dummy if src is None else src
         if w.dtype == "f32":
             launch(kernel("matmul.cu", "mmg_f32"), (plan.ceil_div(n, 8), n_tiles, 1), (256, 1, 1),
