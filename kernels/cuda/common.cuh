@@ -416,6 +416,7 @@ __device__ __forceinline__ void kq_chunk_scales(uint4 wa, uint4 wb, bool q6, flo
     const float2 pa = kq_scale_pair(wa.z, wb.y, q6);
     const float2 pb = kq_scale_pair(wa.z >> 16, q6 ? wb.y >> 16 : wb.z, q6);
     sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
+}
 
 // ---- mixture of experts (moe.cu, matmul.cu's grouped kernels)
 #define MOE_MAX_E 1024  // experts a router may have (kernels/cuda/moe.py checks)
