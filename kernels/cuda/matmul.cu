@@ -811,8 +811,8 @@ MM_TCG_SET(q8, WT_Q8, 2, 2, 1, 4)
 // A one-token step's gate|up launch that routes its token itself (no routing launch before it): every
 // block routes the row of router logits (route_row, the routing of every other kernel), block y takes
 // slot y's expert and runs mm_tc on the token's row normalised by nw, eps (PRO_NORM: rms_norm's
-// bits, as the one-row dense kernels). Blocks (0, y) write what the down launch and its sum read: slot y's id and weight, tile y =
-// (expert, place y, 1 row), pos[y] = y, src[y] = 0. Grid (N / 16, k).
+// bits, as the one-row dense kernels). Blocks (0, y) write what the down launch and its sum read:
+// slot y's id and weight, tile y = (expert, place y, 1 row), pos[y] = y, src[y] = 0. Grid (N / 16, k).
 #define MM_TCG_ROUTE(NAME, WT)                                                                            \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const float* logits, int E,  \
