@@ -76,6 +76,7 @@ class CpuOps(PagedOps, CpuMoeOps):
         self._ctl = self._workers.ctl if self._workers is not None else np.zeros(workers.CTL_WORDS, np.int64)
         # a control word takes one publisher at a time (two threads computing at once wait in turn)
         self._ctl_lock = self._workers.lock if self._workers is not None else threading.Lock()
+        self._layers: dict = {}  # dense_layer's fixed arguments per layer: _layer_args
         compiled.warm_up(self.threads > 1)
         fused.warm_up(self.threads > 1)
         PagedOps.warm_up_paged()
@@ -223,26 +224,46 @@ class CpuOps(PagedOps, CpuMoeOps):
         every product takes the 16-bit row kernel and the cache one of the compiled kernels' types,
         else the ops one by one. Both give a row the same bits."""
         x = np.ascontiguousarray(x, dtype=np.float32)
+        fixed = self._layer_args(x, attn_norm, eps, w_qkv, b_qkv, table, cache, n_heads, n_kv, scale, wo, ffn_norm,
+                                 w_gate_up, w_down)
+        if fixed is None:
+            q = self.norm_qkv_rope_write(x, attn_norm, eps, w_qkv, b_qkv, rows, table, cache, n_heads, n_kv)
+            return self.ffn(self.attention_out(q, cache, rows, scale, wo, x), ffn_norm, eps, w_gate_up, w_down)
+        head, tail = fixed
+        if self._workers is not None:
+            self._workers.wake()
+        out = np.empty_like(x)
+        with self._ctl_lock:
+            layer.dense_layer_16(x, *head, as_index(rows.positions), as_index(rows.slots), as_index(rows.seq),
+                                 as_index(rows.block_tables), *tail, self._ctl, out)
+        return out
+
+    def _layer_args(self, x, attn_norm, eps, w_qkv, b_qkv, table, cache, n_heads, n_kv, scale, wo, ffn_norm,
+                    w_gate_up, w_down):
+        """dense_layer_16's arguments that stay the same from step to step (weights as bits, norms,
+        cache views), prepared once per layer: building them each call cost about as much as a layer's
+        attention at decode. None where the layer cannot take the one-call path for x's rows."""
+        if not (self.exact or x.shape[0] <= KERNEL_ROWS):
+            return None
+        hit = self._layers.get(id(wo))  # one entry a layer: another cache (the self-check's) replaces it
+        if hit is not None and hit[0] is wo and hit[1] is cache and hit[2] is cache.k and hit[3] is cache.v:
+            return hit[4]
         gu = w_gate_up.stacked if isinstance(w_gate_up, GateUp) else None
         ws = (w_qkv, wo, gu, w_down)
         kv_kind = rope_write.KV_KINDS.get(cache.kv_type)
         if (b_qkv is not None or kv_kind is None or cache.v_type != cache.kv_type
                 or not all(self._fuses(x, w) and w.dtype == wo.dtype for w in ws)):
-            q = self.norm_qkv_rope_write(x, attn_norm, eps, w_qkv, b_qkv, rows, table, cache, n_heads, n_kv)
-            return self.ffn(self.attention_out(q, cache, rows, scale, wo, x), ffn_norm, eps, w_gate_up, w_down)
-        d = w_qkv.shape[0] // (n_heads + 2 * n_kv)
-        view = np.float32 if kv_kind == 0 else np.uint16
-        k, v = cache.k.view(view), cache.v.view(view)
-        if self._workers is not None:
-            self._workers.wake()
-        out = np.empty_like(x)
-        with self._ctl_lock:
-            layer.dense_layer_16(x, _f32(attn_norm), _f32(ffn_norm), np.float32(eps), *(_bits16(w) for w in ws),
-                                 _WIDE_KINDS[wo.dtype], *(as_index(a) for a in (rows.positions, rows.slots, rows.seq,
-                                                                               rows.block_tables)),
-                                 table.cos, table.sin, table.neox, n_heads, k.reshape(-1, n_kv, d), v.reshape(-1, n_kv, d),
-                                 k, v, kv_kind, np.float32(scale), self._ctl, out)
-        return out
+            fixed = None
+        else:
+            d = w_qkv.shape[0] // (n_heads + 2 * n_kv)
+            view = np.float32 if kv_kind == 0 else np.uint16
+            k, v = cache.k.view(view), cache.v.view(view)
+            head = (_f32(attn_norm), _f32(ffn_norm), np.float32(eps), *(_bits16(w) for w in ws), _WIDE_KINDS[wo.dtype])
+            tail = (table.cos, table.sin, table.neox, n_heads, k.reshape(-1, n_kv, d), v.reshape(-1, n_kv, d), k, v,
+                    kv_kind, np.float32(scale))
+            fixed = head, tail
+        self._layers[id(wo)] = (wo, cache, cache.k, cache.v, fixed)
+        return fixed
 
     def _fuses(self, x: np.ndarray, w) -> bool:
         """Whether x's rows go through the compiled row kernel for a 16-bit w (fused.py joins steps there)."""
