@@ -121,7 +121,7 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
                 ops.matmul(x, w)
     else:
         mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
-        fn = streaming_kernel(dtype, mm, defines)
+        fn = streaming_kernel(mm, defines)
         out = cp.empty((m, n), cp.float32)
         def run():
             for w in ws:

@@ -19,7 +19,7 @@ from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.cuda.weights import CudaWeight  # noqa: E402
 
-PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch: plan.KQ_U sizes the rings)
+PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
 
 
 def probe(ops: CudaOps, bw: float, results: list) -> None:

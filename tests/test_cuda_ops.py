@@ -114,16 +114,11 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
 
 
-@pytest.mark.parametrize("ring", [False, True], ids=["streamed", "ring"])
 @pytest.mark.parametrize("dtype", KQUANTS)
 @pytest.mark.parametrize("shape", [(4096, 4096), (8192, 2048), (4096, 14336), (1000, 1024)], ids=str)
-def test_kquant_one_row_ring_gives_the_batch_bits(gpu, dtype, shape, ring, monkeypatch):
-    """K-quant decode kernels, streamed or through rings in shared memory (plan.KQ_RING_DECODE: 3 stages
-    at 8 warps or fewer, 2 at 16): a row alone (plain and with the norm prologue) must have its bits
+def test_kquant_one_row_gives_the_batch_bits(gpu, dtype, shape):
+    """K-quant decode kernels: a row alone (plain and with the norm prologue) must have its bits
     inside batches (9-16 rows: the 16-bit-input kernels)."""
-    from kernels.cuda import plan
-
-    monkeypatch.setattr(plan, "KQ_RING_DECODE", ring)
     n, k = shape
     dw = gpu.upload(_weight(n, k, dtype))
     nw = gpu.tensor(_rand(k))

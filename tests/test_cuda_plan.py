@@ -50,8 +50,7 @@ def test_tiled_launch_uses_the_same_split(shape):
 @pytest.mark.parametrize("shape", SHAPES[2:], ids=str)
 def test_kquant_launches_share_one_split_and_fit_the_device(shape):
     """Q4_K / Q6_K: streaming, tiled and wide launches sum in the split of (N, K, type) whatever the rows;
-    the one-row kernels' rings fit one SM's shared memory twice at 16 warps (so 8B's 256-tile weights run
-    in one wave) and three times at 8."""
+    the one-row kernel needs only its combine's shared memory."""
     n, k = shape
     for dtype in plan.KQUANT_TYPES:
         split = plan.split_k(n, k, 132, dtype)
@@ -59,18 +58,8 @@ def test_kquant_launches_share_one_split_and_fit_the_device(shape):
         launches += [plan.matmul_launch(dtype, 1, n, k, 132, prologue="norm")]
         launches += [f(dtype, m, n, k, 132) for f in (plan.tile_launch, plan.wide_launch) for m in ROWS]
         assert {launch.split for launch in launches if launch} == {split}
-        for variant, (tiles, _) in plan.RING_VARIANTS.items():
-            ring = plan.combine_bytes(split, tiles) + plan.kq_ring_bytes(dtype, split, variant)
-            assert ring <= plan.kq_ring_max(dtype)
-            blocks = 2 if split > 8 else (4 if split == 8 and variant == "tm2h" else 3)
-            assert ring * blocks <= 227 * 1024, (variant, split)
         name = plan.KERNEL_NAMES[dtype]
-        one = plan.matmul_launch(dtype, 1, n, k, 132, ring=True)
-        assert one.kernel == f"mm_{name}_one_ring" + ("_r2" if split > 8 else "")
-        assert one.shared == plan.combine_bytes(split, 1) + plan.kq_ring_bytes(dtype, split, "one")
-        x16 = plan.matmul_launch(dtype, 12, n, k, 132, prologue="x16", ring=True)
-        assert x16.kernel == f"mm_{name}_tm2h_ring" + ("_r2" if split > 4 else "")
-        plain = plan.matmul_launch(dtype, 1, n, k, 132, ring=False)
+        plain = plan.matmul_launch(dtype, 1, n, k, 132)
         assert plain.kernel == f"mm_{name}_one" and plain.shared == plan.combine_bytes(split, 1)
 
 

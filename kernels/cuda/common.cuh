@@ -369,7 +369,7 @@ __device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64
 
 // ---- One (tile, chunk) of the planes as a record in shared memory: the nibbles (256 bytes), Q6_K's
 // top bits (128), the sub-block scale words (32), the super-block's scale record (Q4_K 64, Q6_K 32),
-// so that the staged kernels (the one-row ring, mm_tile, mm_wide) read what mm_tc reads from global.
+// so that the staged kernels (mm_tile, mm_wide) read what mm_tc reads from global.
 __device__ __forceinline__ constexpr int kq_rec_bytes(bool q6) { return q6 ? 448 : 352; }
 
 // Where 16-byte segment `seg` (0 .. kq_rec_bytes / 16 - 1) of a record comes from: its plane, that

@@ -27,10 +27,7 @@
 #define WT_Q6K 4
 #define KQ(WT) ((WT) == WT_Q4K || (WT) == WT_Q6K)
 #ifndef KQ_U_ONE
-#define KQ_U_ONE 4  // chunks a stage of the one-row K-quant kernels' rings (plan.KQ_U)
-#endif
-#ifndef KQ_U_X16
-#define KQ_U_X16 2  // chunks a stage of the 9-16-row K-quant kernels' rings
+#define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
 #endif
 
 
@@ -289,7 +286,7 @@ __device__ __forceinline__ void row_pairs(unsigned q0, unsigned q1, int u, unsig
     for (int i = 0; i < 4; ++i) b[i] = lane < 4 ? b[i] : 0u;
 }
 
-template <int WT, int TM, int U, int PRO, int RG = 0>
+template <int WT, int TM, int U, int PRO>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
@@ -347,66 +344,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
     };
 
-    // K-quants at one row and at 9-16 rows of 16-bit activations: each warp streams its slice through
-    // a ring of RG stages in shared memory (U chunks of records and of the chunks' activations a stage,
-    // cp.async), so RG - 1 stages are in flight during a stage's MMAs without holding registers. The
-    // same words reach the same arithmetic.
-    constexpr bool RING = KQ(WT) && (PRO & (PRO_ONE | PRO_NORM | PRO_X16)) && RG >= 2;
-    constexpr int ACT = PRO == PRO_X16 ? TM * 512 : PRO == PRO_NORM ? 256 : 128;  // activation bytes a chunk
-    constexpr int REC = kq_rec_bytes(WT == WT_Q6K), STAGE = U * (REC + ACT);
-    unsigned char* ring = reinterpret_cast<unsigned char*>(red) + (S - 1) * 32 * TM * 16 + s * RG * STAGE;
-    auto ring_weights = [&](int stage, int c0) {  // records of chunks c0 .. c0 + U - 1 (past c_end: none)
-        if (c0 >= c_end || lane >= REC / 16) return;  // lane l copies segment l of each record
-        unsigned char* st = ring + stage * STAGE + 16 * lane;
-        const KqSeg sg = kq_seg(kq, WT == WT_Q6K, lane);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (c0 + u < c_end) kq_issue_seg(st + u * REC, sg, WT == WT_Q6K, blockIdx.x, C, c0 + u, true);
-    };
-    auto ring_row_acts = [&](float* xs, int c0) {  // one row: 32 floats (and norm weights) a chunk
-        for (int i = lane; i < U * 8; i += 32) {
-            const int k = c0 * 32 + 4 * i;
-            const bool ok = c0 + (i >> 3) < c_end;
-            if (vec) {
-                cp_async16(xs + 4 * i, ok ? x + k : x, ok ? 16 : 0);
-                if (PRO == PRO_NORM) cp_async16(xs + U * 32 + 4 * i, ok ? nw + k : nw, ok ? 16 : 0);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    xs[4 * i + j] = ok && k + j < K ? x[k + j] : 0.f;
-                    if (PRO == PRO_NORM) xs[U * 32 + 4 * i + j] = ok && k + j < K ? nw[k + j] : 0.f;
-                }
-            }
-        }
-    };
-    auto ring_acts = [&](int stage, int c0) {  // the activations (and norm weights) of those chunks
-        if (c0 >= c_end) return;
-        float* xs = reinterpret_cast<float*>(ring + stage * STAGE + U * REC);
-        if constexpr (PRO == PRO_X16) {  // per (chunk, token tile) a lane's 16 bytes, as the MMA lanes take them
-            const u16* x16 = reinterpret_cast<const u16*>(x);
-            for (int i = lane; i < U * TM * 32; i += 32) {
-                const int u = i / (TM * 32), tm = (i >> 5) % TM, m = m_base + tm * 8 + g;
-                const bool ok = c0 + u < c_end && m < M;
-                cp_async16(xs + 4 * i, ok ? x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t : x16, ok ? 16 : 0);
-            }
-        } else {
-            ring_row_acts(xs, c0);
-        }
-    };
-
     // The first weights are in flight while the previous kernel finishes (weights are never written).
-    if (RING) {
-        for (int i = 0; i < RG - 1; ++i) ring_weights(i, c_begin + i * U);
-        cp_async_commit();
-    } else {
-        load_weights(c_begin);
-    }
+    load_weights(c_begin);
     pdl_start();
-    if (RING)
-        for (int i = 0; i < RG - 1; ++i) {
-            ring_acts(i, c_begin + i * U);
-            cp_async_commit();
-        }
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];
     float inv = 0.f;
@@ -455,68 +395,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
     static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
-    if constexpr (RING) {
-        // Groups: the prologue's records, then each prologue stage's activations, then one a stage:
-        // waiting for all but the RG - 2 newest leaves stage b complete at iteration b.
-        int b = 0;
-        for (int c0 = c_begin; c0 < c_end; c0 += U, ++b) {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(RG - 2));
-            __syncwarp();  // every lane's copies visible; every lane done with the stage refilled next
-            const int next = (b + RG - 1) % RG;
-            ring_weights(next, c0 + (RG - 1) * U);
-            ring_acts(next, c0 + (RG - 1) * U);
-            cp_async_commit();
-            const unsigned char* st = ring + (b % RG) * STAGE;
-            const float* xs = reinterpret_cast<const float*>(st + U * REC);
-            auto staged_frags = [&](const unsigned char* rec, unsigned (&a1)[4], unsigned (&a2)[4], float& sa, float& sb,
-                                    float& xa, float& xb) {
-                uint4 ra, rb;
-                kq_read_rec(rec, WT == WT_Q6K, lane, ra, rb);
-                a_frags<WT>(ra, rb, a1, a2);
-                kq_chunk_scales(ra, rb, WT == WT_Q6K, sa, sb, xa, xb);
-            };
-            if constexpr (PRO == PRO_X16) {
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-                    if (c0 + u < c_end) {
-                        unsigned a1[4], a2[4];
-                        float sa, sb, xa, xb;
-                        staged_frags(st + u * REC, a1, a2, sa, sb, xa, xb);
-#pragma unroll
-                        for (int tm = 0; tm < TM; ++tm) {
-                            const uint4 q = *reinterpret_cast<const uint4*>(xs + 4 * ((u * TM + tm) * 32 + lane));
-                            mma_chunk<WT>(acc[tm], a1, a2, q.x, q.y, q.z, q.w, sa, sb, xa, xb);
-                        }
-                    }
-            } else {
-                unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
-#pragma unroll
-                for (int h = 0; h < U / 4; ++h) {
-                    float4 f = *reinterpret_cast<const float4*>(xs + 4 * (32 * h + lane));
-                    if (PRO == PRO_NORM) {
-                        const float4 nv = *reinterpret_cast<const float4*>(xs + U * 32 + 4 * (32 * h + lane));
-                        f.x = __fmul_rn(__fmul_rn(f.x, inv), nv.x);
-                        f.y = __fmul_rn(__fmul_rn(f.y, inv), nv.y);
-                        f.z = __fmul_rn(__fmul_rn(f.z, inv), nv.z);
-                        f.w = __fmul_rn(__fmul_rn(f.w, inv), nv.w);
-                    }
-                    p0[h] = pack_act<WT>(f.x, f.y);
-                    p1[h] = pack_act<WT>(f.z, f.w);
-                }
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-                    if (c0 + u < c_end) {
-                        unsigned bb[4];
-                        row_pairs(p0[u >> 2], p1[u >> 2], u, bb);
-                        unsigned a1[4], a2[4];
-                        float sa, sb, xa, xb;
-                        staged_frags(st + u * REC, a1, a2, sa, sb, xa, xb);
-                        mma_chunk<WT>(acc[0], a1, a2, bb[0], bb[1], bb[2], bb[3], sa, sb, xa, xb);
-                    }
-            }
-        }
-        asm volatile("cp.async.wait_group 0;\n" ::);
-    } else if (PRO & (PRO_ONE | PRO_NORM)) {
+    if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (c0 != c_begin) load_weights(c0);
             unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
@@ -554,7 +433,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 }
         }
     }
-    for (int c0 = c_begin; c0 < c_end && !RING && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
+    for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
         if (PRO == PRO_X16) {
             // The batch's activations first, then its weights behind a branch: ptxas keeps loads in
             // their basic block, so every load is out before the first MMA waits (it moved each
@@ -689,15 +568,14 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #endif
 
 #define MM_THREADS(WT, TM) (KQ(WT) ? ((TM) > 4 ? 256 : (TM) > 2 ? 512 : KQ_BOUND) : 1024 / ((TM) > 2 ? (TM) / 2 : 1))
-#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_R(NAME, WT, TM, U, PRO, 0, 1)
-// RG: stages of a K-quant ring (0: none); MINB: blocks an SM the registers must allow (ring kernels: 2 of 16 warps)
-#define MM_TC_R(NAME, WT, TM, U, PRO, RG, MINB)                                                          \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM), MINB) NAME(                         \
+// min blocks 1 spelled out: ptxas allocates registers differently without it (the SASS these kernels were measured with)
+#define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM), 1) NAME(                            \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
         int kv) {                                                                                        \
-        mm_tc<WT, TM, U, PRO, RG>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,         \
+        mm_tc<WT, TM, U, PRO>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,         \
                               QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv,         \
                               blockIdx.y * (8 * TM));                                                    \
     }
@@ -716,19 +594,9 @@ MM_TC_SET(f16, WT_F16, 2, 2, 1, 4)
 MM_TC_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // K-quants: 8 bytes a lane a chunk (f16: 32), so more chunks a batch at 1-2 token tiles; blocks of at
-// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there. The _ring kernels (one
-// row; 9-16 rows of 16-bit activations, KQ_U_X16 chunks a stage) stream through rings of 3 stages,
-// _ring_r2 of 2 (plan.kq_ring_stages); plan.KQ_RING_DECODE picks them.
-#define MM_KQ_SET(T, WT)                                           \
-    MM_TC_SET(T, WT, 4, 2, 1, KQ_U_ONE)                            \
-    MM_TC_R(mm_##T##_one_ring, WT, 1, KQ_U_ONE, PRO_ONE, 3, 2)     \
-    MM_TC_R(mm_##T##_norm_ring, WT, 1, KQ_U_ONE, PRO_NORM, 3, 2)   \
-    MM_TC_R(mm_##T##_tm2h_ring, WT, 2, KQ_U_X16, PRO_X16, 3, 2)    \
-    MM_TC_R(mm_##T##_one_ring_r2, WT, 1, KQ_U_ONE, PRO_ONE, 2, 2)  \
-    MM_TC_R(mm_##T##_norm_ring_r2, WT, 1, KQ_U_ONE, PRO_NORM, 2, 2) \
-    MM_TC_R(mm_##T##_tm2h_ring_r2, WT, 2, KQ_U_X16, PRO_X16, 2, 2)
-MM_KQ_SET(q4k, WT_Q4K)
-MM_KQ_SET(q6k, WT_Q6K)
+// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
+MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
+MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

@@ -66,11 +66,8 @@ def _halves(gate, up) -> tuple[Any, Any]:
     return _rows(gate), _rows(up)
 
 
-def streaming_kernel(dtype: str, mm: plan.MatmulLaunch, defines: tuple = ()):
-    """The streaming kernel of a launch; the one-row K-quant kernels' rings take shared memory past the
-    default limit (one opt-in for every split, so the cached function serves them all)."""
-    if dtype in kquant.KQUANT_TYPES and mm.shared > plan.SMEM_LIMIT:
-        return big_smem_kernel("matmul.cu", mm.kernel, plan.kq_ring_max(dtype), defines)
+def streaming_kernel(mm: plan.MatmulLaunch, defines: tuple = ()):
+    """The streaming kernel of a launch (its combine fits the default shared memory: max_token_tiles)."""
     return kernel("matmul.cu", mm.kernel, defines)
 
 
@@ -288,7 +285,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input.
         `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write)."""
         mm = plan.matmul_launch(w.dtype, int(out.shape[0]), w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
-        launch(streaming_kernel(w.dtype, mm), mm.grid, mm.block,
+        launch(streaming_kernel(mm), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
 

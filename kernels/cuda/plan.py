@@ -17,11 +17,6 @@ MAX_SPLIT = 32  # warps per block
 KQUANT_TYPES = ("q4_k", "q6_k")  # blocks the kernels read as planes (kernels/cuda/kquant.py)
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
 KERNEL_NAMES = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q6_k": "q6k"}  # the kernels' suffixes
-# Decode of K-quants through the per-warp shared-memory rings (mm_*_ring kernels). Off: on the H200 the
-# rings left single matmuls about as fast (8B gate|up Q4_K, one row: 29.9 us against 31.8) and the
-# engine slower (8B Q4_K_M solo 245 tok/s against 284, 16 chats 2620 against 3060); docs/lab/NOTES.md.
-KQ_RING_DECODE = False
-KQ_U = {"one": 4, "norm": 4, "tm2h": 2}  # chunks a stage of the K-quant rings (matmul.cu KQ_U_ONE, KQ_U_X16)
 WARPS_PER_SM = 16  # warps in flight per SM that keep its load units busy for a weight stream
 SMEM_LIMIT = 48 * 1024  # static + dynamic shared memory without an opt-in
 F32_ROWS_PER_BLOCK = 8  # weight rows of the float32 kernel (one warp each)
@@ -71,30 +66,6 @@ def combine_bytes(split: int, token_tiles: int) -> int:
     return (split - 1) * 32 * token_tiles * 4 * 4
 
 
-RING_VARIANTS = {"one": (1, 128), "norm": (1, 256), "tm2h": (2, 1024)}  # token tiles, activation bytes a chunk
-
-
-def kq_ring_stages(split: int, variant: str) -> int:
-    """Stages of a K-quant ring kernel's per-warp ring (matmul.cu RG): 3 (two in flight during a stage's
-    MMAs), 2 where 3 would leave too few blocks an SM (one row: 16 warps; 9-16 rows: 8 or more). Speed
-    only: bits do not depend on it."""
-    return 3 if split <= (8 if variant in ("one", "norm") else 4) else 2
-
-
-def kq_ring_bytes(dtype: str, split: int, variant: str) -> int:
-    """Shared memory of a K-quant ring block past its combine: per warp kq_ring_stages stages of KQ_U
-    chunks, each a record of the planes (Q4_K 352 bytes, Q6_K 448) and the chunk's activations (one
-    row: 32 floats, with the norm prologue also 32 norm weights; 9-16 rows: 16 rows of 32 f16)."""
-    tiles, act = RING_VARIANTS[variant]
-    return split * kq_ring_stages(split, variant) * KQ_U[variant] * ((448 if dtype == "q6_k" else 352) + act)
-
-
-def kq_ring_max(dtype: str) -> int:
-    """The most dynamic shared memory a K-quant ring launch takes (the opt-in its kernels get)."""
-    return max(combine_bytes(s, tiles) + kq_ring_bytes(dtype, s, v) for v, (tiles, _) in RING_VARIANTS.items()
-               for s in (1, 2, 4, 8, KQ_MAX_SPLIT))
-
-
 @dataclass(frozen=True)
 class MatmulLaunch:
     kernel: str  # e.g. "mm_f16_tm2"
@@ -106,13 +77,11 @@ class MatmulLaunch:
 
 
 def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None,
-                  prologue: str | None = None, ring: bool | None = None) -> MatmulLaunch:
+                  prologue: str | None = None) -> MatmulLaunch:
     """The tensor-core launch for x[m, k] @ w[n, k]^T. `split` overrides split_k (benchmarks only:
     a different split is a different summation order). `prologue="norm"` (one row only) picks the
     kernel that normalises its input row itself; any other single row gets the one-row kernel.
-    `prologue="x16"` (where reads_16bit) picks the kernel whose activations come rounded to 16 bits.
-    `ring` (default KQ_RING_DECODE): K-quants at one row or 9-16 rows of 16-bit activations take the
-    ring kernels (same sums)."""
+    `prologue="x16"` (where reads_16bit) picks the kernel whose activations come rounded to 16 bits."""
     if prologue == "norm" and m != 1:
         raise ValueError(f"a {prologue} prologue is for one row, not {m}")
     s = split_k(n, k, sm_count, dtype) if split is None else split
@@ -128,9 +97,6 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
-    if dtype in KQUANT_TYPES and variant in RING_VARIANTS and (KQ_RING_DECODE if ring is None else ring):
-        shared += kq_ring_bytes(dtype, s, variant)
-        variant += "_ring_r2" if kq_ring_stages(s, variant) == 2 else "_ring"
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
