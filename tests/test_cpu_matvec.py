@@ -2,6 +2,8 @@
 that share its weight rows (kernels/cpu/workers.py): close to a float64 reference, and the same bits
 for a row alone, inside any batch, and split across any number of threads."""
 
+import multiprocessing
+import threading
 import time
 
 import numpy as np
@@ -147,3 +149,36 @@ def test_two_threads_computing_at_once_share_the_workers_in_turn():
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads) and not bad
+
+
+def _split_in(pool: workers.Workers, x, bits) -> bytes:
+    out = np.full((x.shape[0], bits.shape[0]), np.nan, np.float32)  # a chunk nobody computed shows
+    _awake(pool)
+    workers.split_dots(pool.ctl, x.ctypes.data, x.shape[0], x.shape[1], bits.ctypes.data, 1, out.ctypes.data,
+                       bits.shape[0], out.ctypes.data, False, bits.shape[0])
+    return out.tobytes()
+
+
+def _in_forked_child(parent_pool_id: int, x, bits, queue) -> None:
+    pool = workers.pool(2)
+    alive = [t.is_alive() for t in threading.enumerate() if t.name == "lockstep-cpu-worker"]
+    queue.put((id(pool) != parent_pool_id, alive, _split_in(pool, x, bits)))
+
+
+def test_a_forked_child_gets_live_workers_and_the_parents_bits():
+    """The pool is reset at fork (workers.py): the child's workers are live threads, its split products
+    the parent's bits. Driven through workers.pool / split_dots as CpuOps does: a CpuOps built in the
+    child would first run numba's parallel warm-up, which GNU OpenMP refuses after a fork."""
+    w = Weight.from_f32(_rand(300, 128), "f16")
+    x, bits = _rand(3, 128), _bits(w)
+    parent = workers.pool(2)
+    assert _split_in(parent, x, bits) == _dots(x, w).tobytes()  # the parent's workers are up when it forks
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_in_forked_child, args=(id(parent), x, bits, queue))
+    child.start()
+    fresh, alive, got = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert fresh and alive == [True]  # without the reset: the parent's pool, and no worker thread in the child
+    assert got == _dots(x, w).tobytes()

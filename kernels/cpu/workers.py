@@ -250,3 +250,14 @@ def pool(n: int) -> Workers:
                 _POOL.stop()
             _POOL = Workers(n)
         return _POOL
+
+
+def _forget_in_child() -> None:
+    """A forked child has only the forking thread: the pool's workers are gone and its counters are the
+    parent's (AWAKE may count workers that no longer exist, so wake() would rouse none); the lock may
+    have been held by a parent thread. The child starts its own pool on first use."""
+    global _POOL, _LOCK
+    _POOL, _LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
