@@ -9,8 +9,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-engine}
-work=/tmp/gpu-engine-work  # tables and logs; only the JSON reports go to $OUT (it takes 8 files)
-mkdir -p "$work"
 save() { cp "$work"/*.json "$OUT"/ 2>/dev/null; }  # after each step: a run cut short keeps what it did
 source bench/gpu_env.sh
 repeats=3; with_8b=0; rest=1

@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts from the repository root (after setting $OUT): $OUT made, the wheels
 # carried in .whl/ (the device image lacks gguf) on PYTHONPATH beside the tree, unbuffered output, and
-# `stage NAME`, which prints NAME and the seconds since this point.
+# `stage NAME`, which prints NAME and the seconds since this point; $work, a scratch folder for logs
+# and tables (a call brings back 8 files from $OUT), named for the script.
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
 fi
@@ -11,5 +12,7 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+work=/tmp/$(basename "$0" .sh | tr _ -)-work
+mkdir -p "$work"
 start=$(date +%s)
 stage() { echo "== $1 at $(( $(date +%s) - start )) s"; }

@@ -6,11 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-kquant}
-work=/tmp/gpu-kquant-work
-mkdir -p "$OUT" "$work"
 source bench/gpu_env.sh
 stages=${1:-tests,mm,8b,1b}
-start=$(date +%s)
 has() { [[ ",$stages," == *",$1,"* ]]; }
 
 if has tests; then

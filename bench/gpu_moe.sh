@@ -13,11 +13,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-moe}
-work=/tmp/gpu-moe-work
-mkdir -p "$OUT" "$work"
 source bench/gpu_env.sh
 budget=${1:-400}; stages=${2:-tests,decode,engine8,exactness}
-start=$(date +%s)
 left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -gt "$1" ] && echo "$1" || echo $(( l > 1 ? l : 1 )); }
 lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 

@@ -8,8 +8,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-tests}
 source bench/gpu_env.sh
-work=/tmp/gpu-tests-work
-mkdir -p "$work"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 groups=(
   "ops:tests/test_cuda_ops.py"

@@ -8,8 +8,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-tp}
-work=/tmp/gpu-tp-work
-mkdir -p "$work"
 save() { cp "$work"/*.json "$OUT"/ 2>/dev/null; }
 source bench/gpu_env.sh
 repeats=3; quick=0
