@@ -23,6 +23,14 @@ __device__ __forceinline__ void zero_regs(float (&x)[A][B]) {
         for (int b = 0; b < B; ++b) x[a][b] = 0.f;
 }
 
+// Unrolled loops over R x T x I register tiles with indices a, b, i, for the statement after it:
+// constant indices after unrolling keep the tiles in registers. A macro rather than a function
+// taking a lambda: with the lambda nvcc lays out the matmul kernels differently.
+#define FOR_TILES(R, T, I, a, b, i)                      \
+    _Pragma("unroll") for (int a = 0; a < (R); ++a)     \
+        _Pragma("unroll") for (int b = 0; b < (T); ++b) \
+            _Pragma("unroll") for (int i = 0; i < (I); ++i)
+
 // ---- programmatic dependent launch (sm_90 and later)
 // Captured decode steps launch each kernel so that it may start while the kernel before it still
 // runs (kernels/cuda/launch.py). Every kernel calls pdl_start() before it touches memory another
@@ -224,27 +232,17 @@ __device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int 
                                             float* __restrict__ out, int M, int N, int flags) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     if (flags & EPI_SILU) {
-#pragma unroll
-        for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-            for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int m = m_first + tt * 8 + 2 * t + j, f = ((n_first + rt * 16) >> 1) + g;
-                    if (m < M && 2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[rt][tt][j], total[rt][tt][2 + j]);
-                }
+        FOR_TILES(RT, 4, 2, rt, tt, j) {
+            const int m = m_first + tt * 8 + 2 * t + j, f = ((n_first + rt * 16) >> 1) + g;
+            if (m < M && 2 * f < N) out[(i64)m * (N >> 1) + f] = silu_times(total[rt][tt][j], total[rt][tt][2 + j]);
+        }
         return;
     }
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-        for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int n = n_first + rt * 16 + g + ((i & 2) ? 8 : 0);
-                const int m = m_first + tt * 8 + 2 * t + (i & 1);
-                if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
-            }
+    FOR_TILES(RT, 4, 4, rt, tt, i) {
+        const int n = n_first + rt * 16 + g + ((i & 2) ? 8 : 0);
+        const int m = m_first + tt * 8 + 2 * t + (i & 1);
+        if (n < N && m < M) out[(i64)m * N + n] = epilogue(total[rt][tt][i], bias, res, m, n, N, flags);
+    }
 }
 
 // ---- the one merge of two softmax partials (running state and a later chunk), in ascending order.

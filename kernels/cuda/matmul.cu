@@ -31,23 +31,18 @@
 #endif
 
 
-__device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                        unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                         unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// mma_f16 and mma_bf16: one m16n8k16 MMA accumulating into d, the 16-bit operand type T.
+#define MMA_16(T)                                                                                         \
+    __device__ __forceinline__ void mma_##T(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, \
+                                            unsigned b0, unsigned b1) {                                  \
+        asm volatile(                                                                                    \
+            "mma.sync.aligned.m16n8k16.row.col.f32." #T "." #T ".f32 "                                   \
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                    \
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                             \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                                     \
+    }
+MMA_16(f16)
+MMA_16(bf16)
 
 // One-row streaming matmuls (PRO_ONE) load a batch's activations as one coalesced warp load and
 // hand them to the MMA lanes by shuffles; they may also normalise their input row (PRO_NORM):
@@ -193,17 +188,33 @@ template <int R, int T>
 __device__ __forceinline__ void join_slice(float (&total)[R][T][4], float (&part)[R][T][4], int& s, int& slice_end,
                                            int C, int S) {
     const bool first = s == 0;
-#pragma unroll
-    for (int a = 0; a < R; ++a)
-#pragma unroll
-        for (int b = 0; b < T; ++b)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                total[a][b][i] = first ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
-                part[a][b][i] = 0.f;
-            }
+    FOR_TILES(R, T, 4, a, b, i) {
+        total[a][b][i] = first ? part[a][b][i] : __fadd_rn(total[a][b][i], part[a][b][i]);
+        part[a][b][i] = 0.f;
+    }
     ++s;
     slice_end = (int)(((i64)(s + 1) * C) / S);
+}
+
+// A cp.async pipeline of STG shared-memory stages over n loads, load(i, stage): the first STG - 1
+// loads in flight (an empty group for each one past n, so the wait counts stay fixed) ...
+template <int STG, class Load>
+__device__ __forceinline__ void pipeline_fill(int n, const Load& load) {
+#pragma unroll
+    for (int st = 0; st < STG - 1; ++st) {
+        if (st < n) load(st, st);
+        cp_async_commit();
+    }
+}
+
+// ... then, before step i reads its stage: wait for its group, let every thread see it, and start
+// load i + STG - 1 into the stage step i - 1 read.
+template <int STG, class Load>
+__device__ __forceinline__ void pipeline_step(int i, int n, const Load& load) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STG - 2));
+    __syncthreads();
+    if (i + STG - 1 < n) load(i + STG - 1, (i + STG - 1) % STG);
+    cp_async_commit();
 }
 
 // One staged chunk of a warp's share of a shared-memory tile: RT row tiles (staged rows r0 + 16 rt,
@@ -801,8 +812,6 @@ extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restric
 #define STAGES 3
 #define XS_STRIDE 36  // floats per token row in shared memory: 32 + 4 keeps 16-byte reads conflict-free
 
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2)); }
-
 template <int WT>
 __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* __restrict__ scales,
                                         const float* __restrict__ x, const float* __restrict__ bias,
@@ -827,25 +836,11 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
         }
     };
 
-    float total[2][4][4], part[2][4][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) total[a][b][i] = part[a][b][i] = 0.f;
-
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-        if (st < C) load_chunk(st, st);
-        cp_async_commit();
-    }
+    float total[2][4][4] = {}, part[2][4][4] = {};
+    pipeline_fill<STAGES>(C, load_chunk);
     int s = 0, slice_end = (int)((i64)C / S);
     for (int c = 0; c < C; ++c) {
-        cp_async_wait_one();
-        __syncthreads();
-        if (c + STAGES - 1 < C) load_chunk(c + STAGES - 1, (c + STAGES - 1) % STAGES);
-        cp_async_commit();
+        pipeline_step<STAGES>(c, C, load_chunk);
         const unsigned char* wst = ws[c % STAGES];
         const float* xst = xs[c % STAGES];
 
@@ -865,19 +860,6 @@ __device__ __forceinline__ void mm_tile(const void* __restrict__ w, const u16* _
 
     store_tiles<2>(total, n0 + wn * 32, m0 + wm * 32, bias, res, out, M, N, flags);
 }
-
-#define MM_TILE(NAME, WT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const void* w, const u16* scales, const float* x, \
-                                                           const float* bias, const float* res, float* out, \
-                                                           int M, int N, int K, int Kp, int Np, int flags, int S) { \
-        mm_tile<WT>(w, scales, x, bias, res, out, M, N, K, Kp, Np, flags, S);                             \
-    }
-
-MM_TILE(mm_tile_f16, WT_F16)
-MM_TILE(mm_tile_bf16, WT_BF16)
-MM_TILE(mm_tile_q8, WT_Q8)
-MM_TILE(mm_tile_q4k, WT_Q4K)
-MM_TILE(mm_tile_q6k, WT_Q6K)
 
 // ---- the wide kernel for long prefills: the same sums again, on 128 weight rows x 128 tokens per
 // block (8 warps, each 64 x 32: 4 row tiles x 4 token tiles). Activations arrive already rounded
@@ -929,25 +911,11 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
         }
     };
 
-    float total[4][4][4], part[4][4][4];
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) total[a][b][i] = part[a][b][i] = 0.f;
-
-#pragma unroll
-    for (int st = 0; st < WIDE_STAGES - 1; ++st) {
-        if (st < CS) load_stage(st, st);
-        cp_async_commit();
-    }
+    float total[4][4][4] = {}, part[4][4][4] = {};
+    pipeline_fill<WIDE_STAGES>(CS, load_stage);
     int s = 0, slice_end = (int)((i64)C / S);
     for (int cs = 0; cs < CS; ++cs) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(WIDE_STAGES - 2));
-        __syncthreads();
-        if (cs + WIDE_STAGES - 1 < CS) load_stage(cs + WIDE_STAGES - 1, (cs + WIDE_STAGES - 1) % WIDE_STAGES);
-        cp_async_commit();
+        pipeline_step<WIDE_STAGES>(cs, CS, load_stage);
 #pragma unroll
         for (int kc = 0; kc < WIDE_KC; ++kc) {
             const int c = cs * WIDE_KC + kc;
@@ -968,15 +936,21 @@ __device__ __forceinline__ void mm_wide(const void* __restrict__ w, const u16* _
     store_tiles<4>(total, n0 + wn * 64, m0 + wm * 32, bias, res, out, M, N, flags);
 }
 
-#define MM_WIDE(NAME, WT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const void* w, const u16* scales, const u16* x16, \
-                                                           const float* bias, const float* res, float* out, \
-                                                           int M, int N, int Kp, int Np, int flags, int S) { \
+// Both tiled families for each weight type (the kernel names ops.py launches).
+#define MM_TILED(T, WT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mm_tile_##T(const void* w, const u16* scales, const float* x, \
+                                                                  const float* bias, const float* res, float* out, \
+                                                                  int M, int N, int K, int Kp, int Np, int flags, int S) { \
+        mm_tile<WT>(w, scales, x, bias, res, out, M, N, K, Kp, Np, flags, S);                             \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) mm_wide_##T(const void* w, const u16* scales, const u16* x16, \
+                                                                  const float* bias, const float* res, float* out, \
+                                                                  int M, int N, int Kp, int Np, int flags, int S) { \
         mm_wide<WT>(w, scales, x16, bias, res, out, M, N, Kp, Np, flags, S);                              \
     }
 
-MM_WIDE(mm_wide_f16, WT_F16)
-MM_WIDE(mm_wide_bf16, WT_BF16)
-MM_WIDE(mm_wide_q8, WT_Q8)
-MM_WIDE(mm_wide_q4k, WT_Q4K)
-MM_WIDE(mm_wide_q6k, WT_Q6K)
+MM_TILED(f16, WT_F16)
+MM_TILED(bf16, WT_BF16)
+MM_TILED(q8, WT_Q8)
+MM_TILED(q4k, WT_Q4K)
+MM_TILED(q6k, WT_Q6K)
