@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import cupy as cp
 import numpy as np
@@ -66,6 +67,13 @@ def back_to_back_ms(fn, calls: int) -> float:
     b.record()
     b.synchronize()
     return cp.cuda.get_elapsed_time(a, b) / calls
+
+
+def write_json(path: str | None, obj) -> None:
+    """`obj` as JSON to `path` when one was given. Probes call it after each measurement, so a probe
+    stopped by its time limit keeps what it measured."""
+    if path:
+        Path(path).write_text(json.dumps(obj, indent=1))
 
 
 def guarded(results: list, fn, **label) -> None:

@@ -132,19 +132,19 @@ def delta(text, finish=None):
     return {"seed": 7, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
 
 
-async def serve(handler):
+async def collect(handler):
+    """What stream_chat yields from a real HTTP server that answers with `handler`."""
+    import aiohttp
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
     server = TestServer(app)
     await server.start_server()
-    return server
-
-
-async def collect(server):
-    import aiohttp
-
-    async with aiohttp.ClientSession() as session:
-        return [p async for p in stream_chat(session, str(server.make_url("")).rstrip("/"), {"messages": []})]
+    try:
+        async with aiohttp.ClientSession() as session:
+            return [p async for p in stream_chat(session, str(server.make_url("")).rstrip("/"), {"messages": []})]
+    finally:
+        await server.close()
 
 
 async def test_stream_chat_yields_each_piece():
@@ -155,11 +155,7 @@ async def test_stream_chat_yields_each_piece():
         await resp.write(sse(delta("Hel"), delta("lo"), delta("", "stop"), b"[DONE]"))
         return resp
 
-    server = await serve(handler)
-    try:
-        pieces = await collect(server)
-    finally:
-        await server.close()
+    pieces = await collect(handler)
     assert [p.text for p in pieces] == ["Hel", "lo", ""] and pieces[-1].finish_reason == "stop"
     assert pieces[0].seed == 7
 
@@ -169,12 +165,8 @@ async def test_stream_chat_reports_the_engine_error():
         return web.json_response({"error": {"code": 400, "type": "invalid_request_error",
                                             "message": "'max_tokens' must be positive"}}, status=400)
 
-    server = await serve(handler)
-    try:
-        with pytest.raises(ChatError, match="max_tokens' must be positive.*HTTP 400"):
-            await collect(server)
-    finally:
-        await server.close()
+    with pytest.raises(ChatError, match="max_tokens' must be positive.*HTTP 400"):
+        await collect(handler)
 
 
 async def test_stream_chat_reports_an_error_event():
@@ -184,12 +176,8 @@ async def test_stream_chat_reports_an_error_event():
         await resp.write(sse(delta("a"), {"error": {"type": "server_error", "message": "slot died"}}))
         return resp
 
-    server = await serve(handler)
-    try:
-        with pytest.raises(ChatError, match="slot died"):
-            await collect(server)
-    finally:
-        await server.close()
+    with pytest.raises(ChatError, match="slot died"):
+        await collect(handler)
 
 
 # the app without an engine ------------------------------------------------------------------------

@@ -8,7 +8,6 @@ the current delta_step (a block per head and 32-column slice) against an older d
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_ops import back_to_back_ms  # noqa: E402
+from bench.gpu_ops import back_to_back_ms, write_json  # noqa: E402
 from kernels.base import RecurrentRows  # noqa: E402
 from kernels.cuda.launch import launch  # noqa: E402
 from kernels.cuda.modules import COMMON, HERE, OPTIONS, kernel  # noqa: E402
@@ -63,10 +62,9 @@ def main() -> int:
         res[s] = {"old_us": round(1000 * back_to_back_ms(runs["old"], 200), 2),
                   "new_us": round(1000 * back_to_back_ms(runs["new"], 200), 2),
                   "rel_l2_out": err[0], "rel_l2_state": err[1]}
+        write_json(args.out, res)
         print(f"delta_step, {s} sequences: old {res[s]['old_us']} us, new {res[s]['new_us']} us; new vs old "
               f"relative L2 {err[0]:.2e} (outputs), {err[1]:.2e} (state)", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
 
 

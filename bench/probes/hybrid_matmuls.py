@@ -7,13 +7,12 @@ plan.split_k picks and at the other splits (a split is a summation order: benchm
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_ops import bench_matmul  # noqa: E402
+from bench.gpu_ops import bench_matmul, write_json  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
@@ -36,8 +35,7 @@ def main() -> int:
             res.append(r)
             print(f"{name:<9} n {n:>6} k {k:>5} split {split:>2}{'*' if split == picked else ' '} "
                   f"{r['us']:8.2f} us {r['weight_GBps']:7.0f} GB/s", flush=True)
-            if args.out:
-                Path(args.out).write_text(json.dumps(res, indent=1))
+            write_json(args.out, res)
     return 0
 
 
