@@ -50,6 +50,25 @@ def test_exact_off_matmul_is_the_fast_path():
     np.testing.assert_allclose(fast.matmul(x, w), exact.matmul(x, w), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_exact_off_keeps_the_row_kernel_for_a_16_bit_weight_up_to_its_row_limit(dtype):
+    """BLAS would need float32 copies of a 16-bit weight on every call, which cost more than the row
+    kernel's products for a few dozen rows: exact off takes the row kernel up to KERNEL_ROWS_16 rows
+    (the same bits as exact on there), BLAS past it and past KERNEL_ROWS for a float32 weight."""
+    from kernels.cpu.ops import KERNEL_ROWS, KERNEL_ROWS_16
+
+    fast, exact = CpuOps(exact=False), CpuOps(exact=True)
+    w = Weight.from_f32(_rand(96, 64), dtype)
+    assert KERNEL_ROWS < KERNEL_ROWS_16
+    assert fast.matmul_family(KERNEL_ROWS_16, w) == "rows_gemv"
+    assert fast.matmul_family(KERNEL_ROWS_16 + 1, w) == "blas"
+    assert fast.matmul_family(KERNEL_ROWS + 1, Weight.from_f32(_rand(96, 64), "f32")) == "blas"
+    x = _rand(KERNEL_ROWS_16, 64)
+    assert fast.matmul(x, w).tobytes() == exact.matmul(x, w).tobytes()
+    x = _rand(KERNEL_ROWS_16 + 1, 64)
+    np.testing.assert_allclose(fast.matmul(x, w), exact.matmul(x, w), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["rms_norm", "silu_mul", "add", "rope_neox", "rope_interleaved", "embedding"])
 def test_elementwise_ops_row_invariant(name):
     ops = CpuOps(exact=True)

@@ -1,6 +1,9 @@
 """-t/--threads: the engine child sets its BLAS and compiled-kernel pools to the flag's count, and says so."""
 
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -31,3 +34,18 @@ def test_zero_threads_is_a_bad_command_line(tiny_llama):
     done = run_engine(["-m", str(tiny_llama), "-t", "0"])
     assert done.returncode == 2
     assert "-t/--threads" in done.stderr
+
+
+@pytest.mark.parametrize(("given", "seen"), [(None, "4"), ("12", "12")], ids=["default", "the user's"])
+def test_the_engine_lets_idle_blas_threads_sleep_at_once(given, seen):
+    """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when NumPy loads it; left unset its threads spin about 0.1 s
+    after each call, on the cores the compute thread and the kernel workers need. The engine package
+    sets it (a user's value wins) before anything of the engine imports NumPy."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = ("import sys, os, engine.cli; assert 'numpy' in sys.modules; "
+            "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == seen

@@ -24,8 +24,11 @@ BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time for BLA
 # this size (fixed, not taken from free memory, so that one model always takes one path).
 F32_COPY_LIMIT = 0
 # Exact mode off multiplies up to this many rows with the compiled row kernel (it reads each weight row
-# once for all of them); BLAS gemm is faster for more.
+# once for all of them); BLAS gemm is faster for more. A 16-bit weight goes to BLAS as float32 copies made
+# on every call, which cost more than the row kernel's products up to about 64 rows (at 17-32 rows BLAS
+# took 2-3x the CPU time: bench/evidence/cpu-decode-speed5.md).
 KERNEL_ROWS = 16
+KERNEL_ROWS_16 = 64
 PARALLEL_VALUES = 1 << 16  # weights of at least this many values are split across threads
 
 
@@ -138,7 +141,7 @@ class CpuOps(PagedOps, CpuMoeOps):
 
     def matmul_family(self, t: int, w: Weight) -> str:
         # the compiled row kernel (one fixed-order reduction per row) in exact mode, and for few rows off
-        return "rows_gemv" if self.exact or t <= KERNEL_ROWS else "blas"
+        return "rows_gemv" if self._row_kernel(t, w) else "blas"
 
     def qkv_family(self, t: int, w: Weight) -> str:
         return self.matmul_family(t, w)  # norm_matmul, then the compiled rotation and cache write
@@ -153,14 +156,14 @@ class CpuOps(PagedOps, CpuMoeOps):
         stored = w.stacked if gated else w
         if stored.shape[1] != k:
             raise ValueError(f"matmul shape mismatch: x has {k} columns, weight is {stored.shape}")
-        if stored.dtype in _WIDE_KINDS and (self.exact or t <= KERNEL_ROWS):
+        if stored.dtype in _WIDE_KINDS and self._row_kernel(t, stored):
             return self._rows_16(x, stored, gated, bias, residual)
         if gated:
             return self._silu_mul_stacked(self.matmul(x, stored))
         n = w.shape[0]
         out = np.empty((t, n), dtype=np.float32)
         for n0, block in f32_tiles(w, n if w.dtype == "f32" else BLOCK_N):
-            if self.exact or t <= KERNEL_ROWS:
+            if self._row_kernel(t, w):
                 block = np.ascontiguousarray(block, dtype=np.float32)
                 if self.threads > 1 and block.size >= PARALLEL_VALUES:
                     compiled.in_threads(self.threads, compiled.rows_matvec_parallel, x, block, out, n0)
@@ -243,7 +246,7 @@ class CpuOps(PagedOps, CpuMoeOps):
         """dense_layer_16's arguments that stay the same from step to step (weights as bits, norms,
         cache views), prepared once per layer: building them each call cost about as much as a layer's
         attention at decode. None where the layer cannot take the one-call path for x's rows."""
-        if not (self.exact or x.shape[0] <= KERNEL_ROWS):
+        if not self._row_kernel(x.shape[0], wo):
             return None
         hit = self._layers.get(id(wo))  # one entry a layer: another cache (the self-check's) replaces it
         if hit is not None and hit[0] is wo and hit[1] is cache and hit[2] is cache.k and hit[3] is cache.v:
@@ -267,7 +270,12 @@ class CpuOps(PagedOps, CpuMoeOps):
 
     def _fuses(self, x: np.ndarray, w) -> bool:
         """Whether x's rows go through the compiled row kernel for a 16-bit w (fused.py joins steps there)."""
-        return isinstance(w, Weight) and w.dtype in _WIDE_KINDS and (self.exact or x.shape[0] <= KERNEL_ROWS)
+        return isinstance(w, Weight) and w.dtype in _WIDE_KINDS and self._row_kernel(x.shape[0], w)
+
+    def _row_kernel(self, t: int, w) -> bool:
+        """Whether t rows times w take the compiled row kernel (always in exact mode) rather than BLAS."""
+        stored = w.stacked if isinstance(w, GateUp) else w
+        return self.exact or t <= (KERNEL_ROWS_16 if getattr(stored, "dtype", None) in _WIDE_KINDS else KERNEL_ROWS)
 
     def _threaded(self, data: np.ndarray) -> bool:
         return self.threads > 1 and data.size >= PARALLEL_VALUES
