@@ -1,8 +1,10 @@
 """CPU thread counts, set once per engine process (`-t/--threads`) before any kernel runs.
 
 Two pools compute on the CPU: BLAS (exact mode off, steps of many rows) and the compiled kernels
-(numba). Left to their defaults both start one thread per core and spin between calls, taking the
-cores the compute thread and the HTTP loop need; the engine sets both to the flag's count instead.
+(numba, and kernels/cpu/workers.py). Left to their defaults both start one thread per core and spin
+between calls, taking the cores the compute thread and the HTTP loop need. The engine gives the
+compiled kernels the flag's count and BLAS one thread a call; the flag's threads split BLAS products
+by weight tiles instead (kernels/cpu/blas_split.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import sys
 
 DEFAULT_THREADS = 1
+BLAS_THREADS = 1  # per BLAS call: its own threads stall each other at barriers on busy cores
 THREADS_HELP = (f"CPU threads for computation: BLAS and the compiled kernels (default: {DEFAULT_THREADS}). More split "
                 "large matmuls across cores: faster on idle cores, slower when other processes compete for them")
 
@@ -24,7 +27,7 @@ def configure_threads(n: int) -> None:
     import numpy  # noqa: F401  (threadpoolctl limits the BLAS libraries loaded so far: NumPy's)
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(n)
+    threadpool_limits(BLAS_THREADS)  # the engine's threads split BLAS products instead (kernels/cpu/blas_split.py)
 
 
 def threads_report() -> dict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.cpu import compiled, deltanet, fused, layer, rope_write, workers
+from kernels.cpu.blas_split import blas_matmul
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.paged import CpuKVLayer, PagedOps, as_index  # noqa: F401  (CpuKVLayer: imported from here)
 from kernels.cpu.quant_matmul import f32_tiles
@@ -162,15 +163,16 @@ class CpuOps(PagedOps, CpuMoeOps):
             return self._silu_mul_stacked(self.matmul(x, stored))
         n = w.shape[0]
         out = np.empty((t, n), dtype=np.float32)
-        for n0, block in f32_tiles(w, n if w.dtype == "f32" else BLOCK_N):
-            if self._row_kernel(t, w):
-                block = np.ascontiguousarray(block, dtype=np.float32)
-                if self.threads > 1 and block.size >= PARALLEL_VALUES:
-                    compiled.in_threads(self.threads, compiled.rows_matvec_parallel, x, block, out, n0)
-                else:
-                    compiled.rows_matvec(x, block, out, n0)
+        block_rows = n if w.dtype == "f32" else BLOCK_N
+        if not self._row_kernel(t, w):
+            blas_matmul(x, w, out, self.threads, block_rows)
+            return self._bias_residual(out, bias, residual)
+        for n0, block in f32_tiles(w, block_rows):
+            block = np.ascontiguousarray(block, dtype=np.float32)
+            if self.threads > 1 and block.size >= PARALLEL_VALUES:
+                compiled.in_threads(self.threads, compiled.rows_matvec_parallel, x, block, out, n0)
             else:
-                out[:, n0 : n0 + block.shape[0]] = x @ block.T
+                compiled.rows_matvec(x, block, out, n0)
         return self._bias_residual(out, bias, residual)
 
     def _rows_16(self, x: np.ndarray, w: Weight, gated: bool, bias, residual) -> np.ndarray:

@@ -28,14 +28,20 @@ def tile_rows(w: Weight, rows: int) -> int:
 
 def f32_tiles(w: Weight | RowStack, rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, float32 rows [r, K]) over the weight in row order; a RowStack part by part."""
+    for n0, part, rows_of in tile_slices(w, rows):
+        yield n0, part.to_f32(rows_of)
+
+
+def tile_slices(w: Weight | RowStack, rows: int) -> Iterator[tuple[int, Weight, slice]]:
+    """f32_tiles' tiles before their conversion: (first row, the weight or RowStack part, its rows)."""
     if isinstance(w, RowStack):
         at = 0
         for part in w.parts:
-            for n0, tile in f32_tiles(part, rows):
-                yield at + n0, tile
+            for n0, p, rows_of in tile_slices(part, rows):
+                yield at + n0, p, rows_of
             at += part.shape[0]
         return
     n = w.shape[0]
     step = tile_rows(w, rows)
     for n0 in range(0, n, step):
-        yield n0, w.to_f32(slice(n0, n0 + step))
+        yield n0, w, slice(n0, n0 + step)
