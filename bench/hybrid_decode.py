@@ -95,6 +95,21 @@ def run_cell(runner: Runner, chats: int, prompt: int, gen: int, rng, sync=lambda
     return cell
 
 
+def use_matvec_table(path: Path | None, defaults: dict = {}) -> None:  # noqa: B006 (the plan's own, kept once)
+    """Plans matvec.cu's launches with a table bench/probes/matvec_pick.py wrote (A/B cells), or
+    (None) with the plan's own."""
+    from kernels.cuda import plan
+
+    defaults.setdefault("builds", plan.MV_BUILDS)
+    defaults.setdefault("norm_bytes", plan.MV_NORM_BYTES)
+    if path is None:
+        plan.MV_BUILDS, plan.MV_NORM_BYTES = defaults["builds"], defaults["norm_bytes"]
+        return
+    table = json.loads(path.read_text())
+    plan.MV_BUILDS = tuple((top, None if d is None else tuple(map(tuple, d)), wps) for top, d, wps in table["builds"])
+    plan.MV_NORM_BYTES = table["norm_bytes"]
+
+
 def wait_for(path: Path, limit_s: float) -> None:
     end = time.monotonic() + limit_s
     while not path.exists() and time.monotonic() < end:
@@ -113,6 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet-after", metavar="FILE",
                     help="before the first timed cell, wait (at most 240 s) for FILE: the call's other GPU work is done")
     ap.add_argument("--profile", help="also profile the solo decode graph's kernels (bench/hybrid_profile.py) into this file")
+    ap.add_argument("--matvec", default="on",
+                    help="one-row kernels, comma-separated cells: on (matvec.cu as planned), off (matmul.cu's), or a "
+                         "JSON file of matvec.cu builds (bench/probes/matvec_pick.py) to plan with")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -128,8 +146,13 @@ def main(argv=None) -> int:
     per_seq = pages_for(args.prompt + args.gen + 8)
     report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
-    for mode in args.modes.split(","):
-        runner = Runner(loaded, CudaOps(exact=mode == "on"), max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)
+    cells = [(mode, mv) for mv in args.matvec.split(",") for mode in args.modes.split(",")]
+    for mode, mv in cells:
+        ops = CudaOps(exact=mode == "on")
+        ops.matvec = mv != "off"
+        use_matvec_table(None if mv in ("on", "off") else Path(mv))
+        label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
+        runner = Runner(loaded, ops, max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)
         rng = np.random.default_rng(1)
         run_cell(runner, 1, args.prompt, 2, rng)  # compiles the prompt and decode kernels: not timed
         if args.quiet_after:
@@ -137,13 +160,14 @@ def main(argv=None) -> int:
         for c in chats:
             cell = run_cell(runner, c, args.prompt, args.gen, rng, cp.cuda.Device().synchronize)
             cell["bandwidth_fraction"] = round(cell["decode_tps"] / c / bound, 3)
-            report["cells"].setdefault(mode, []).append(cell)
-            print(f"exact {mode:<3} chats {c:>2}: decode {cell['decode_tps']:8.1f} tok/s ({cell['decode_step_ms']:.2f} "
+            cell["matvec"] = mv
+            report["cells"].setdefault(label, []).append(cell)
+            print(f"exact {label:<3} chats {c:>2}: decode {cell['decode_tps']:8.1f} tok/s ({cell['decode_step_ms']:.2f} "
                   f"ms a step, replay {cell.get('graph_replay_ms')} ms, {cell['bandwidth_fraction']:.2f} of the bound), "
                   f"prefill {cell['prefill_tps']:8.1f} tok/s",
                   flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
-        if args.profile and mode == "on":
+        if args.profile and label == "on":
             from hybrid_profile import print_profile, profile_solo
 
             prof = profile_solo(runner)

@@ -29,6 +29,7 @@ LOG_DIR = "LOCKSTEP_LOG_DIR"
 MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
 PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
+MATVEC = "LOCKSTEP_MATVEC"
 
 REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(EXACT, ("engine", "studio"), "a switch: exact concurrency on when --exact-concurrency is absent; "
@@ -44,6 +45,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(LOG_DIR, ("studio",), "where engine attempt logs go"),
     EnvVar(MODEL_DIRS, ("studio",), "extra model folders, os.pathsep separated"),
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
+    EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel (default "
+           "on; off: matmul.cu's one-row kernel, the same bits, for comparisons)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

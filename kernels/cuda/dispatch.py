@@ -34,6 +34,15 @@ def shared_memory_launch(dev: Any, t: int, w: Any) -> tuple[str | None, plan.Mat
     return None, None
 
 
+def matvec_launch(dev: Any, t: int, w: Any, prologue: str | None = None, rope: bool = False) -> plan.MatmulLaunch | None:
+    """The ring kernel's launch (matvec.cu) for one row of w, if it takes it: `dev.matvec` on, 16-bit
+    weights stored whole (not halves), not in rope tiles (their epilogue is mm_tc's alone)."""
+    if t != 1 or not getattr(dev, "matvec", False) or rope or w.gate_up == "halves" or w.rope_tiles:
+        return None
+    n, k = w.shape
+    return plan.matvec_launch(w.dtype, n, k, dev.sm_count, prologue)
+
+
 def matmul_family(dev: Any, t: int, w: Any) -> str:
     """The kernel family `matmul` runs t rows of w on."""
     if to_cublas(dev, t, w):
@@ -41,6 +50,8 @@ def matmul_family(dev: Any, t: int, w: Any) -> str:
     if w.dtype == "f32":
         return "mm_f32"
     kind, _ = shared_memory_launch(dev, t, w)
+    if kind is None and matvec_launch(dev, t, w):
+        return "mv"
     return {"wgmma": "mm_wgmma_tma", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
 
 
@@ -59,8 +70,11 @@ def prologue(dev: Any, t: int, k: int, w: Any) -> str | None:
     (rms_norm_16's 16-bit pairs) or None (rms_norm's rows, then matmul)."""
     if w.gate_up == "halves" or w.shape[1] != k:
         return None
-    if t == 1 and w.dtype != "f32" and plan.norm_prologue(w.shape[0], k):
-        return "norm"
+    if t == 1 and w.dtype != "f32":
+        if matvec_launch(dev, t, w, "norm"):
+            return "norm" if plan.matvec_norm(w.shape[0], k, dev.sm_count, w.dtype) else None
+        if plan.norm_prologue(w.shape[0], k):
+            return "norm"
     return "x16" if reads_16bit(dev, t, w) else None
 
 
@@ -77,7 +91,7 @@ def norm_matmul_family(dev: Any, t: int, w: Any) -> str:
     mm_wgmma fed 16-bit rows in its k order ("+norm16"), or rms_norm then matmul's family."""
     k = int(w.shape[1])
     if p := prologue(dev, t, k, w):
-        return f"mm_tc+{p}"
+        return ("mv" if p == "norm" and matvec_launch(dev, t, w, p) else "mm_tc") + f"+{p}"
     if to_wgmma(dev, t, k, w):
         return "mm_wgmma_tma+norm16"
     return matmul_family(dev, t, w)

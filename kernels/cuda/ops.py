@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
+from contract.env import MATVEC, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -99,6 +101,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
         self.tiled: dispatch.Tiling = True
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
+        # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off for comparisons
+        self.matvec = switch(os.environ, MATVEC, default=True)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -284,7 +288,14 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
                    eps: float = 0.0, qkv_out: tuple = ()):
         """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input.
         `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write)."""
-        mm = plan.matmul_launch(w.dtype, int(out.shape[0]), w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
+        t, d = int(out.shape[0]), self._dummy
+        if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
+            launch(kernel("matvec.cu", mv.kernel, plan.matvec_build(mv.split)[0]), mv.grid, mv.block,
+                   (w.data, x, d if bias is None else bias, d if res is None else res, out, _i32(w.shape[0]),
+                    _i32(w.shape[1]), _i32(w.kp), _i32(flags), d if norm_weight is None else norm_weight,
+                    np.float32(eps)), shared=mv.shared)
+            return out
+        mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
         launch(streaming_kernel(mm), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out

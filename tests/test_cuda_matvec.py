@@ -1,0 +1,62 @@
+"""matvec.cu's one-row ring kernel against matmul.cu's one-row kernel: the same sums, so the same bits,
+at every split it takes (1 .. 16 warps), rows of any length (padded K, K not a multiple of 4), with
+bias, residual, the gated product and the norm prologue."""
+
+import numpy as np
+import pytest
+
+from tests.cuda_fixtures import cp, gpu  # noqa: F401 (gpu: fixture)
+
+pytestmark = pytest.mark.gpu
+
+from kernels.cuda import dispatch, plan  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+from kernels.weights import Weight  # noqa: E402
+
+RNG = np.random.default_rng()
+# (n, k): splits 1 (many tiles), 2, 4, 8, 16; K padded (70, 1000) and odd (37)
+SHAPES = [(40, 70), (37, 37), (300, 1000), (2560, 4096), (4096, 2560), (12352, 2560), (18432, 2560), (2560, 9216),
+          (60000, 512)]
+
+
+def _rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_ring_kernel_gives_the_one_row_kernels_bits(gpu, dtype, shape):
+    n, k = shape
+    ring, old = gpu, CudaOps(exact=True)
+    old.matvec = False
+    w = Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype)
+    dw = ring.upload(w)
+    assert dispatch.matmul_family(ring, 1, dw) == "mv", plan.matvec_launch(dtype, n, k, ring.sm_count)
+    assert dispatch.matmul_family(old, 1, dw) == "mm_tc"
+    nw, bias, res = ring.tensor(_rand(k)), ring.tensor(_rand(n)), cp.asarray(_rand(1, n))
+    for _ in range(3):
+        x = cp.asarray(_rand(1, k, scale=3.0))
+        for args in ((None, None), (bias, None), (None, res), (bias, res)):
+            got, want = (cp.asnumpy(o.matmul(x, dw, *args)) for o in (ring, old))
+            assert got.tobytes() == want.tobytes(), f"bias/res {[a is not None for a in args]}"
+        got, want = (cp.asnumpy(o.norm_matmul(x, nw, 1e-5, dw)) for o in (ring, old))
+        apart = cp.asnumpy(old.matmul(old.rms_norm(x, nw, 1e-5), dw))
+        assert got.tobytes() == want.tobytes() == apart.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("ffn", [1024, 9216])
+def test_ring_kernel_gated_product_and_ffn(gpu, dtype, ffn):
+    k = 2560
+    ring, old = gpu, CudaOps(exact=True)
+    old.matvec = False
+    gu = ring.upload_gate_up(Weight.from_f32(_rand(ffn, k, scale=k**-0.5), dtype),
+                             Weight.from_f32(_rand(ffn, k, scale=k**-0.5), dtype))
+    down = ring.upload(Weight.from_f32(_rand(k, ffn, scale=ffn**-0.5), dtype))
+    nw = ring.tensor(_rand(k))
+    for _ in range(3):
+        x = cp.asarray(_rand(1, k, scale=3.0))
+        got, want = (cp.asnumpy(o.matmul(x, gu)) for o in (ring, old))
+        assert got.tobytes() == want.tobytes()
+        got, want = (cp.asnumpy(o.ffn(x, nw, 1e-6, gu, down)) for o in (ring, old))
+        assert got.tobytes() == want.tobytes()
