@@ -102,10 +102,12 @@ def use_matvec_table(path: Path | None, defaults: dict = {}) -> None:  # noqa: B
 
     defaults.setdefault("builds", plan.MV_BUILDS)
     defaults.setdefault("norm_bytes", plan.MV_NORM_BYTES)
+    defaults.setdefault("gated", plan.MV_GATED)
     if path is None:
-        plan.MV_BUILDS, plan.MV_NORM_BYTES = defaults["builds"], defaults["norm_bytes"]
+        plan.MV_BUILDS, plan.MV_NORM_BYTES, plan.MV_GATED = defaults["builds"], defaults["norm_bytes"], defaults["gated"]
         return
     table = json.loads(path.read_text())
+    plan.MV_GATED = table["gated"]
     plan.MV_BUILDS = tuple((top, None if d is None else tuple(map(tuple, d)), wps) for top, d, wps in table["builds"])
     plan.MV_NORM_BYTES = table["norm_bytes"]
 

@@ -195,6 +195,9 @@ class Ops(Protocol):
         softplus(a + dt_bias))) over mixed = q | k | v [T, ...] -> [T, v_heads, v_dim]."""
     def gated_rms_norm(self, x: Any, weight: Any, gate: Any, eps: float) -> Any:
         """rms_norm(x, weight, eps) * silu(gate)."""
+    def gated_norm_matmul(self, x: Any, weight: Any, gate: Any, eps: float, w: Any, residual: Any) -> Any:
+        """matmul(gated_rms_norm(x, weight, gate, eps) as [T, K], w, residual=residual), the same bits
+        (x, gate [T * K / D, D], D the length of weight; one kernel where that is faster)."""
     def sigmoid_mul(self, x: Any, gate: Any) -> Any:
         """x * sigmoid(gate) (the output gate of gated attention)."""
 

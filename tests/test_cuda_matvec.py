@@ -60,3 +60,24 @@ def test_ring_kernel_gated_product_and_ffn(gpu, dtype, ffn):
         assert got.tobytes() == want.tobytes()
         got, want = (cp.asnumpy(o.ffn(x, nw, 1e-6, gu, down)) for o in (ring, old))
         assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("n, heads, d", [(2560, 32, 128), (64, 8, 32), (300, 3, 100)], ids=str)
+def test_gated_norm_prologue_gives_the_separate_ops_bits(gpu, dtype, n, heads, d):
+    """One row of a DeltaNet layer's out_proj: gated_rms_norm of each head's values, then the matmul
+    with its residual, in one ring-kernel launch (mv_*_gated); the bits of the two ops apart."""
+    k = heads * d
+    ring, old = gpu, CudaOps(exact=True)
+    old.matvec = False
+    dw = ring.upload(Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype))
+    assert plan.matvec_launch(dtype, n, k, ring.sm_count, "gated") is not None
+    nw = ring.tensor(_rand(d))
+    for _ in range(3):
+        x, gate, res = (cp.asarray(_rand(*s, scale=2.0)) for s in ((heads, d), (heads, d), (1, n)))
+        got = cp.asnumpy(ring.gated_norm_matmul(x, nw, gate, 1e-6, dw, res))
+        want = cp.asnumpy(old.matmul(old.gated_rms_norm(x, nw, gate, 1e-6).reshape(1, k), dw, residual=res))
+        assert got.tobytes() == want.tobytes()
+        two = cp.asnumpy(ring.gated_norm_matmul(cp.concatenate([x, x]), nw, cp.concatenate([gate, gate]), 1e-6, dw,
+                                                cp.concatenate([res, res])))
+        assert two[1].tobytes() == got[0].tobytes()  # two rows take the separate ops: the same bits

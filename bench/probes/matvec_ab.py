@@ -49,8 +49,8 @@ def launch_sep(one, w, x, y, out, d, nw) -> None:
 def launch_new(fn, mv, w, x, out, d, res, flags, nw) -> None:
     n, k = w.shape
     launch(fn, mv.grid, mv.block, (w.data, x, d, d if res is None else res, out, np.int32(n), np.int32(k),
-                                   np.int32(w.kp), np.int32(flags), d if nw is None else nw, np.float32(1e-6)),
-           shared=mv.shared)
+                                   np.int32(w.kp), np.int32(flags), d if nw is None else nw, np.float32(1e-6), d,
+                                   np.int32(0)), shared=mv.shared)
 
 
 def probe_shape(name: str, n: int, k: int, normed: bool, sm: int, record) -> None:
@@ -97,6 +97,43 @@ def probe_shape(name: str, n: int, k: int, normed: bool, sm: int, record) -> Non
                     record(r)
 
 
+def probe_gated(n: int, heads: int, d: int, sm: int, record) -> None:
+    """out_proj of a DeltaNet layer: gated_rms_norm then the one-row kernel, against mv_f16_gated."""
+    k = heads * d
+    w0 = random_weight(n, k, "f16")
+    ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
+    x, gate = (cp.random.standard_normal((heads, d), dtype=cp.float32) for _ in range(2))
+    nw, res = cp.random.standard_normal(d, dtype=cp.float32), cp.random.standard_normal((1, n), dtype=cp.float32)
+    y, d0 = cp.empty_like(x), cp.zeros(4, cp.float32)
+    one = plan.matmul_launch("f16", 1, n, k, sm)
+
+    def sep(w, out):
+        launch(kernel("deltanet.cu", "gated_rms_norm"), (heads,), (256,), (x, nw, gate, y, np.int32(d), np.float32(1e-6)))
+        launch(streaming_kernel(one), one.grid, one.block, mm_tc_args(w, y.reshape(1, k), out, d0, None, res, EPI_RESIDUAL),
+               shared=one.shared)
+    ref = cp.empty((1, n), cp.float32)
+    sep(w0, ref)
+    t = timed(lambda: [sep(w, ref) for w in ws]) / len(ws)
+    record(dict(name="dn_out_gated", n=n, k=k, kernel="gated_rms_norm+" + one.kernel, prologue=None, split=one.split,
+                grid=one.grid[0], us=t * 1e6, GBps=w0.nbytes / 1e9 / t))
+    for label, defines, max_split in BUILDS:
+        mv = plan.matvec_launch("f16", n, k, sm, "gated", warps_per_sm=16, max_split=max_split)
+        if mv is None:
+            continue
+        fn = kernel("matvec.cu", mv.kernel, defines)
+
+        def new(w, out, fn=fn, mv=mv):
+            launch(fn, mv.grid, mv.block, (w.data, x, d0, res, out, np.int32(n), np.int32(k), np.int32(w.kp),
+                                           np.int32(EPI_RESIDUAL), nw, np.float32(1e-6), gate, np.int32(d)),
+                   shared=mv.shared)
+        got = cp.full_like(ref, np.nan)
+        new(w0, got)
+        t = timed(lambda new=new, got=got: [new(w, got) for w in ws]) / len(ws)
+        record(dict(name="dn_out_gated", n=n, k=k, kernel=mv.kernel, build=label, wps=16, prologue="gated",
+                    split=mv.split, grid=mv.grid[0], flags=EPI_RESIDUAL, us=t * 1e6, GBps=w0.nbytes / 1e9 / t,
+                    equal=bool(cp.array_equal(got.view(cp.uint32), ref.view(cp.uint32)))))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -113,6 +150,8 @@ def main() -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=1))
 
+    if args.shapes != "8b":
+        probe_gated(2560, 32, 128, sm, record)
     for name, n, k, normed in shapes:
         probe_shape(name, n, k, normed, sm, record)
         cp.get_default_memory_pool().free_all_blocks()

@@ -25,6 +25,8 @@ SM = 132
 
 
 def pick(rows: list[dict]) -> dict:
+    gated = [r for r in rows if r["name"] == "dn_out_gated" and r["us"] > 0 and r.get("equal") is not False]
+    rows = [r for r in rows if r["name"] in COUNTS]
     bad = {(r["build"], r["name"]) for r in rows if r.get("equal") is False}
     timed = [r for r in rows if r["us"] > 0 and (r.get("build"), r["name"]) not in bad]
     old = {(r["name"], r["prologue"]): r["us"] for r in timed if r["kernel"].startswith("mm_")}
@@ -63,7 +65,10 @@ def pick(rows: list[dict]) -> dict:
             break
         norm_bytes = nbytes
     saved = sum(cost[s]["mm_tc"] - cost[s][chosen[s]] for s in chosen if chosen[s] != "mm_tc")
-    return {"builds": builds, "norm_bytes": norm_bytes, "fused": fused, "chosen": {str(s): str(c) for s, c in chosen.items()},
+    sep_gated = [r["us"] for r in gated if not r["kernel"].startswith("mv_")]
+    chosen_gated = [r["us"] for r in gated if r.get("build") == (chosen.get(16) or ("",))[0]]
+    fuse_gated = bool(sep_gated and chosen_gated and chosen_gated[0] < sep_gated[0])
+    return {"builds": builds, "norm_bytes": norm_bytes, "gated": fuse_gated, "fused": fused, "chosen": {str(s): str(c) for s, c in chosen.items()},
             "us_saved_per_4b_and_8b_step": round(saved, 1)}
 
 

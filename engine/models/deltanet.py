@@ -86,6 +86,5 @@ class DeltaNetLayer:
         mixed = ops.conv1d_silu(y[:, :z0], self.conv, rows, self.index)
         core = ops.gated_delta(mixed, y[:, b0 + s.v_heads :], y[:, b0 : b0 + s.v_heads], self.a_log, self.dt_bias,
                                rows, self.index, s.k_heads)
-        gated = ops.gated_rms_norm(core.reshape(t * s.v_heads, s.v_dim), self.norm,
-                                   y[:, z0:b0].reshape(t * s.v_heads, s.v_dim), eps)
-        return ops.matmul(gated.reshape(t, s.value), self.w_out, residual=x)
+        return ops.gated_norm_matmul(core.reshape(t * s.v_heads, s.v_dim), self.norm,
+                                     y[:, z0:b0].reshape(t * s.v_heads, s.v_dim), eps, self.w_out, x)

@@ -68,6 +68,10 @@ class CpuOps(PagedOps, CpuMoeOps):
     gated_rms_norm = staticmethod(deltanet.gated_rms_norm)
     sigmoid_mul = staticmethod(deltanet.sigmoid_mul)
 
+    def gated_norm_matmul(self, x, weight, gate, eps: float, w, residual):
+        gated = self.gated_rms_norm(x, weight, gate, eps)
+        return self.matmul(gated.reshape(-1, w.shape[1]), w, residual=residual)
+
     def __init__(self, exact: bool = False, f32_copy_limit: int = F32_COPY_LIMIT, threads: int = 1):
         """`threads`: how many the compiled kernels split a large weight across (BLAS's own threads are
         set by the process: engine/threads.py)."""

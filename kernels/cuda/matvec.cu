@@ -24,7 +24,25 @@
 #define MV_HINT 1  // weights read once: no L1 allocation, 256-byte L2 prefetch
 #endif
 
-#define MV_NORM 1
+#define MV_NORM 1   // rms_norm of the row (rows.cu's bits)
+#define MV_GATED 2  // gated_rms_norm of each `seg` values of the row against `gate` (deltanet.cu's bits)
+#define MV_MAX_SEGS 128
+
+__device__ __forceinline__ float mv_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+// rms_inv of D values by one warp: its virtual warps one after another, their sums added in order
+// (rms_inv's arithmetic, which spreads the virtual warps over a block).
+__device__ __forceinline__ float warp_rms_inv(const float* xr, int D, float eps) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.f;
+    for (int vw = 0; vw < 8; ++vw) {
+        float acc = 0.f;
+        for (int i = vw * 32 + lane; i < D; i += 256) acc = __fmaf_rn(xr[i], xr[i], acc);
+        acc = warp_sum(acc);
+        s = vw == 0 ? acc : __fadd_rn(s, acc);
+    }
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
+}
 
 __device__ __forceinline__ uint4 mv_load(const u16* p) {
 #if MV_HINT
@@ -69,19 +87,41 @@ __device__ __forceinline__ void mv_chunk(float (&d)[4], uint4 wa, uint4 wb, uint
 
 // The row as 16-bit pairs in shared memory, words [0, Kp / 2), zero past K (mm_tc's pack_act of
 // load_x8's values); with MV_NORM normalised as rms_norm does (rms_inv's order over a staged copy,
-// then (x * inv) * w). `xf`: Kp floats of shared memory (MV_NORM only).
+// then (x * inv) * w), with MV_GATED as gated_rms_norm does each segment. `xf`: Kp floats of shared
+// memory (MV_NORM, MV_GATED).
 template <bool BF, int PRO>
 __device__ __forceinline__ void mv_pack_row(const float* __restrict__ x, int K, int Kp, const float* __restrict__ nw,
-                                            float eps, unsigned* xs, float* xf, float* scratch) {
+                                            float eps, const float* __restrict__ gate, int seg, unsigned* xs, float* xf,
+                                            float* scratch) {
     const int tid = threadIdx.x, nt = blockDim.x;
     const bool vec = (K & 3) == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
-    if (PRO & MV_NORM) {
+    if (PRO & (MV_NORM | MV_GATED)) {
         if (vec) {
             for (int i = tid; i < K / 4; i += nt) reinterpret_cast<float4*>(xf)[i] = reinterpret_cast<const float4*>(x)[i];
         } else {
             for (int i = tid; i < K; i += nt) xf[i] = x[i];
         }
         __syncthreads();
+    }
+    if (PRO & MV_GATED) {  // y = ((x * inv) * w) * silu(gate), inv per segment of `seg` values
+        __shared__ float seg_inv[MV_MAX_SEGS];
+        for (int h = tid >> 5; h < K / seg; h += nt >> 5) {
+            const float v = warp_rms_inv(xf + h * seg, seg, eps);
+            if ((tid & 31) == 0) seg_inv[h] = v;
+        }
+        __syncthreads();
+        for (int i = tid; i < Kp / 2; i += nt) {
+            float y[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int k = 2 * i + e;
+                const float g = k < K ? gate[k] : 0.f;
+                y[e] = k < K ? __fmul_rn(__fmul_rn(__fmul_rn(xf[k], seg_inv[k / seg]), nw[k % seg]), __fmul_rn(g, mv_sigmoid(g)))
+                             : 0.f;
+            }
+            xs[i] = BF ? pack_bf16x2(y[0], y[1]) : pack_f16x2(y[0], y[1]);
+        }
+    } else if (PRO & MV_NORM) {
         const float inv = rms_inv(xf, K, eps, scratch);
         for (int i = tid; i < Kp / 2; i += nt) {
             const int k = 2 * i;
@@ -106,14 +146,14 @@ __device__ __forceinline__ void mv_pack_row(const float* __restrict__ x, int K, 
     __syncthreads();
 }
 
-// Dynamic shared memory (plan.matvec_smem): the packed row (Kp / 2 words), the staged row (MV_NORM:
-// Kp floats), and two buffers of warps 1 .. S-1's partials (one barrier a tile: a buffer is written
+// Dynamic shared memory (plan.matvec_smem): the packed row (Kp / 2 words), the staged row (MV_NORM,
+// MV_GATED: Kp floats), and two buffers of warps 1 .. S-1's partials (one barrier a tile: a buffer is written
 // again only after warp 0 passed the next tile's barrier, so after it read the buffer).
 template <bool BF, int PRO>
 __device__ __forceinline__ void mv_tc(const u16* __restrict__ w, const float* __restrict__ x,
                                       const float* __restrict__ bias, const float* __restrict__ res,
                                       float* __restrict__ out, int N, int K, int Kp, int flags,
-                                      const float* __restrict__ nw, float eps) {
+                                      const float* __restrict__ nw, float eps, const float* __restrict__ gate, int seg) {
     extern __shared__ __align__(16) unsigned mv_smem[];
     __shared__ float scratch[8];
     const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -125,7 +165,7 @@ __device__ __forceinline__ void mv_tc(const u16* __restrict__ w, const float* __
     const int total = mine * nbt;
     unsigned* xs = mv_smem;
     float* xf = reinterpret_cast<float*>(mv_smem + Kp / 2);
-    float* red = reinterpret_cast<float*>(mv_smem + Kp / 2 + ((PRO & MV_NORM) ? Kp : 0));
+    float* red = reinterpret_cast<float*>(mv_smem + Kp / 2 + ((PRO & (MV_NORM | MV_GATED)) ? Kp : 0));
 
     uint4 wa[MV_ST][MV_U], wb[MV_ST][MV_U];
     auto issue = [&](int st, int b) {
@@ -144,7 +184,7 @@ __device__ __forceinline__ void mv_tc(const u16* __restrict__ w, const float* __
 #pragma unroll
     for (int st = 0; st < MV_ST; ++st) issue(st, st);
     pdl_start();
-    mv_pack_row<BF, PRO>(x, K, Kp, nw, eps, xs, xf, scratch);
+    mv_pack_row<BF, PRO>(x, K, Kp, nw, eps, gate, seg, xs, xf, scratch);
     const uint4* xs4 = reinterpret_cast<const uint4*>(xs);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -198,11 +238,13 @@ __device__ __forceinline__ void mv_tc(const u16* __restrict__ w, const float* __
 #define MV_KERNEL(NAME, BF, PRO)                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * MV_MAX_WARPS) NAME(                                \
         const u16* w, const float* x, const float* bias, const float* res, float* out, int N, int K, int Kp, \
-        int flags, const float* nw, float eps) {                                                         \
-        mv_tc<BF, PRO>(w, x, bias, res, out, N, K, Kp, flags, nw, eps);                                  \
+        int flags, const float* nw, float eps, const float* gate, int seg) {                             \
+        mv_tc<BF, PRO>(w, x, bias, res, out, N, K, Kp, flags, nw, eps, gate, seg);                       \
     }
 
 MV_KERNEL(mv_f16_one, false, 0)
 MV_KERNEL(mv_f16_norm, false, MV_NORM)
+MV_KERNEL(mv_f16_gated, false, MV_GATED)
 MV_KERNEL(mv_bf16_one, true, 0)
 MV_KERNEL(mv_bf16_norm, true, MV_NORM)
+MV_KERNEL(mv_bf16_gated, true, MV_GATED)

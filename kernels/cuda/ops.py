@@ -288,16 +288,22 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
                    eps: float = 0.0, qkv_out: tuple = ()):
         """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input.
         `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write)."""
-        t, d = int(out.shape[0]), self._dummy
+        t = int(out.shape[0])
         if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
-            launch(kernel("matvec.cu", mv.kernel, plan.matvec_build(mv.split)[0]), mv.grid, mv.block,
-                   (w.data, x, d if bias is None else bias, d if res is None else res, out, _i32(w.shape[0]),
-                    _i32(w.shape[1]), _i32(w.kp), _i32(flags), d if norm_weight is None else norm_weight,
-                    np.float32(eps)), shared=mv.shared)
-            return out
+            return self._matvec(mv, x, w, out, bias, res, flags, norm_weight, eps)
         mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
         launch(streaming_kernel(mm), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
+        return out
+
+    def _matvec(self, mv: plan.MatmulLaunch, x, w: CudaWeight, out, bias, res, flags, norm_weight=None, eps=0.0,
+                gate=None, seg: int = 0):
+        """One row on matvec.cu (mv_*: mm_tc's bits); `gate`, `seg`: the gated norm's (mv_*_gated)."""
+        d = self._dummy
+        launch(kernel("matvec.cu", mv.kernel, plan.matvec_build(mv.split)[0]), mv.grid, mv.block,
+               (w.data, x, d if bias is None else bias, d if res is None else res, out, _i32(w.shape[0]),
+                _i32(w.shape[1]), _i32(w.kp), _i32(flags), d if norm_weight is None else norm_weight,
+                np.float32(eps), d if gate is None else gate, _i32(seg)), shared=mv.shared)
         return out
 
     def _takes_16bit(self, t: int, w: CudaWeight, k: int, bf16: bool) -> bool:
@@ -339,6 +345,17 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
             return self._wgmma(self._norm16(x, norm_weight, eps, w, perm=True), w, wgmma, b, self._dummy, out, flags)
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, out, bias, None, flags, prologue,
                                norm_weight, eps)
+
+    def gated_norm_matmul(self, x, weight, gate, eps: float, w: CudaWeight, residual):
+        seg, k = int(weight.shape[0]), w.shape[1]
+        t = int(x.size) // k
+        mv = dispatch.matvec_launch(self, t, w, "gated") if w.gate_up is None and plan.MV_GATED else None
+        if mv is None or k % seg or k // seg > plan.MV_MAX_SEGS:
+            return self.matmul(self.gated_rms_norm(x, weight, gate, eps).reshape(t, k), w, residual=residual)
+        row = cp.ascontiguousarray(x, dtype=cp.float32).reshape(1, k)
+        gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
+        return self._matvec(mv, row, w, cp.empty((1, w.shape[0]), dtype=cp.float32), None, _rows(residual),
+                            EPI_RESIDUAL, weight, eps, gate, seg)
 
     def _to_wgmma(self, t: int, k: int, w: CudaWeight) -> plan.MatmulLaunch | None:
         return dispatch.to_wgmma(self, t, k, w)

@@ -146,10 +146,12 @@ def norm_prologue(n: int, k: int) -> bool:
 # defines are None, runs mm_tc.
 MV_BUILDS: tuple[tuple[int, tuple[tuple[str, int], ...] | None, int], ...] = ((16, (), 16),)
 MV_TYPES = ("f16", "bf16")
+MV_MAX_SEGS = 128  # matvec.cu's: segments a gated norm prologue normalises apart
+MV_GATED = True  # one-row gated_norm_matmul as one launch (mv_*_gated) rather than gated_rms_norm, then matvec
 
 
 def matvec_smem(k: int, split: int, norm: bool) -> int:
-    """Dynamic shared memory of matvec.cu: the row's 16-bit pairs, its float32 copy (norm), and two
+    """Dynamic shared memory of matvec.cu: the row's 16-bit pairs, its float32 copy (norm, gated), and two
     buffers of warps 1 .. S-1's partials (8 rows' two sums each)."""
     kp = round_up(k, K_CHUNK)
     return kp * 2 + (kp * 4 if norm else 0) + 2 * (split - 1) * 16 * 4
@@ -163,22 +165,21 @@ def matvec_build(split: int) -> tuple[tuple[tuple[str, int], ...], int] | None:
 
 def matvec_launch(dtype: str, n: int, k: int, sm_count: int, prologue: str | None = None,
                   warps_per_sm: int | None = None, max_split: int | None = None) -> MatmulLaunch | None:
-    """The one-row launch of matvec.cu (mm_tc's sums at split_k's split), or None where it does not
-    apply: other weight types, a split no build takes, or a row too long for shared memory. One wave
+    """The one-row launch of matvec.cu (mm_tc's sums at split_k's split; `prologue` "norm" or "gated":
+    the kernel normalises its row, see matvec.cu), or None where it does not apply: other weight types, a split no build takes, or a row too long for shared memory. One wave
     of blocks, each walking an equal share of the row tiles (grid-stride). `warps_per_sm` and
     `max_split` override the build's (benchmarks)."""
     if dtype not in MV_TYPES:
         return None
     s = split_k(n, k, sm_count, dtype)
     build = matvec_build(s)
-    shared = matvec_smem(k, s, prologue == "norm")
+    shared = matvec_smem(k, s, prologue in ("norm", "gated"))
     if (build is None and max_split is None) or s > (max_split or s) or shared > SMEM_LIMIT:
         return None
     wps = warps_per_sm or (build[1] if build else MV_BUILDS[0][2])
     tiles = ceil_div(n, ROW_TILE)
     per = ceil_div(tiles, sm_count * max(1, wps // s))
-    variant = "norm" if prologue == "norm" else "one"
-    return MatmulLaunch(f"mv_{dtype}_{variant}", (ceil_div(tiles, per), 1, 1), (32 * s, 1, 1), shared, s, 1)
+    return MatmulLaunch(f"mv_{dtype}_{prologue or 'one'}", (ceil_div(tiles, per), 1, 1), (32 * s, 1, 1), shared, s, 1)
 
 
 MV_NORM_BYTES = NORM_PROLOGUE_BYTES  # L2 reads of the row by every block up to which matvec.cu normalises it
