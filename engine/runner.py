@@ -103,12 +103,13 @@ class Runner:
     def can_launch_ahead(self, entries: list[StepEntry]) -> bool:
         """Whether launch_ahead overlaps anything for these decode entries: on an asynchronous
         backend only a replayed graph takes its tokens on the device (elsewhere it would wait for
-        the previous step); a synchronous one runs steps in collect() anyway. Not for recurrent
-        states on an asynchronous backend: a sequence parked while its row of a launched step is in
-        flight would keep that row's token in its state, though the scheduler drops the row."""
+        the previous step); a synchronous one runs steps in collect() anyway. With recurrent states
+        the scheduler parks nothing while such a step is in flight (a parked state would keep the
+        dropped row's token): engine/scheduler/loop.py admits and restores only between steps
+        that have none."""
         if not getattr(self.ops, "asynchronous", False):
             return True
-        return not self.recurrent and self._graphable(entries)
+        return self._graphable(entries)
 
     def launch_ahead(self, prev: Pending, entries: list[StepEntry]) -> Pending:
         """Starts a decode step whose entry i takes as its token the argmax of `prev`'s row i (the

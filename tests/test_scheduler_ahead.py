@@ -2,12 +2,16 @@
 them) never change an output: greedy runs without logprobs (which launch ahead) against the same
 runs with logprobs (which never do), on the CPU backend."""
 
+import threading
+
 import numpy as np
 import pytest
 
-from engine.runner import Runner
+from engine.requests import DoneEvent, Request, TokenEvent
+from engine.runner import Runner, make_ops
+from engine.scheduler import Scheduler
 from tests.test_runner_graph_rows import RowsStandIn
-from tests.test_scheduler import run
+from tests.test_scheduler import GREEDY, run
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +111,75 @@ def test_accepted_drafts_beside_steps_launched_ahead_through_a_graph(loaded_llam
     got, stats = run(loaded_llama, prompts, logprobs=-1, spec=4, parallel=parallel)
     assert stats["draft_accepted_total"] > 20 and stats["ahead_steps_total"] > 0
     assert tokens(got) == tokens(ref)
+
+
+@pytest.fixture(scope="module")
+def loaded_hybrid(tmp_path_factory):
+    """The tiny hybrid (qwen3_5) loaded in this process, without an end-of-generation token."""
+    from engine.loader import load_model
+    from tests.tiny_hybrid import make_hybrid_model
+
+    loaded = load_model(make_hybrid_model(tmp_path_factory.mktemp("hybrid")))
+    loaded.tokenizer.eos_ids = set()
+    return loaded
+
+
+def run_with_late_arrivals(loaded, early, late, *, n_pages, logprobs, after=6, spy=None):
+    """`early` prompts submitted at once, `late` ones once the first completion has `after` tokens
+    (arrivals while others decode); outputs {(prompt, 0): [tokens]} and the stats."""
+    runner = Runner(loaded, make_ops("cpu", True), n_pages, "f16")
+    sched = Scheduler(runner, loaded.tokenizer, n_slots=len(early) + len(late), n_ctx=n_pages * 256, n_batch=2048,
+                      n_ubatch=512, kv_unified=True, preempt_ram_bytes=1 << 30)
+    if spy:
+        spy(sched)
+    outs, done, left = {}, threading.Event(), [len(early) + len(late)]
+
+    def listener(i):
+        def on_event(ev):
+            if isinstance(ev, TokenEvent):
+                outs.setdefault(i, []).append(ev.token)
+                if i == 0 and len(outs[0]) == after:
+                    for j, p in enumerate(late):
+                        sched.submit(Request(p, GREEDY, 40, logprobs=logprobs), listener(len(early) + j))
+            elif isinstance(ev, DoneEvent):
+                assert ev.finish_reason == "length", ev
+                left[0] -= 1
+                if not left[0]:
+                    done.set()
+        return on_event
+
+    sched.start()
+    try:
+        for i, p in enumerate(early):
+            sched.submit(Request(p, GREEDY, 40, logprobs=logprobs), listener(i))
+        assert done.wait(120), "requests did not finish"
+        stats = sched.stats()
+    finally:
+        sched.stop()
+    return outs, stats
+
+
+def test_hybrid_sequences_are_parked_only_between_steps_without_one_in_flight(loaded_hybrid):
+    """A parked recurrent state must not hold the token of a row launched ahead and dropped: the
+    scheduler admits and restores (which may park) only while no step is in flight, and launches
+    none ahead while requests wait. Requests arrive while others decode, into a pool too small for
+    all of them: their admissions park the newest running sequences."""
+    rng = np.random.default_rng(3)
+    v = loaded_hybrid.config.vocab_size
+    # 230..250 tokens: every sequence needs a second page while it decodes
+    early, late = ([[int(t) for t in rng.integers(4, v, int(rng.integers(230, 250)))] for _ in range(k)] for k in (3, 3))
+    ref, _ = run_with_late_arrivals(loaded_hybrid, early, late, n_pages=5, logprobs=0)
+    in_flight = []
+
+    def spy(sched):
+        park = sched.mem.park
+
+        def recorded(seq):
+            in_flight.append(sched._ahead is not None)
+            return park(seq)
+        sched.mem.park = recorded
+
+    got, stats = run_with_late_arrivals(loaded_hybrid, early, late, n_pages=5, logprobs=-1, spy=spy)
+    assert stats["ahead_steps_total"] > 0 and stats["parks"] > 0 and in_flight
+    assert not any(in_flight)
+    assert got == ref

@@ -146,10 +146,11 @@ class Scheduler:
                 kept = self.emitter.abort(cancels, self._waiting)
                 self.inbox.left_queue(len(self._waiting) - len(kept))
                 self._waiting = kept
-            self.mem.restore_parked()
-            before = len(self._waiting)
-            self.slots_.admit(self._waiting, self.mem)
-            self.inbox.left_queue(before - len(self._waiting))
+            if not self._recurrent_in_flight():  # admissions and restores may park running sequences
+                self.mem.restore_parked()
+                before = len(self._waiting)
+                self.slots_.admit(self._waiting, self.mem)
+                self.inbox.left_queue(before - len(self._waiting))
             try:
                 self._step()
             except Exception as e:  # a failed step fails its requests, never the server
@@ -160,6 +161,11 @@ class Scheduler:
             if not self.mem.running:  # otherwise the next step's launch hands them over
                 self._flush()
             self.counters["busy_seconds_total"] += time.perf_counter() - t_busy
+
+    def _recurrent_in_flight(self) -> bool:
+        """A step launched ahead holds rows of a hybrid model's sequences: parking one of them now
+        would keep that row's token in its state, though the row is dropped."""
+        return self._ahead is not None and self.runner.recurrent
 
     def _wait_for_work(self) -> bool:
         """Publishes whatever is asked for while idle; False once stopped."""
@@ -198,7 +204,10 @@ class Scheduler:
                 if seq.generated == 0 and seq.n_computed == seq.cached_tokens:
                     self.emitter.progress(seq)  # before its first chunk: what the cache already holds
             pending = self.runner.launch([e for _, e in plan])
-        nxt = self.planner.plan_ahead(plan, ahead)
+        # a hybrid model's sequences are parked only between steps that have no step in flight: none
+        # is launched ahead while requests wait to be admitted or restored
+        admitting = self.runner.recurrent and bool(self._waiting or self.mem.parked or self.inbox.pending)
+        nxt = None if admitting else self.planner.plan_ahead(plan, ahead)
         if nxt:
             self._ahead = nxt, self.runner.launch_ahead(pending, [e for _, e in nxt])
             self.counters["ahead_steps_total"] += 1
