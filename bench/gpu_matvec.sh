@@ -15,10 +15,10 @@ timeout "${PROBE_S:-150}" python3 bench/probes/matvec_ab.py --out "$OUT/matvec-a
 echo "probe rc $?"; grep -E "^best|bit-equal" "$work/probe.log"
 python3 bench/probes/matvec_pick.py "$OUT/matvec-ab-h200.json" "$OUT/matvec-table.json" || cp /dev/null "$OUT/matvec-table.json"
 stage "GPU tests of the one-row kernels"
-tests=(tests/test_cuda_matvec.py tests/test_cuda_ops.py)
-timeout "${TESTS_S:-120}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE -x --junitxml="$work/pytest.xml" \
-  "${tests[@]}" -k "matvec or row_invariant or norm_matmul or gated_product or ffn_equals or residual_epilogue" \
-  > "$work/pytest.txt" 2>&1
+tests=(tests/test_cuda_matvec.py tests/test_cuda_ops.py tests/test_cuda_selfcheck.py)
+only="(matvec or row_invariant or norm_matmul or gated_product or ffn_equals or residual_epilogue or every_family)"
+timeout "${TESTS_S:-120}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/pytest.xml" \
+  "${tests[@]}" -k "$only and not q4_k and not q6_k and not q8_0 and not f32" > "$work/pytest.txt" 2>&1
 echo "pytest rc $?"; tail -n 8 "$work/pytest.txt"
 [ -f "$work/pytest.xml" ] && python3 bench/gpu_summary.py --tests "$work/pytest.xml" "$OUT/gpu-tests-matvec-h200.json"
 table="$OUT/matvec-table.json"; [ -s "$table" ] || table=on
