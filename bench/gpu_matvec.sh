@@ -4,7 +4,8 @@
 # shapes, mm_tc against matvec.cu's builds with bit checks (bench/probes/matvec_ab.py); the table of
 # builds a decode step spends least on (matvec_pick.py); the GPU tests of the one-row kernels; the 4B
 # hybrid's decode (solo and 16, exact on and off, with the solo profile) planned with that table; and
-# solo exact on with mm_tc (LOCKSTEP_MATVEC off) for the A/B.   OUT=/tmp/x bench/gpu_matvec.sh
+# solo exact on with mm_tc for the A/B. The tests run with LOCKSTEP_MATVEC=1 (the kernel is off by
+# default).   OUT=/tmp/x bench/gpu_matvec.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-matvec}
@@ -17,7 +18,7 @@ python3 bench/probes/matvec_pick.py "$OUT/matvec-ab-h200.json" "$OUT/matvec-tabl
 stage "GPU tests of the one-row kernels"
 tests=(tests/test_cuda_matvec.py tests/test_cuda_ops.py tests/test_cuda_selfcheck.py)
 only="(matvec or row_invariant or norm_matmul or gated_product or ffn_equals or residual_epilogue or every_family)"
-timeout "${TESTS_S:-120}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/pytest.xml" \
+LOCKSTEP_MATVEC=1 timeout "${TESTS_S:-120}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/pytest.xml" \
   "${tests[@]}" -k "$only and not q4_k and not q6_k and not q8_0 and not f32" > "$work/pytest.txt" 2>&1
 echo "pytest rc $?"; tail -n 8 "$work/pytest.txt"
 [ -f "$work/pytest.xml" ] && python3 bench/gpu_summary.py --tests "$work/pytest.xml" "$OUT/gpu-tests-matvec-h200.json"

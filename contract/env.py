@@ -45,8 +45,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(LOG_DIR, ("studio",), "where engine attempt logs go"),
     EnvVar(MODEL_DIRS, ("studio",), "extra model folders, os.pathsep separated"),
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
-    EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel (default "
-           "on; off: matmul.cu's one-row kernel, the same bits, for comparisons)"),
+    EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel, the "
+           "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

@@ -103,13 +103,13 @@ class Runner:
     def can_launch_ahead(self, entries: list[StepEntry]) -> bool:
         """Whether launch_ahead overlaps anything for these decode entries: on an asynchronous
         backend only a replayed graph takes its tokens on the device (elsewhere it would wait for
-        the previous step); a synchronous one runs steps in collect() anyway. With recurrent states
-        the scheduler parks nothing while such a step is in flight (a parked state would keep the
-        dropped row's token): engine/scheduler/loop.py admits and restores only between steps
-        that have none."""
+        the previous step); a synchronous one runs steps in collect() anyway. The scheduler parks no
+        recurrent state while such a step is in flight (it would keep the dropped row's token:
+        engine/scheduler/loop.py admits and restores only between steps with none); on an
+        asynchronous backend recurrent states still wait for a device run of the exactness matrix."""
         if not getattr(self.ops, "asynchronous", False):
             return True
-        return self._graphable(entries)
+        return not self.recurrent and self._graphable(entries)
 
     def launch_ahead(self, prev: Pending, entries: list[StepEntry]) -> Pending:
         """Starts a decode step whose entry i takes as its token the argmax of `prev`'s row i (the

@@ -5,13 +5,20 @@ bias, residual, the gated product and the norm prologue."""
 import numpy as np
 import pytest
 
-from tests.cuda_fixtures import cp, gpu  # noqa: F401 (gpu: fixture)
+from tests.cuda_fixtures import cp
 
 pytestmark = pytest.mark.gpu
 
 from kernels.cuda import dispatch, plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ring():
+    ops = CudaOps(exact=True)
+    ops.matvec = True  # off by default (LOCKSTEP_MATVEC)
+    return ops
 
 RNG = np.random.default_rng()
 # (n, k): splits 1 (many tiles), 2, 4, 8, 16; K padded (70, 1000) and odd (37)
@@ -25,9 +32,9 @@ def _rand(*shape, scale=1.0):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_ring_kernel_gives_the_one_row_kernels_bits(gpu, dtype, shape):
+def test_ring_kernel_gives_the_one_row_kernels_bits(ring, dtype, shape):
     n, k = shape
-    ring, old = gpu, CudaOps(exact=True)
+    old = CudaOps(exact=True)
     old.matvec = False
     w = Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype)
     dw = ring.upload(w)
@@ -46,9 +53,9 @@ def test_ring_kernel_gives_the_one_row_kernels_bits(gpu, dtype, shape):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("ffn", [1024, 9216])
-def test_ring_kernel_gated_product_and_ffn(gpu, dtype, ffn):
+def test_ring_kernel_gated_product_and_ffn(ring, dtype, ffn):
     k = 2560
-    ring, old = gpu, CudaOps(exact=True)
+    old = CudaOps(exact=True)
     old.matvec = False
     gu = ring.upload_gate_up(Weight.from_f32(_rand(ffn, k, scale=k**-0.5), dtype),
                              Weight.from_f32(_rand(ffn, k, scale=k**-0.5), dtype))
@@ -64,11 +71,11 @@ def test_ring_kernel_gated_product_and_ffn(gpu, dtype, ffn):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("n, heads, d", [(2560, 32, 128), (64, 8, 32), (300, 3, 100)], ids=str)
-def test_gated_norm_prologue_gives_the_separate_ops_bits(gpu, dtype, n, heads, d):
+def test_gated_norm_prologue_gives_the_separate_ops_bits(ring, dtype, n, heads, d):
     """One row of a DeltaNet layer's out_proj: gated_rms_norm of each head's values, then the matmul
     with its residual, in one ring-kernel launch (mv_*_gated); the bits of the two ops apart."""
     k = heads * d
-    ring, old = gpu, CudaOps(exact=True)
+    old = CudaOps(exact=True)
     old.matvec = False
     dw = ring.upload(Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype))
     assert plan.matvec_launch(dtype, n, k, ring.sm_count, "gated") is not None

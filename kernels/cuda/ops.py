@@ -101,8 +101,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         # (not mm_wide either) or False (streaming only); tests narrow it to compare the kernels bit for bit.
         self.tiled: dispatch.Tiling = True
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
-        # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off for comparisons
-        self.matvec = switch(os.environ, MATVEC, default=True)
+        # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off until measured on a device
+        self.matvec = switch(os.environ, MATVEC, default=False)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
