@@ -56,33 +56,27 @@ __device__ __forceinline__ uint4 mv_load(const u16* p) {
 #endif
 }
 
+#define MV_MMA(T)                                                    \
+    "mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "         \
+    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+
+template <bool BF>
+__device__ __forceinline__ void mv_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                       unsigned b1) {
+    if (BF)
+        asm volatile(MV_MMA("bf16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile(MV_MMA("f16") : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // One 32-k chunk into the accumulator: lane (g, t) holds rows g, g + 8 at k 8t .. 8t + 7 (wa, wb) and
 // token 0's pairs of the same k (bx; zero on the lanes of tokens 1-7), mm_tc's a_frags and row_pairs.
 template <bool BF>
 __device__ __forceinline__ void mv_chunk(float (&d)[4], uint4 wa, uint4 wb, uint4 bx) {
-    if (BF) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(wa.x), "r"(wb.x), "r"(wa.y), "r"(wb.y), "r"(bx.x), "r"(bx.y));
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(wa.z), "r"(wb.z), "r"(wa.w), "r"(wb.w), "r"(bx.z), "r"(bx.w));
-    } else {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(wa.x), "r"(wb.x), "r"(wa.y), "r"(wb.y), "r"(bx.x), "r"(bx.y));
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(wa.z), "r"(wb.z), "r"(wa.w), "r"(wb.w), "r"(bx.z), "r"(bx.w));
-    }
+    mv_mma<BF>(d, wa.x, wb.x, wa.y, wb.y, bx.x, bx.y);
+    mv_mma<BF>(d, wa.z, wb.z, wa.w, wb.w, bx.z, bx.w);
 }
 
 // The row as 16-bit pairs in shared memory, words [0, Kp / 2), zero past K (mm_tc's pack_act of
