@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 groups=(
   "ops:tests/test_cuda_ops.py"
   "attention:tests/test_cuda_attention.py tests/test_cuda_selfcheck.py"
-  "models:tests/test_cuda_graphs.py tests/test_cuda_kquant_pack.py tests/test_cuda_kquant_model.py"
+  "models:tests/test_cuda_graphs.py tests/test_cuda_kquant_pack.py tests/test_cuda_kquant_model.py tests/test_cuda_matvec.py"
   "moe_hybrid:tests/test_cuda_moe.py tests/test_cuda_deltanet.py"
 )
 for g in "${groups[@]}"; do
