@@ -52,8 +52,10 @@ def fused_qkv(model: Any) -> tuple[int, Any] | None:
 
 
 def self_check(ops: Any, model: Any, max_rows: int, head_rows: int | None = None, kv_type: str = "f16",
-               width: int = 1) -> None:
-    """Raises the exact refusal (exit 3) when a choice breaks row invariance here. `max_rows`: the
+               width: int = 1) -> float:
+    """Raises the exact refusal (exit 3) when a choice breaks row invariance here; else returns the
+    seconds of it spent building kernels on first use (ops.build_seconds), which the warm-up would
+    otherwise pay. `max_rows`: the
     most token rows a step runs; `head_rows`: the most rows lm_head sees in a step (each sequence's
     last row, or its draft rows), which bounds that check's memory too; `kv_type` and `width` (pages
     a sequence's block table holds): the KV cache attention reads."""
@@ -68,6 +70,8 @@ def self_check(ops: Any, model: Any, max_rows: int, head_rows: int | None = None
                                         layer.w_qkv, layer.b_qkv, model.rope, shape, max_rows))
     if shape is not None and hasattr(ops, "attention_build"):
         checks.append(lambda: check_attention(ops, shape, max_rows))
+    builds = getattr(ops, "build_seconds", lambda: 0.0)
+    built = builds()
     families: dict[str, dict[str, int]] = {}
     seconds, mismatch = 0.0, None
     for check in checks:
@@ -76,7 +80,10 @@ def self_check(ops: Any, model: Any, max_rows: int, head_rows: int | None = None
         seconds += info["seconds"]
         if mismatch is not None:
             break
+    built = builds() - built
     names = sorted({f for per in families.values() for f in per})
-    log.info("exactness self-check: %d shapes, families %s, %.2f s", len(families), ", ".join(names), seconds)
+    log.info("exactness self-check: %d shapes, families %s, %.2f s: kernel builds %.2f s (first uses, which the "
+             "warm-up would pay), checks %.2f s", len(families), ", ".join(names), seconds, built, seconds - built)
     if mismatch is not None:
         raise refuse(mismatch.describe(), "--exact-concurrency off")
+    return built

@@ -52,3 +52,4 @@ def test_health_turns_ready_only_after_the_warm_up(engine_factory, tiny_llama):
     assert "warm-up: decode graphs none, prompts of 1 rows" in seen[0]
     load = eng.get_json("/props")["load_seconds"]
     assert load["warm_up_prompt_rows"] == [1] and load["warm_up"] >= 0 and load["weights"] > 0
+    assert load["self_check_builds"] <= load["self_check"]

@@ -76,6 +76,30 @@ def test_a_batch_too_small_to_pick_the_family_passes(runner, caplog):
     assert "families attend_rows, rows_gemv," in line and "fake_wide" not in line, line
 
 
+def test_the_log_and_the_result_separate_kernel_builds_from_the_checks(runner, caplog):
+    class BuildingOps(FaultyFamilyOps):
+        """Fake, named as such: the CPU backend builds no kernels, so each first matmul of a row count
+        'builds' for 0.25 s on a counter, as CUDA's first use of a kernel does (modules.build_seconds)."""
+
+        built, seen = 0.0, set()
+
+        def build_seconds(self):
+            return self.built
+
+        def matmul(self, x, w, bias=None, residual=None):
+            if len(x) not in self.seen:
+                self.seen.add(len(x))
+                self.built += 0.25
+            return self.ops.matmul(x, w, bias, residual)
+
+    ops = BuildingOps(runner.ops, from_rows=10**9)
+    with caplog.at_level(logging.INFO, logger="engine.selfcheck"):
+        built = self_check(ops, runner.model, 8)
+    assert built == 0.25 * len(ops.seen) > 0
+    (line,) = [r.getMessage() for r in caplog.records if "exactness self-check" in r.getMessage()]
+    assert f"kernel builds {built:.2f} s" in line and "checks " in line, line
+
+
 def test_lm_head_is_checked_only_up_to_the_rows_it_sees(runner):
     class HeadOnly(FaultyFamilyOps):
         def matmul_family(self, t, w):

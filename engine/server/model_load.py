@@ -55,10 +55,11 @@ def load_model(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     load_progress.phase("warmup")  # the exactness self-check, the kernels' warm-up, the scheduler's start
     t_weights = time.perf_counter()
     spec_n = opts.spec_draft_n_max if opts.spec_type != "none" or opts.model_draft else 0
+    check_builds = 0.0  # of the self-check's seconds, kernels built on first use (the warm-up's otherwise)
     if state.exact.granted:  # each rank's shards: their shapes are the ones its matmuls see
         for ops, model in runner.model.rank_models() if plan is not None else [(runner.ops, runner.model)]:
-            self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1),
-                       kv_type=opts.cache_type_k, width=seq_pages)
+            check_builds += self_check(ops, model, opts.ubatch_size, head_rows=opts.parallel * (spec_n + 1),
+                                       kv_type=opts.cache_type_k, width=seq_pages)
     if plan is not None:
         state.parallel = {"tp": plan.tp, "split_mode": "row", "split": list(plan.split),
                           "kv_heads": [s.n_kv_heads for s in plan.ranks], "devices": list(plan.devices)}
@@ -71,10 +72,11 @@ def load_model(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     warm = warm_up(runner, opts.ubatch_size, prompts=state.backend == "cuda")
     t_end = time.perf_counter()
     state.load_seconds = {"weights": round(t_weights - t0, 3), "self_check": round(t_check - t_weights, 3),
+                          "self_check_builds": round(check_builds, 3),
                           "warm_up": round(t_end - t_check, 3), "warm_up_prompt_rows": warm["prompt_rows"],
                           "warm_up_graphs": warm["buckets"]}
-    log.info("load: weights %.2f s, self-check %.2f s, warm-up %.2f s", t_weights - t0, t_check - t_weights,
-             t_end - t_check)
+    log.info("load: weights %.2f s, self-check %.2f s (%.2f s of it kernel builds), warm-up %.2f s", t_weights - t0,
+             t_check - t_weights, check_builds, t_end - t_check)
     drafter = None
     if spec_n and opts.model_draft:
         draft = load_draft(opts, loaded, state.backend, seq_pages, opts.threads or DEFAULT_THREADS)

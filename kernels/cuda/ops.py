@@ -24,7 +24,7 @@ import numpy as np
 
 from contract.env import MATVEC, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
-from kernels.cuda import dispatch, kquant, plan, tensor_map
+from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
 from kernels.cuda.arrays import i32 as _i32
 from kernels.cuda.arrays import index as _index
@@ -150,6 +150,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
 
     def to_host(self, x) -> np.ndarray:
         return cp.asnumpy(x)
+
+    @staticmethod
+    def build_seconds() -> float:
+        """Seconds spent building and loading kernels on first use so far (the self-check reports them)."""
+        return modules.build_seconds()
 
     def to_host_async(self, x):
         x = cp.ascontiguousarray(x)
