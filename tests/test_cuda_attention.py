@@ -149,9 +149,16 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
     # (they leave at once, and the merge must not wait for them)
     for blocks, part_bytes in ((1, plan.ATTN_PART_BYTES), (10_000, plan.ATTN_PART_BYTES), (4, 3 * 2**20)):
         monkeypatch.setattr(plan, "BLOCKS_PER_SM", blocks)
+        monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", blocks)
         monkeypatch.setattr(plan, "ATTN_PART_BYTES", part_bytes)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
         assert int(gpu._attn_counters.sum()) == 0
+    for dim_warps in (1, 2, 8):  # warps sharing a decode row's MMA rows, each with its share of O
+        monkeypatch.setattr(plan, "MMA_DIM_WARPS", dim_warps)
+        for blocks in (0, 3):  # O folded in place, or the chunks' partials stored and merged
+            monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", blocks)
+            assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+    monkeypatch.setattr(plan, "MMA_DIM_WARPS", 4)
     for pairs in (0, 1e9):  # the throughput build for every launch, then the latency build
         monkeypatch.setattr(plan, "ATTN_LATENCY_PAIRS", pairs)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
@@ -281,6 +288,11 @@ def test_long_context_row_alone_in_a_prefill_tile_and_padded(gpu, monkeypatch, c
     q_row = RNG.standard_normal((n_heads, hd)).astype(np.float32)
     alone = _attend(gpu, cache, q_row[None], [0], [pos], scale)[0]
     monkeypatch.setattr(plan, "BLOCKS_PER_SM", 0)  # one block a row: the chunks folded in registers
+    monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", 0)
+    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
+    monkeypatch.setattr(plan, "MMA_DIM_WARPS", 1)  # one warp keeping all of O, folded in place
+    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
+    monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", 1000)  # one warp, a block a chunk
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
     monkeypatch.undo()
     padded = _attend(gpu, cache, np.concatenate([q_row[None], np.zeros((7, n_heads, hd), np.float32)]),

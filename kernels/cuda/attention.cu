@@ -84,6 +84,33 @@ __device__ __forceinline__ void unpack(const uint4& u, float (&v)[PER_U]) {
 #endif
 }
 
+struct MaxOp {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+    __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+
+// Each head's value over the block's PAGE threads: a warp's xor butterfly (warp_max / warp_sum's),
+// then the warps in index order, into every thread's v. Contains a barrier.
+template <class Op>
+__device__ __forceinline__ void block_fold(float (&v)[GM], float (&red)[PAGE / 32][GM], Op op) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        float x = v[g];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, off));
+        if (lane == 0) red[warp][g] = x;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        v[g] = red[0][g];
+        for (int w = 1; w < PAGE / 32; ++w) v[g] = op(v[g], red[w][g]);
+    }
+}
+
 // Cache cells through L2 only (ld.global.cg): a line an SM's L1 held from before the wait (or from
 // an earlier step) can never stand in for a cell written since.
 __device__ __forceinline__ uint4 ld16(const kv_t* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
@@ -175,36 +202,20 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
             }
         }
         if (V_LATE) first_values();
-#pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            const float v = warp_max(tid < n ? s[g] : NEG_INF);
-            if (lane == 0) red_max[warp][g] = v;
-        }
-        __syncthreads();
         float m[GM];
 #pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            m[g] = red_max[0][g];
-            for (int w = 1; w < PAGE / 32; ++w) m[g] = fmaxf(m[g], red_max[w][g]);
-        }
-#pragma unroll
-        for (int g = 0; g < GM; ++g) {
-            const float e = tid < n ? expf(__fsub_rn(s[g], m[g])) : 0.f;
-            sc[g][tid] = e;
-            const float w = warp_sum(e);
-            if (lane == 0) red_sum[warp][g] = w;
-        }
-        __syncthreads();
+        for (int g = 0; g < GM; ++g) m[g] = tid < n ? s[g] : NEG_INF;
+        block_fold(m, red_max, MaxOp());
         float l[GM];
 #pragma unroll
         for (int g = 0; g < GM; ++g) {
-            l[g] = red_sum[0][g];
-            for (int w = 1; w < PAGE / 32; ++w) l[g] = __fadd_rn(l[g], red_sum[w][g]);
-            if (tid == 0) {
-                ml[g][0] = m[g];
-                ml[g][1] = l[g];
-            }
+            l[g] = tid < n ? expf(__fsub_rn(s[g], m[g])) : 0.f;
+            sc[g][tid] = l[g];
         }
+        block_fold(l, red_sum, SumOp());
+        if (tid == 0)
+#pragma unroll
+            for (int g = 0; g < GM; ++g) ml[g][0] = m[g], ml[g][1] = l[g];
 
         float acc[GM][8];
         zero_regs(acc);
@@ -283,7 +294,7 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     __threadfence();
     for (int i = tid; i < ng * D; i += PAGE) {
         const int g = i / D, d = i % D, qh = h * G + g0 + g;
-        store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, merge_chunks<D>(part, r, qh, d, last, n_heads, W));
+        store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, merge_chunks<D, 8>(part, r, qh, d, last, n_heads, W));
     }
 }
 
@@ -293,6 +304,6 @@ attn_merge(const float* __restrict__ part, const int* __restrict__ positions, fl
            int n_heads, int W) {
     pdl_start();
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    const float v = merge_chunks<D>(part, r, qh, d, positions[r] / PAGE, n_heads, W);
+    const float v = merge_chunks<D, 16>(part, r, qh, d, positions[r] / PAGE, n_heads, W);
     store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, v);
 }

@@ -19,7 +19,9 @@
 // a prefill tile or beside padding.
 //
 // A block takes RB consecutive launch rows and one KV head (a sub-group of its query heads); rows of
-// different sequences among them are served in passes, one per sequence. With gridDim.z > 1
+// different sequences among them are served in passes, one per sequence. DW warps share each 16 MMA
+// rows (a decode row: more warps to issue the K/V loads): each computes the same S and softmax and
+// keeps DT / DW of O's dim tiles, whose MMAs are those of one warp keeping all. With gridDim.z > 1
 // (flash-decoding) block z takes chunks z, z + Z, ..., stores each chunk's partial as it is and
 // attention.cu's attn_merge folds them (merge_chunks, D threads a row and head: the fold's chain is
 // long at long contexts); with one block the partials are folded in registers in the same order. Either way the
@@ -43,18 +45,29 @@
 #ifndef OUT16
 #define OUT16 0
 #endif
+#ifndef DW
+#define DW 1  // warps that share 16 MMA rows, each keeping DT / DW of O's dim tiles (S computed by each)
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1  // blocks an SM the registers must allow (plan.mma_attention_launch)
+#endif
 
 #define D HEAD_DIM
 #define KT 64                 // keys per sub-tile (part of the arithmetic)
 #define MR (RB * GP)          // MMA rows a block uses
-#define NW ((MR + 15) / 16)   // warps
+#define RW ((MR + 15) / 16)   // warps of distinct rows
+#define NW (RW * DW)          // warps
 #define THREADS (NW * 32)
 #define LD (D + 8)            // shared row stride in 16-bit values: rows 16 bytes apart in banks
 #define NT (KT / 8)           // key tiles of S
 #define DT (D / 8)            // dim tiles of O
+#define DTW (DT / DW)         // dim tiles of O a warp keeps
 #define STAGE (KT * LD)
-#if NW * 16 > KT
+#if RW * 16 > KT
 #error "q is staged in one K/V stage: at most KT MMA rows a block"
+#endif
+#if (DT / 2) % DW
+#error "a warp's share of O must be whole pairs of dim tiles"
 #endif
 
 __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -97,15 +110,16 @@ __device__ __forceinline__ float quad_sum(float v) {
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
          const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
          float* __restrict__ part, int T, int n_heads, int n_kv, int W, float scale, float* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem[];
     u16* Ks = reinterpret_cast<u16*>(smem);  // [2][KT][LD]
     u16* Vs = Ks + 2 * STAGE;
-    u16* Qs = Vs + STAGE;  // [NW * 16 <= KT][LD]: q staged in V's second stage, before any pass loads it
-    // the folded chunks' O of each thread's rows, [DT * 4][THREADS]: touched once a chunk, so out of registers
+    u16* Qs = Vs + STAGE;  // [RW * 16 <= KT][LD]: q staged in V's second stage, before any pass loads it
+    // the folded chunks' O of each thread's rows and dims, [DTW * 4][THREADS]: touched once a chunk, so out
+    // of registers (only without a split: then the partials go to `part`, and the launch leaves this out)
     float* Os = reinterpret_cast<float*>(Vs + 2 * STAGE);
     __shared__ int s_pos[RB], s_seq[RB];
 
@@ -115,6 +129,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     const int ng = imin(GP, G - g0);
     const int r0 = blockIdx.x * RB;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wr = warp / DW, n0 = (warp % DW) * DTW;  // the warp's 16 rows, its first dim tile of O
     const i64 cell = (i64)n_kv * D;
     const bool split = gridDim.z > 1;
 
@@ -131,7 +146,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     if ((int)blockIdx.z > maxlast) return;
     pdl_start();
 
-    for (int i = tid; i < NW * 16 * (D / 2); i += THREADS) {
+    for (int i = tid; i < RW * 16 * (D / 2); i += THREADS) {
         const int mrow = i / (D / 2), d = (i % (D / 2)) * 2, j = mrow / GP, hh = mrow % GP;
         float a = 0.f, b = 0.f;
         if (mrow < MR && s_pos[j] >= 0 && hh < ng) {
@@ -145,14 +160,14 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     unsigned qa[D / 16][4];  // the warp's q as MMA A fragments, for every sub-tile of every pass
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
-        ldsm_x4(qa[ks], Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8);
+        ldsm_x4(qa[ks], Qs + (wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8);
 
     // this thread's two MMA rows (g and g + 8 of its warp's 16): query row, head, validity
     int jr[2], qh[2];
     bool ok[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-        const int mrow = warp * 16 + g + 8 * e;
+        const int mrow = wr * 16 + g + 8 * e;
         jr[e] = imin(mrow / GP, RB - 1);
         qh[e] = h * G + g0 + mrow % GP;
         ok[e] = mrow < MR && mrow % GP < ng && s_pos[jr[e]] >= 0;
@@ -191,10 +206,10 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
             cp_async_commit();
         };
 
-        float oc[DT][4], M[2], L[2], mc[2], lc[2];
+        float oc[DTW][4], M[2], L[2], mc[2], lc[2];
         bool have[2] = {false, false};
 #pragma unroll
-        for (int n = 0; n < DT; ++n)
+        for (int n = 0; n < DTW; ++n)
 #pragma unroll
             for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
 #pragma unroll
@@ -259,7 +274,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                     lc[e] = __fadd_rn(__fmul_rn(lc[e], alpha), quad_sum(sum));
                     mc[e] = mn;
 #pragma unroll
-                    for (int n = 0; n < DT; ++n) {
+                    for (int n = 0; n < DTW; ++n) {
                         oc[n][2 * e] = __fmul_rn(oc[n][2 * e], alpha);
                         oc[n][2 * e + 1] = __fmul_rn(oc[n][2 * e + 1], alpha);
                     }
@@ -270,9 +285,10 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                                            pack16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                            pack16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-                    for (int dp = 0; dp < DT / 2; ++dp) {
+                    for (int dp = 0; dp < DTW / 2; ++dp) {
                         unsigned b[4];
-                        ldsm_x4_t(b, Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+                        ldsm_x4_t(b, Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (n0 / 2 + dp) * 16 +
+                                         (lane >> 4) * 8);
                         mma16(oc[2 * dp], a, b[0], b[1]);
                         mma16(oc[2 * dp + 1], a, b[2], b[3]);
                     }
@@ -286,16 +302,16 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                     if (split) {
                         float* dst = part + (((i64)(r0 + jr[e]) * n_heads + qh[e]) * W + c) * (D + 2);
 #pragma unroll
-                        for (int n = 0; n < DT; ++n) {
-                            dst[n * 8 + 2 * t] = oc[n][2 * e];
-                            dst[n * 8 + 2 * t + 1] = oc[n][2 * e + 1];
+                        for (int n = 0; n < DTW; ++n) {
+                            dst[(n0 + n) * 8 + 2 * t] = oc[n][2 * e];
+                            dst[(n0 + n) * 8 + 2 * t + 1] = oc[n][2 * e + 1];
                         }
-                        if (t == 0) dst[D] = mc[e], dst[D + 1] = lc[e];
+                        if (t == 0 && n0 == 0) dst[D] = mc[e], dst[D + 1] = lc[e];
                     } else if (!have[e]) {
                         have[e] = true;
                         M[e] = mc[e], L[e] = lc[e];
 #pragma unroll
-                        for (int n = 0; n < DT; ++n)
+                        for (int n = 0; n < DTW; ++n)
 #pragma unroll
                             for (int x = 0; x < 2; ++x) Os[(n * 4 + 2 * e + x) * THREADS + tid] = oc[n][2 * e + x];
                     } else {
@@ -303,7 +319,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                         merge_coeffs(M[e], mc[e], a, b, m_new);
                         L[e] = merge_add(L[e], a, lc[e], b);
 #pragma unroll
-                        for (int n = 0; n < DT; ++n)
+                        for (int n = 0; n < DTW; ++n)
 #pragma unroll
                             for (int x = 0; x < 2; ++x) {
                                 float& o = Os[(n * 4 + 2 * e + x) * THREADS + tid];
@@ -313,7 +329,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                     }
                 }
 #pragma unroll
-                for (int n = 0; n < DT; ++n)
+                for (int n = 0; n < DTW; ++n)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
 #pragma unroll
@@ -328,10 +344,10 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                 if (p[e] < 0) continue;
                 const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D + 2 * t;
 #pragma unroll
-                for (int n = 0; n < DT; ++n)
+                for (int n = 0; n < DTW; ++n)
 #pragma unroll
                     for (int x = 0; x < 2; ++x)
-                        store_attn<OUT16>(out, at + n * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * THREADS + tid], L[e]));
+                        store_attn<OUT16>(out, at + (n0 + n) * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * THREADS + tid], L[e]));
             }
         }
     }

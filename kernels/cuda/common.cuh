@@ -260,19 +260,38 @@ __device__ __forceinline__ float merge_add(float x, float a, float y, float b) {
 
 // Output element d of query head qh of row r from its chunks 0..last: `part` holds (o[HD], m, l) per
 // (row, head, chunk), folded ascending, then o / l. Read through L2 (ld.cg): other blocks wrote them.
-template <int HD>
+// The loads of B chunks go out together, those of the next B before the fold of these: ld.cg loads
+// are not moved past each other, so a fold that loads as it goes waits a round trip per chunk.
+template <int HD, int B>
 __device__ __forceinline__ float merge_chunks(const float* __restrict__ part, int r, int qh, int d, int last,
                                               int n_heads, int W) {
     const float* base = part + ((i64)r * n_heads + qh) * W * (HD + 2);
     float m = __ldcg(base + HD), l = __ldcg(base + HD + 1), acc = __ldcg(base + d);
-#pragma unroll 8
-    for (int c = 1; c <= last; ++c) {
-        const float* pc = base + (i64)c * (HD + 2);
-        float a, b, m_new;
-        merge_coeffs(m, __ldcg(pc + HD), a, b, m_new);
-        l = merge_add(l, a, __ldcg(pc + HD + 1), b);
-        acc = merge_add(acc, a, __ldcg(pc + d), b);
-        m = m_new;
+    float nm[B], nl[B], no[B];
+    auto fetch = [&](int c0) {  // chunks c0 .. c0 + B - 1, those past `last` as `last` (loaded, never used)
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            const float* pc = base + (i64)imin(c0 + i, last) * (HD + 2);
+            nm[i] = __ldcg(pc + HD);
+            nl[i] = __ldcg(pc + HD + 1);
+            no[i] = __ldcg(pc + d);
+        }
+    };
+    if (last >= 1) fetch(1);
+    for (int c0 = 1; c0 <= last; c0 += B) {
+        float cm[B], cl[B], co[B];
+#pragma unroll
+        for (int i = 0; i < B; ++i) cm[i] = nm[i], cl[i] = nl[i], co[i] = no[i];
+        if (c0 + B <= last) fetch(c0 + B);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (c0 + i > last) break;
+            float a, b, m_new;
+            merge_coeffs(m, cm[i], a, b, m_new);
+            l = merge_add(l, a, cl[i], b);
+            acc = merge_add(acc, a, co[i], b);
+            m = m_new;
+        }
     }
     return __fdiv_rn(acc, l);
 }

@@ -594,7 +594,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         t, n_heads, d = (int(s) for s in q.shape)
         n_kv, width = int(layer.k.shape[2]), int(tables.shape[1])
         at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
-        defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16))
+        defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
+                   ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks))
         fn = big_smem_kernel("attention_mma.cu", "attn_mma", at.shared, defines)
         groups = n_kv * at.subgroups
         step = at.row_slice

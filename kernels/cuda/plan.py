@@ -337,6 +337,10 @@ MMA_KT = 64  # keys per sub-tile (the kernel's KT)
 MMA_PREFILL_ROWS = 64  # MMA rows a prefill block takes (four warps, the most: q is staged in one K/V stage)
 MMA_ONE_ROW_MAX = 64  # launches of at most this many rows (decode buckets, verify steps) take one row a block
 MMA_MAX_RB = 32  # attn_mma keeps a block's rows in 32-bit masks (todo, act): a 33rd row would never be served
+MMA_DIM_WARPS = 4  # warps of a one-row block: each computes S and keeps a quarter of O (more warps to stream K/V)
+MMA_BLOCKS_PER_SM = 3  # one-row blocks wanted an SM (three fit when chunk partials are stored: no folded O)
+MMA_REGISTER_THREADS = 384  # threads an SM whose registers (64K) give each ~170, what a one-row block uses
+SM_SHARED = 227 * 1024  # shared memory an SM gives its blocks (sm_90), 1 KB of it reserved per block
 
 
 def mma_attention(kv_type: str, head_dim: int) -> bool:
@@ -353,6 +357,8 @@ class MmaAttentionLaunch:
     row_slice: int  # rows per launch when chunk partials are stored (bounds their scratch)
     threads: int
     shared: int  # dynamic shared memory bytes
+    dim_warps: int = 1  # warps that share 16 MMA rows (DW; bits do not depend on it)
+    min_blocks: int = 1  # blocks an SM the registers must allow (MIN_BLOCKS)
 
 
 def mma_group(group: int) -> int:
@@ -362,25 +368,37 @@ def mma_group(group: int) -> int:
     return g
 
 
-def mma_attention_smem(head_dim: int, warps: int) -> int:
-    """Two stages of K and V sub-tiles (16-bit, rows padded by 8), then each thread's folded O (f32)."""
-    return 4 * MMA_KT * (head_dim + 8) * 2 + (head_dim // 2) * warps * 32 * 4
+def mma_attention_smem(head_dim: int, row_warps: int, split: bool = False) -> int:
+    """Two stages of K and V sub-tiles (16-bit, rows padded by 8), then, unless the chunk partials are
+    stored (split), the folded O (f32) of each row warp's 16 rows."""
+    return 4 * MMA_KT * (head_dim + 8) * 2 + (0 if split else (head_dim // 2) * row_warps * 32 * 4)
 
 
 def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
                          sm_count: int) -> MmaAttentionLaunch:
-    """Decode-sized launches: one query row a block (rows are of different sequences), chunks spread
-    over workers so that a long context keeps every SM busy; prefill: 64 MMA rows a block, at most
-    MMA_MAX_RB query rows."""
+    """Decode-sized launches: one query row a block (rows are of different sequences), MMA_DIM_WARPS
+    warps sharing its MMA rows, chunks spread over workers until MMA_BLOCKS_PER_SM blocks an SM (a long
+    context keeps every SM busy, many short rows still share a row's chunks); prefill: 64 MMA rows a
+    block, at most MMA_MAX_RB query rows, chunks spread only where the blocks are fewer than the SMs."""
     group = n_heads // n_kv
     gp = mma_group(group)
     sub = ceil_div(group, gp)
     rb = 1 if t <= MMA_ONE_ROW_MAX else max(1, min(min(MMA_PREFILL_ROWS, MMA_KT) // gp, MMA_MAX_RB))
-    warps = ceil_div(rb * gp, 16)
+    row_warps = ceil_div(rb * gp, 16)
     blocks = ceil_div(t, rb) * n_kv * sub
-    workers = 1 if blocks >= sm_count else max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
+    if rb == 1:
+        dim_warps = max(1, min(MMA_DIM_WARPS, head_dim // 16))
+        workers = max(1, min(width, ceil_div(MMA_BLOCKS_PER_SM * sm_count, blocks)))
+    else:
+        dim_warps = 1
+        workers = 1 if blocks >= sm_count else max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
     row_slice = t
     if workers > 1:
         per_row = n_heads * width * (head_dim + 2) * 4
         row_slice = max(rb, min(t, ATTN_PART_BYTES // per_row) // rb * rb)
-    return MmaAttentionLaunch(gp, rb, sub, workers, row_slice, warps * 32, mma_attention_smem(head_dim, warps))
+    shared = mma_attention_smem(head_dim, row_warps, workers > 1)
+    # as many as their shared memory allows, while each thread may still hold ~170 registers
+    min_blocks = max(1, min(SM_SHARED // (shared + 1024), MMA_REGISTER_THREADS // (row_warps * dim_warps * 32)))
+    min_blocks = min_blocks if rb == 1 else 1
+    return MmaAttentionLaunch(gp, rb, sub, workers, row_slice, row_warps * dim_warps * 32, shared, dim_warps,
+                              min_blocks)
