@@ -1,6 +1,7 @@
 """Tensor-core attention launches at long contexts, timed from CUDA graphs (8B shape: 32 heads, 8 KV, 128):
 decode rows under other launch plans (warps a block, blocks an SM), which must give the same bits, and
-512-row prefill tiles; then the attention kernels' own durations in one decode launch (CUPTI).
+512-row prefill tiles, each also with expf softmax weights (MMA_EX2 0: other bits, same_bits false);
+then the attention kernels' own durations in one decode launch (CUPTI).
 
     python3 bench/attn_sweep.py --out /tmp/attn-sweep.json      # on a GPU machine
 
@@ -27,7 +28,8 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 H, HKV, D = 32, 8, 128
 CELL_BYTES = HKV * D * 2 * 2  # K and V of one position, f16
 DECODE_PLANS = [{}, {"MMA_DIM_WARPS": 1, "MMA_BLOCKS_PER_SM": 4}, {"MMA_DIM_WARPS": 2}, {"MMA_BLOCKS_PER_SM": 2},
-                {"MMA_BLOCKS_PER_SM": 6}, {"MMA_BLOCKS_PER_SM": 12}, {"MMA_BLOCKS_PER_SM": 1000}]
+                {"MMA_BLOCKS_PER_SM": 6}, {"MMA_BLOCKS_PER_SM": 12}, {"MMA_BLOCKS_PER_SM": 1000}, {"MMA_DIM_WARPS": 1},
+                {"MMA_EX2": 0}]
 
 
 def cache(ops, seqs: int, length: int, copies: int):
@@ -89,11 +91,28 @@ def kernel_durations(ops, length: int) -> dict:
                                           for i, n in enumerate(names)}}
 
 
+def once(ops) -> None:
+    """One decode launch and one 512-row prefill launch at 30000 keys, for a profiler (ncu) to read."""
+    length = 30000
+    layers, tables = cache(ops, 1, length, 1)
+    rng = np.random.default_rng(0)
+    for positions in ([length - 1], np.arange(length - 512, length)):
+        q = cp.asarray(rng.standard_normal((len(positions), H, D), np.float32))
+        rows = PagedRows(cp.asarray(np.asarray(positions, np.int32)), cp.asarray(np.zeros(len(positions), np.int32)),
+                         tables, None)
+        ops.attention(q, layers[0], rows, D**-0.5)
+    cp.cuda.Device().synchronize()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/attn-sweep.json")
+    ap.add_argument("--once", action="store_true", help="only one decode and one prefill launch (for ncu)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
+    if args.once:
+        once(ops)
+        return 0
     cells = []
     for length in (8192, 30000):
         cells += run_cell(ops, f"decode-1-at-{length}", [length - 1], [0], length, DECODE_PLANS)
@@ -101,7 +120,7 @@ def main() -> int:
         cells += run_cell(ops, f"decode-{chats}-at-4096", [4095] * chats, list(range(chats)), 4096, DECODE_PLANS)
     for length in (8192, 30000):
         pos = np.arange(length - 512, length)
-        cells += run_cell(ops, f"prefill-512-at-{length}", pos, np.zeros(512, int), length, [{}])
+        cells += run_cell(ops, f"prefill-512-at-{length}", pos, np.zeros(512, int), length, [{}, {"MMA_EX2": 0}])
     result = {"shape": [H, HKV, D, "f16"], "cells": cells}
     try:
         result["kernel_us"] = [kernel_durations(ops, n) for n in (8192, 30000)]

@@ -3,23 +3,44 @@
 #   bench/gpu_longctx.sh kernel   the attention GPU tests, then bench/attn_bench.py (one layer, 8B shape)
 #   bench/gpu_longctx.sh engine   bench/longctx.py on the 8B shape (exact on and off, -c 32768)
 #   bench/gpu_longctx.sh engine1b the same on the 1B shape, one repeat
+#   bench/gpu_longctx.sh sweep    bench/attn_sweep.py: decode launch plans and prefill tiles, graph-timed
+#   bench/gpu_longctx.sh attn     the attention GPU tests alone (tests/test_cuda_attention.py)
+#   bench/gpu_longctx.sh ncu      Nsight Compute on one decode and one prefill attention launch at 30000 keys
+#   bench/gpu_longctx.sh chats    bench/throughput.py on the 8B shape: 16 chats of 4096-token prompts
+# Each stage runs under its own timeout (LC_TIMEOUT seconds, default 300).
 #   bench/gpu_longctx.sh exactness1b  the exactness matrix on the 1B shape with a 20000-token prompt cell
 # Needs the gguf wheel carried in .whl/ for `engine` (the device image lacks it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-longctx}
 source bench/gpu_env.sh
+T=${LC_TIMEOUT:-300}
+shape8b() { [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)'; }
 for what in "$@"; do
   case $what in
+    sweep)
+      timeout "$T" python3 bench/attn_sweep.py --out "$OUT/attn-sweep.json" 2>&1 | tee "$work/sweep.log" | tail -n 40 ;;
+    attn)
+      timeout "$T" python3 -m pytest -m gpu --noconftest -q -p no:cacheprovider tests/test_cuda_attention.py \
+        2>&1 | tee "$OUT/attn-tests.log" | tail -n 15 ;;
+    ncu)
+      timeout "$T" ncu --clock-control none -k regex:attn_ --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 bench/attn_sweep.py --once > "$OUT/ncu.txt" 2>&1; tail -n 5 "$OUT/ncu.txt" ;;
+    chats)
+      shape8b
+      timeout "$T" python3 bench/throughput.py -m /tmp/shape-8b.gguf --shape 8b --vocab 128256 --device cuda \
+        --cells 16 --prompt 4096 --gen 64 --repeats 1 --out "$OUT/throughput-8b-chats4k" 2>&1 \
+        | tee "$work/chats.log" | tail -n 12 ;;
     kernel)
       python3 -m pytest -m gpu --noconftest -q -p no:cacheprovider tests/test_cuda_attention.py tests/test_cuda_graphs.py \
         2>&1 | tee "$OUT/tests.log" | tail -n 25
       python3 bench/attn_bench.py --out "$OUT/attn-bench.json" 2>&1 | tail -n 12 ;;
     engine)
-      python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)'
+      shape8b
       stage "shape written"
-      python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --out "$OUT/longctx-h200" 2>&1 | tee "$OUT/longctx.log" | tail -n 30
-      rm -f /tmp/shape-8b.gguf ;;
+      timeout "$T" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${LC_PROMPTS:-512,2048,8192,30000}" \
+        --out "$OUT/longctx-h200" 2>&1 | tee "$work/longctx.log" | tail -n 30 ;;
     exactness1b)  # the exactness matrix on the 1B shape with the 20000-token cell (not run yet)
       python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-1b.gguf", "1b", 0)'
       python3 bench/exactness.py -m /tmp/shape-1b.gguf --device cuda --long-prompt 20000 \

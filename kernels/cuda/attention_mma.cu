@@ -8,7 +8,9 @@
 //   chunks   keys cut at page boundaries (chunk c = logical page c, found through the block table);
 //   sub-tiles a chunk's keys in KT = 64-key sub-tiles, ascending: S = q K^T (mma over the head dims
 //            in 16-dim steps, ascending); keys past the row's position -inf; an online softmax in
-//            registers (running max m, alpha = expf(m_old - m_new), P = expf(S - m_new), the sum
+//            registers (running max m, alpha = 2^((m_old - m_new) log2 e), exactly 1 where the max
+//            did not move, P = 2^(S log2 e - m_new log2 e) as one fused multiply-add, both by the SFU's
+//            ex2.approx (a few instructions where expf takes a dozen: EX2 0 builds expf); the sum
 //            of P in a fixed order: a thread's 16 values ascending, then its quad's xor butterfly),
 //            O = O * alpha + P V (P rounded to 16 bits, mma over the sub-tile's keys in 16-key steps);
 //   merge    the chunks' (O, m, l) folded in ascending order with merge_coeffs/merge_add from
@@ -98,6 +100,22 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+#ifndef EX2
+#define EX2 1
+#endif
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x by the SFU; -inf gives +0, 0 gives 1
+    float y;
+    asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// e^(s - mu) of a score, mul = mu log2 e
+__device__ __forceinline__ float softmax_weight(float s, float mu, float mul) {
+    return EX2 ? ex2(__fmaf_rn(s, LOG2E, -mul)) : expf(__fsub_rn(s, mu));
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -260,14 +278,16 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                             mx = fmaxf(mx, s[j][2 * e + x]);
                         }
                     const float mn = fmaxf(mc[e], quad_max(mx));
-                    const float mu = mn == NEG_INF ? 0.f : mn;
-                    const float alpha = expf(__fsub_rn(mc[e], mu));
+                    const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
+                    // a sub-tile past the row's position (all -inf) leaves the state as it is: alpha 1
+                    const float alpha = mc[e] == mu ? 1.f : EX2 ? ex2(__fmul_rn(__fsub_rn(mc[e], mu), LOG2E))
+                                                                : expf(__fsub_rn(mc[e], mu));
                     float sum = 0.f;
 #pragma unroll
                     for (int j = 0; j < NT; ++j)
 #pragma unroll
                         for (int x = 0; x < 2; ++x) {
-                            const float pv = expf(__fsub_rn(s[j][2 * e + x], mu));
+                            const float pv = softmax_weight(s[j][2 * e + x], mu, mul);
                             s[j][2 * e + x] = pv;
                             sum = __fadd_rn(sum, pv);
                         }

@@ -595,7 +595,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         n_kv, width = int(layer.k.shape[2]), int(tables.shape[1])
         at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
-                   ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks))
+                   ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
         fn = big_smem_kernel("attention_mma.cu", "attn_mma", at.shared, defines)
         groups = n_kv * at.subgroups
         step = at.row_slice
