@@ -229,12 +229,14 @@ extern "C" __global__ void late_write(unsigned short* k, unsigned short* v, cons
 
 
 @pytest.mark.parametrize("hd", [64, 128])
-@pytest.mark.parametrize("positions", [[699], [510, 511, 512, 513]], ids=["decode", "verify"])
+@pytest.mark.parametrize("positions", [[699], [520], [510, 511, 512, 513]], ids=["decode", "decode_first_subtile", "verify"])
 def test_cells_written_just_before_are_read_after_the_wait(gpu, hd, positions):
     """In a captured step attention starts while the KV write before it still runs (PDL); here that
     write is held back ~50 us. The cells this step writes (a decode row's own; a verify step's rows
     of one sequence, across a page boundary) must come from after the wait, never from a line
-    loaded before it: the replay must give the uncaptured step's bits."""
+    loaded before it: the replay must give the uncaptured step's bits. (The tensor-core kernel loads a
+    one-row block's first sub-tile before the wait where it ends T positions before the row: not at
+    520, whose own cell is in its chunk's first sub-tile.)"""
     from kernels.cuda import launch as kernel_launch
 
     if not kernel_launch.pdl_supported():

@@ -26,10 +26,10 @@
 // keeps DT / DW of O's dim tiles, whose MMAs are those of one warp keeping all. With gridDim.z > 1
 // (flash-decoding) block z takes chunks z, z + Z, ..., stores each chunk's partial as it is and
 // attention.cu's attn_merge folds them (merge_chunks, D threads a row and head: the fold's chain is
-// long at long contexts); with one block the partials are folded in registers in the same order. Either way the
-// same bits. K/V sub-tiles go to shared memory
-// through cp.async (two stages); keys past the pass's last position are zero-filled. Shared memory:
-// attn_mma_smem in kernels/cuda/plan.py.
+// long at long contexts); with one block the partials are folded in registers in the same order.
+// Either way the same bits. K/V sub-tiles go to shared memory through cp.async (two stages); keys
+// past the pass's last position are zero-filled. Shared memory: mma_attention_smem in
+// kernels/cuda/plan.py.
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -162,6 +162,24 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     for (int j = 0; j < RB; ++j) maxlast = max(maxlast, s_pos[j] < 0 ? -1 : s_pos[j] / PAGE);
     // blocks sized for a longer context than these rows reach leave at once
     if ((int)blockIdx.z > maxlast) return;
+    // K and V sub-tile `sub` of chunk c of a sequence (table) into stage st; keys past pmax zero-filled
+    auto load = [&](const int* table, int pmax, int c, int sub, int st) {
+        const i64 page = table[c];
+        for (int i = tid; i < KT * (D / 8); i += THREADS) {
+            const int kr = i / (D / 8), u = i % (D / 8);
+            const i64 off = (page * PAGE + sub * KT + kr) * cell + (i64)h * D + u * 8;
+            const int bytes = c * PAGE + sub * KT + kr <= pmax ? 16 : 0;
+            cp_async16(Ks + st * STAGE + kr * LD + u * 8, kc + off, bytes);
+            cp_async16(Vs + st * STAGE + kr * LD + u * 8, vc + off, bytes);
+        }
+        cp_async_commit();
+    };
+    // A one-row block's first sub-tile goes out before the wait (while the kernel before still runs)
+    // where its keys lie T or more positions before the row's: the cells this step writes are those
+    // of its rows, and a sequence's rows in a launch are consecutive positions (later launches of a
+    // step run after the write has finished). Stage 0 only: q is staged in V's stage 1.
+    const bool early = RB == 1 && (int)blockIdx.z * PAGE + KT + T <= s_pos[0];
+    if (early) load(tables + (i64)s_seq[0] * W, s_pos[0], blockIdx.z, 0, 0);
     pdl_start();
 
     for (int i = tid; i < RW * 16 * (D / 2); i += THREADS) {
@@ -212,17 +230,6 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         for (int e = 0; e < 2; ++e) p[e] = ok[e] && ((act >> jr[e]) & 1u) ? s_pos[jr[e]] : -1;
         const bool busy = __any_sync(0xffffffffu, p[0] >= 0 || p[1] >= 0);
         auto subs = [&](int c) { return c < lastc ? PAGE / KT : (pmax % PAGE) / KT + 1; };
-        auto load = [&](int c, int sub, int st) {
-            const i64 page = table[c];
-            for (int i = tid; i < KT * (D / 8); i += THREADS) {
-                const int kr = i / (D / 8), u = i % (D / 8);
-                const i64 off = (page * PAGE + sub * KT + kr) * cell + (i64)h * D + u * 8;
-                const int bytes = c * PAGE + sub * KT + kr <= pmax ? 16 : 0;
-                cp_async16(Ks + st * STAGE + kr * LD + u * 8, kc + off, bytes);
-                cp_async16(Vs + st * STAGE + kr * LD + u * 8, vc + off, bytes);
-            }
-            cp_async_commit();
-        };
 
         float oc[DTW][4], M[2], L[2], mc[2], lc[2];
         bool have[2] = {false, false};
@@ -235,13 +242,13 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
 
         int c = blockIdx.z, sub = 0, st = 0;
         __syncthreads();  // q read (first pass), the stages free
-        load(c, 0, 0);
+        if (!early) load(table, pmax, c, 0, 0);
         while (true) {
             int nc = c, ns = sub + 1;
             if (ns >= subs(c)) nc = c + gridDim.z, ns = 0;
             const bool more = nc <= lastc;
             if (more) {
-                load(nc, ns, st ^ 1);
+                load(table, pmax, nc, ns, st ^ 1);
                 asm volatile("cp.async.wait_group 1;\n" ::);
             } else {
                 asm volatile("cp.async.wait_group 0;\n" ::);
