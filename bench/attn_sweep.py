@@ -39,7 +39,7 @@ def cache(ops, seqs: int, length: int, copies: int):
     for i in range(copies):
         layer = ops.kv_alloc(seqs * pages, HKV, D, "f16")
         for a in (layer.k, layer.v):
-            a[...] = cp.random.default_rng(i).standard_normal(a.shape, dtype=cp.float32).astype(cp.float16)
+            a[...] = cp.random.default_rng(i).standard_normal(a.shape, dtype=cp.float32).astype(cp.float16).view(a.dtype)
         layers.append(layer)
     tables = cp.asarray(np.arange(seqs * pages, dtype=np.int32).reshape(seqs, pages))
     return layers, tables
