@@ -8,9 +8,9 @@
 #   bench/gpu_longctx.sh ncu      Nsight Compute on one decode and one prefill attention launch at 30000 keys
 #   bench/gpu_longctx.sh chats    bench/throughput.py on the 8B shape: 16 chats of 4096-token prompts
 #   bench/gpu_longctx.sh profile  bench/gpu_profile.py: an 8B decode step at 30000 positions, kernel by kernel
-# Each stage runs under its own timeout: LC_T_<stage> seconds, else LC_TIMEOUT, default 300.
 #   bench/gpu_longctx.sh exactness1b  the exactness matrix on the 1B shape with a 20000-token prompt cell
 #                                 (LC_ONLY=x: of the cells with servers of their own only x: base and long cells)
+# Each stage runs under its own timeout: LC_T_<stage> seconds, else LC_TIMEOUT, default 300.
 # Needs the gguf wheel carried in .whl/ for `engine` (the device image lacks it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
