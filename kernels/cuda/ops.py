@@ -596,7 +596,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
                    ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
-        fn = big_smem_kernel("attention_mma.cu", "attn_mma", at.shared, defines)
+        # the one build may serve launches with and without the folded O (captured in graphs alike): it
+        # is allowed the larger
+        fn = big_smem_kernel("attention_mma.cu", "attn_mma", plan.mma_attention_smem(d, at.threads // (32 * at.dim_warps)),
+                             defines)
         groups = n_kv * at.subgroups
         step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32) if at.workers > 1 else self._dummy
