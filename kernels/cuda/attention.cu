@@ -298,12 +298,59 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
     }
 }
 
-// Folds a row's chunk partials in ascending order; one block per (row, query head), D threads.
+// Folds a row's chunk partials in ascending order; one block per (row, query head), D threads: the
+// arithmetic of merge_chunks, with the fold's coefficients first computed for MT chunks at once (the
+// running max before chunk c is the max of chunks 0..c-1, exact in any order) and each thread's
+// values loaded MB chunks ahead, so the serial chain is two multiplies and an add a chunk.
+#define MT 256
+#define MB 32
 extern "C" __global__ void __launch_bounds__(D)
 attn_merge(const float* __restrict__ part, const int* __restrict__ positions, float* __restrict__ out,
            int n_heads, int W) {
     pdl_start();
+    __shared__ float sm[MT], sl[MT], sa[MT], sb[MT];
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
-    const float v = merge_chunks<D, 16>(part, r, qh, d, positions[r] / PAGE, n_heads, W);
-    store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, v);
+    const int last = positions[r] / PAGE;
+    const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
+    float m = __ldcg(base + D), l = __ldcg(base + D + 1), acc = __ldcg(base + d);
+    for (int t0 = 1; t0 <= last; t0 += MT) {
+        const int n = imin(MT, last + 1 - t0);
+        for (int i = d; i < n; i += D) {
+            const float* pc = base + (i64)(t0 + i) * (D + 2);
+            sm[i] = __ldcg(pc + D);
+            sl[i] = __ldcg(pc + D + 1);
+        }
+        float nv[MB];
+        auto fetch = [&](int i0) {  // chunks t0 + i0 .. + MB - 1, those past the tile as its last
+#pragma unroll
+            for (int k = 0; k < MB; ++k) nv[k] = __ldcg(base + (i64)(t0 + imin(i0 + k, n - 1)) * (D + 2) + d);
+        };
+        fetch(0);
+        __syncthreads();
+        for (int i = d; i < n; i += D) {
+            float mp = m;
+            for (int j = 0; j < i; ++j) mp = fmaxf(mp, sm[j]);
+            float a, b, m_new;
+            merge_coeffs(mp, sm[i], a, b, m_new);
+            sa[i] = a;
+            sb[i] = b;
+        }
+        __syncthreads();
+        for (int i0 = 0; i0 < n; i0 += MB) {
+            float cv[MB];
+#pragma unroll
+            for (int k = 0; k < MB; ++k) cv[k] = nv[k];
+            if (i0 + MB < n) fetch(i0 + MB);
+#pragma unroll
+            for (int k = 0; k < MB; ++k) {
+                const int i = i0 + k;
+                if (i >= n) break;
+                l = merge_add(l, sa[i], sl[i], sb[i]);
+                acc = merge_add(acc, sa[i], cv[k], sb[i]);
+                m = fmaxf(m, sm[i]);
+            }
+        }
+        __syncthreads();  // the tile's coefficients read before the next tile's
+    }
+    store_attn<OUT16>(out, ((i64)r * n_heads + qh) * D + d, __fdiv_rn(acc, l));
 }
