@@ -259,9 +259,9 @@ def test_the_fused_qkv_projection_is_checked_under_each_kernel_it_may_take(dev, 
     (H200, (32, 8, 64), "f32", {"latency": 1, "late_values": 8}),  # 1B: values loaded late at head dim 64
     (RTX3060, (32, 8, 128), "f32", {"throughput": 1}),  # 28 SMs: even one row's 32 blocks are too many
     # tensor-core kernel (16-bit cache): one row a block up to 64 rows, chunks over workers while two
-    # or more a row fit six blocks an SM (8B: 8 a row, 132 SMs: up to 49 rows); prefill tiles while
-    # the blocks do not fill the SMs
-    (H200, (32, 8, 128), "f16", {"mma_row+split": 1, "mma_row": 64, "mma_tile+split": 65, "mma_tile": 257}),
+    # or more a row fit three blocks an SM in one wave (8B: 8 a row, 132 SMs: up to 24 rows); prefill
+    # tiles while the blocks do not fill the SMs
+    (H200, (32, 8, 128), "f16", {"mma_row+split": 1, "mma_row": 32, "mma_tile+split": 65, "mma_tile": 257}),
 ])
 def test_attention_is_checked_under_each_build_it_may_compile(dev, heads, kv, want):
     shape = AttentionShape(*heads, 64, kv)

@@ -339,7 +339,9 @@ MMA_ONE_ROW_MAX = 64  # launches of at most this many rows (decode buckets, veri
 MMA_MAX_RB = 32  # attn_mma keeps a block's rows in 32-bit masks (todo, act): a 33rd row would never be served
 MMA_EX2 = 1  # attn_mma's softmax weights by ex2.approx (1) or expf (0): part of the arithmetic, one value always
 MMA_DIM_WARPS = 4  # warps of a one-row block: each computes S and keeps a quarter of O (more warps to stream K/V)
-MMA_BLOCKS_PER_SM = 6  # one-row blocks wanted an SM, in two waves of the three that fit (no folded O when split)
+# One-row blocks an SM: the three that fit without the folded O, in one wave. Six (two waves) was faster
+# launched alone and slower in the engine's captured steps (bench/evidence/longctx-h200-workers6.md).
+MMA_BLOCKS_PER_SM = 3
 MMA_REGISTER_THREADS = 384  # threads an SM whose registers (64K) give each ~170, what a one-row block uses
 SM_SHARED = 227 * 1024  # shared memory an SM gives its blocks (sm_90), 1 KB of it reserved per block
 
@@ -389,7 +391,7 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
     blocks = ceil_div(t, rb) * n_kv * sub
     if rb == 1:
         dim_warps = max(1, min(MMA_DIM_WARPS, head_dim // 16))
-        workers = max(1, min(width, MMA_BLOCKS_PER_SM * sm_count // blocks))  # floor: whole waves of blocks
+        workers = max(1, min(width, MMA_BLOCKS_PER_SM * sm_count // blocks))  # floor: one wave
     else:
         dim_warps = 1
         workers = 1 if blocks >= sm_count else max(1, min(width, ceil_div(BLOCKS_PER_SM * sm_count, blocks)))
