@@ -1,5 +1,5 @@
-"""Streaming matmul of Q4_K / Q6_K blocks against f16 at decode widths, the 8B shapes (H200):
-microseconds, weight GB/s and the fraction of the copy bandwidth. Writes JSON (--out), prints a table.
+"""Matmuls of Q4_K / Q6_K blocks (matmul.cu's f16 MMAs and kquant_mm.cu's integer kernels) against f16,
+the 8B shapes (H200): microseconds, weight GB/s and the fraction of the copy bandwidth. Writes JSON (--out), prints a table.
 
     python3 bench/kquant_mm.py --out /tmp/kquant-mm.json
     python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # one row: block bound x batch x split
@@ -60,19 +60,22 @@ def main() -> None:
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for m in (int(r) for r in args.rows.split(",")):
-            for dtype in ("f16", "q4_k", "q6_k"):
-                # wide batches: the kernel dispatch picks, then the 64-row tiled kernel (same bits)
-                for tiled in ((True, "tile") if m >= 128 and dtype != "f16" else (True,)):
+            for dtype, integer in (("f16", False), ("q4_k", False), ("q4_k", True), ("q6_k", False), ("q6_k", True)):
+                # K-quants: matmul.cu's f16 MMAs (wide batches: the dispatch's pick, then the 64-row tiled
+                # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation included)
+                plan.KQ_INTEGER = integer
+                for tiled in ((True, "tile") if m >= 128 and dtype != "f16" and not integer else (True,)):
                     ops.tiled = tiled
                     family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
                     guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name,
-                            family=family)
+                            family=family, integer=integer)
                     r = results[-1]
                     if "us" in r:
                         r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
                         print(f"{name:8} m={m:3} {dtype:5} {family:13} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
                               f"{r['bandwidth_fraction']:.2f} {r['TFLOPs']:6.1f} TFLOP/s", flush=True)
             ops.tiled = True
+    plan.KQ_INTEGER = True
     Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
 
 

@@ -14,7 +14,7 @@ from engine.exits import EXACT_REFUSED, Fatal
 from engine.loader import load_model
 from engine.runner import Runner, make_ops
 from engine.selfcheck import model_matmuls, self_check
-from kernels.cuda import dispatch
+from kernels.cuda import dispatch, plan
 from kernels.selfcheck import AttentionShape, attention_rows, check_matmuls, family_rows, qkv_rows
 from studio.failures import classify
 
@@ -268,11 +268,14 @@ def test_attention_is_checked_under_each_build_it_may_compile(dev, heads, kv, wa
     assert attention_rows(Dispatching(dev), shape, 512) == want
 
 
-def test_matmul_families_of_8b_weights_on_an_h200():
+def test_matmul_families_of_8b_weights_on_an_h200(monkeypatch):
     ops = Dispatching(H200)
     # 64 x 2 tiles from 65 rows fill 0.75 of 132 SMs; 32 x 2 wgmma tiles from 129 rows fill 0.45
     assert family_rows(ops, FakeCudaWeight("f16", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
                                                                           "mm_wgmma_tma": 129}
-    # K-quants: the tiled and wide kernels read their planes (no wgmma)
+    # K-quants: the integer kernels, one row (dp4a) and the int8-MMA batches; on matmul.cu's f16 MMAs
+    # the tiled and wide kernels read their planes (no wgmma)
+    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mmq_one": 1, "mmq_tc": 2}
+    monkeypatch.setattr(plan, "KQ_INTEGER", False)
     assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
                                                                            "mm_wide": 512}

@@ -17,6 +17,11 @@ Tiling = Literal[True, "wide", "tile", False]
 CUBLAS_MIN_ROWS = 65  # exact mode off: from this many rows 16-bit and float32 weights go to cuBLAS
 
 
+def kq_integer(w: Any) -> bool:
+    """Whether w's matmuls run on kquant_mm.cu's integer kernels (every M, every op)."""
+    return plan.KQ_INTEGER and w.dtype in plan.KQUANT_TYPES
+
+
 def to_cublas(dev: Any, t: int, w: Any) -> bool:
     return not dev.exact and t >= CUBLAS_MIN_ROWS and w.dtype in ("f32", "f16", "bf16")
 
@@ -25,6 +30,8 @@ def shared_memory_launch(dev: Any, t: int, w: Any) -> tuple[str | None, plan.Mat
     """The shared-memory kernel a 16-bit or int8 weight takes for t rows, if any: "wgmma", "wide" or
     "tile" and its launch."""
     n, k = w.shape
+    if kq_integer(w):
+        return None, None
     if dev.wgmma and dev.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, dev.sm_count)):
         return "wgmma", wg
     if dev.tiled in (True, "wide") and (wide := plan.wide_launch(w.dtype, t, n, k, dev.sm_count)):
@@ -49,6 +56,8 @@ def matmul_family(dev: Any, t: int, w: Any) -> str:
         return "cublas"
     if w.dtype == "f32":
         return "mm_f32"
+    if kq_integer(w):
+        return "mmq_one" if t == 1 else "mmq_tc"
     kind, _ = shared_memory_launch(dev, t, w)
     if kind is None and matvec_launch(dev, t, w):
         return "mv"
@@ -62,13 +71,13 @@ def streams(dev: Any, t: int, w: Any) -> bool:
 
 def reads_16bit(dev: Any, t: int, w: Any) -> bool:
     """Whether t rows for w's streaming kernel come as 16-bit pairs (plan.reads_16bit)."""
-    return streams(dev, t, w) and plan.reads_16bit(t, w.shape[0], w.shape[1], dev.sm_count, w.dtype)
+    return streams(dev, t, w) and not kq_integer(w) and plan.reads_16bit(t, w.shape[0], w.shape[1], dev.sm_count, w.dtype)
 
 
 def prologue(dev: Any, t: int, k: int, w: Any) -> str | None:
     """How norm_matmul feeds the streaming kernel: "norm" (one row: the kernel normalises it), "x16"
     (rms_norm_16's 16-bit pairs) or None (rms_norm's rows, then matmul)."""
-    if w.gate_up == "halves" or w.shape[1] != k:
+    if w.gate_up == "halves" or w.shape[1] != k or kq_integer(w):
         return None
     if t == 1 and w.dtype != "f32":
         if matvec_launch(dev, t, w, "norm"):
@@ -90,6 +99,8 @@ def norm_matmul_family(dev: Any, t: int, w: Any) -> str:
     """What norm_matmul runs t rows of w on: the streaming kernel fed by a prologue ("+norm", "+x16"),
     mm_wgmma fed 16-bit rows in its k order ("+norm16"), or rms_norm then matmul's family."""
     k = int(w.shape[1])
+    if kq_integer(w) and w.gate_up != "halves":
+        return matmul_family(dev, t, w) + "+qnorm"  # kq_quant_x normalises the rows it quantises
     if p := prologue(dev, t, k, w):
         return ("mv" if p == "norm" and matvec_launch(dev, t, w, p) else "mm_tc") + f"+{p}"
     if to_wgmma(dev, t, k, w):

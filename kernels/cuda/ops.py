@@ -30,6 +30,7 @@ from kernels.cuda.arrays import i32 as _i32
 from kernels.cuda.arrays import index as _index
 from kernels.cuda.blas import gemm_16bit
 from kernels.cuda.deltanet import DeltaNetOps
+from kernels.cuda.kquant_ops import KquantOps
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.moe import CudaMoeOps
@@ -85,7 +86,7 @@ def mm_tc_args(w: CudaWeight, x, out, dummy, bias=None, res=None, flags: int = 0
             + (qkv_out or (d,) * 6 + (_i32(0),) * 4))
 
 
-class CudaOps(CudaMoeOps, DeltaNetOps):
+class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
     name = "cuda"
     asynchronous = True  # ops queue device work and return; a host copy waits for it
 
@@ -223,6 +224,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
         res = residual if residual is not None else self._dummy
         flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if residual is not None else 0)
                      | (EPI_SILU if w.gate_up else 0))
+        if dispatch.kq_integer(w):
+            return self._kq_matmul(self._kq_act(x, w), w, out, b, res, int(flags))
         kp = w.kp
         if w.dtype == "f32":
             grid, block = plan.f32_matmul_grid(t, n)
@@ -337,6 +340,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
     def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
+        if dispatch.kq_integer(w) and w.gate_up != "halves" and w.shape[1] == k:
+            if w.gate_up is not None and bias is not None:
+                raise ValueError("a gated product takes no bias or residual")
+            return self._kq_norm_matmul(x, norm_weight, eps, w, bias)
         prologue = self._prologue(t, k, w)
         wgmma = prologue is None and self._to_wgmma(t, k, w)
         if prologue is None and not wgmma:
@@ -539,6 +546,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps):
             return q
         out = (layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64), table.cos, table.sin,
                _i32(n_heads), _i32(n_kv), _i32(d), _i32(KV_CODES[layer.kv_type]))
+        if dispatch.kq_integer(w):
+            return self._kq_qkv_rope(x, norm_weight, eps, w, bias, q, out)
         prologue = self._prologue(t, k, w)
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, q, bias, None,
                                EPI_ROPE | (EPI_BIAS if bias is not None else 0), prologue, norm_weight, eps, out)

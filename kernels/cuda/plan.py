@@ -16,6 +16,9 @@ K_CHUNK = 32  # k per chunk: two m16n8k16 MMAs, one Q8_0 block
 MAX_SPLIT = 32  # warps per block
 KQUANT_TYPES = ("q4_k", "q6_k")  # blocks the kernels read as planes (kernels/cuda/kquant.py)
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
+# K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
+# matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ.
+KQ_INTEGER = True
 KERNEL_NAMES = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q6_k": "q6k"}  # the kernels' suffixes
 WARPS_PER_SM = 16  # warps in flight per SM that keep its load units busy for a weight stream
 SMEM_LIMIT = 48 * 1024  # static + dynamic shared memory without an opt-in
@@ -98,6 +101,15 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
+
+
+def kq_integer_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch:
+    """The launch of kquant_mm.cu's kernels for m rows: matmul_launch's split, grid and combine, the
+    one-row dp4a kernel (mmq_*_one) or the int8-MMA one of its token tiles (mmq_*_tm*)."""
+    mm = matmul_launch(dtype, m, n, k, sm_count)
+    variant = "one" if m == 1 else f"tm{mm.token_tiles}"
+    return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_{variant}", mm.grid, mm.block, mm.shared, mm.split,
+                        mm.token_tiles)
 
 
 ALL_ROWS_TOKENS = 16  # steps of at most this many tokens get tiles that hold every row an expert can take

@@ -1,0 +1,373 @@
+// Q4_K / Q6_K matmuls on integer dot products, row invariant (the planes of kernels/cuda/kquant.py).
+//
+// Activations are quantised per 32-value chunk (kq_quant_x): xq = rint(v * 16256 / amax), a 15-bit
+// integer split as xq = 128 * xh + xl (xh in -127..127, xl in -64..63, two int8 planes), the chunk's
+// dx = amax / 16256 and its integer sums S0, S1 of xq over each 16-value half. A value's error is
+// at most amax / 32512 of its chunk: below the f16 rounding the 16-bit paths give activations.
+// A weight row's chunk sum is then an integer, exact in any order (dp4a at one row, int8 MMAs for
+// batches): Q4_K P = sum(q xq); Q6_K P_h = sum(q xq) - 32 S_h per 16-value half (q the unsigned
+// 6-bit value). Every kernel turns it into a float the same way (kqi_q4, kqi_q6) and sums the
+// chunks of a K slice in ascending order (acc + v); the S slices (plan.split_k: N, K and the
+// device) are added in slice order, ((p0 + p1) + p2) + ... . No choice depends on M.
+#include "common.cuh"
+
+#define WT_Q4K 3
+#define WT_Q6K 4
+#define KQ_MASK 0x0F0F0F0Fu
+#define KQX_MAX 16256  // 127 * 128: the largest |xq|
+#ifndef KQI_V
+#define KQI_V 2  // chunks a lane of the one-row kernel takes per batch (a batch is 4 * KQI_V chunks)
+#endif
+
+__device__ __forceinline__ int dp4a(unsigned a, unsigned b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ unsigned redux_max(unsigned v) {
+    unsigned r;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ int redux_add(int v) {
+    int r;
+    asm volatile("redux.sync.add.s32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                       unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- activations: x[M, K] (rows ldx apart; with `norm`, rms_norm's values (weights nw) of each row) to the records
+// the kernels read. Chunk c of row m: 64 bytes at xq + (m * C + c) * 64, four 16-byte groups, group j
+// for k = 32c + 8j + i: xh at byte pos(i), xl at 8 + pos(i), pos = 0 2 4 6 1 3 5 7 (the order of a
+// plane word's low nibbles, then its high nibbles: kquant.py's _NIB_SHIFT); xs[m * C + c] = (dx,
+// dx * (S0 + S1), S0, S1), the integers as their bits. Grid (ceil(C / 8), M), 256 threads: a warp a chunk.
+extern "C" __global__ void __launch_bounds__(256)
+kq_quant_x(const float* __restrict__ x, const float* __restrict__ nw, unsigned char* __restrict__ xq,
+           float4* __restrict__ xs, int M, int K, int C, int ldx, float eps, int norm) {
+    pdl_start();
+    __shared__ float scratch[8];
+    const int m = blockIdx.y, lane = threadIdx.x & 31, c = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const float* xr = x + (i64)m * ldx;
+    float inv = 0.f;
+    if (norm) inv = rms_inv(xr, K, eps, scratch);  // a barrier: every thread of the block
+    if (c >= C) return;
+    const int k = c * 32 + lane;
+    float v = k < K ? xr[k] : 0.f;
+    if (norm && k < K) v = __fmul_rn(__fmul_rn(v, inv), nw[k]);
+    const float amax = __uint_as_float(redux_max(__float_as_uint(fabsf(v))));
+    const float id = amax > 0.f ? __fdiv_rn((float)KQX_MAX, amax) : 0.f;
+    int q = __float2int_rn(__fmul_rn(v, id));
+    q = q > KQX_MAX ? KQX_MAX : (q < -KQX_MAX ? -KQX_MAX : q);
+    const int hi = (q + 64) >> 7, lo = q - hi * 128;
+    const int s0 = redux_add(lane < 16 ? q : 0), s1 = redux_add(lane < 16 ? 0 : q);
+    const int i = lane & 7, pos = ((i & 1) << 1 | (i >> 2)) + 4 * ((i >> 1) & 1);
+    unsigned char* dst = xq + ((i64)m * C + c) * 64 + 16 * (lane >> 3);
+    dst[pos] = (unsigned char)(hi & 0xff);
+    dst[8 + pos] = (unsigned char)(lo & 0xff);
+    if (lane == 0) {
+        const float dx = __fdiv_rn(amax, (float)KQX_MAX);
+        xs[(i64)m * C + c] = make_float4(dx, __fmul_rn(dx, (float)(s0 + s1)), __int_as_float(s0), __int_as_float(s1));
+    }
+}
+
+// ---- the one float step of a chunk: (scales of the row: kq_scale_pair), its integer sums, the
+// token's chunk record. Q4_K: d*sc * dx*P - dmin*m * dx*(S0 + S1); Q6_K: d*sc1 * dx*P1 + d*sc0 * dx*P0.
+__device__ __forceinline__ float kqi_q4(float2 sc, int p, float4 r) {
+    return __fmaf_rn(sc.x, __fmul_rn(r.x, (float)p), -__fmul_rn(sc.y, r.y));
+}
+
+__device__ __forceinline__ float kqi_q6(float2 sc, int p0, int p1, float4 r) {
+    return __fmaf_rn(sc.y, __fmul_rn(r.x, (float)p1), __fmul_rn(sc.x, __fmul_rn(r.x, (float)p0)));
+}
+
+// A plane word's 8 values (kquant.py: lane t's k 8t .. 8t+7 of one row) as two words of 4 bytes:
+// lo = k 8t + (0, 4, 1, 5), hi = k 8t + (2, 6, 3, 7), the order kq_quant_x writes activations in.
+// Q6_K: the top bits from the row's top word `tb` (row g: the word, row g + 8: the word >> 8).
+template <bool Q6>
+__device__ __forceinline__ void kq_bytes(unsigned w, unsigned tb, unsigned& lo, unsigned& hi) {
+    lo = w & KQ_MASK;
+    hi = (w >> 4) & KQ_MASK;
+    if (Q6) {
+        lo |= ((tb << 4) & 0x00300030u) | ((tb << 8) & 0x30003000u);
+        hi |= ((tb << 2) & 0x00300030u) | ((tb << 6) & 0x30003000u);
+    }
+}
+
+// A chunk's scales of rows g, g + 8 from the scale words (kq_scale_words).
+template <bool Q6>
+__device__ __forceinline__ void kq_row_scales(unsigned s, uint2 d, float2& sa, float2& sb) {
+    sa = kq_scale_pair(s, d.x, Q6);
+    sb = kq_scale_pair(s >> 16, Q6 ? d.x >> 16 : d.y, Q6);
+}
+
+// ---- epilogue of a warp's accumulators (the streaming kernels' layout: c0, c1 row g, tokens 2t,
+// 2t + 1; c2, c3 row g + 8): mm_tc's stores (bias, residual, gated product, rope and cache writes).
+template <int TM>
+__device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int m_base, const float* __restrict__ bias,
+                                          const float* __restrict__ res, float* __restrict__ out, int M, int N,
+                                          int flags, const QkvOut& qkv, int kv) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (flags & EPI_ROPE) {  // head n0 / D, dims j and j + D/2 (out is q)
+        const int hh = n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int m = m_base + tm * 8 + 2 * t + i;
+                if (m >= M) continue;
+                const float a = epilogue(acc[tm][i], bias, res, m, n0 + g, N, flags);
+                const float b = epilogue(acc[tm][2 + i], bias, res, m, n0 + g + 8, N, flags);
+                if (kv == 0)
+                    qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+                else if (kv == 1)
+                    qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+                else
+                    qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+            }
+        return;
+    }
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+        const int m = m_base + tm * 8 + 2 * t;
+        if (flags & EPI_SILU) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (m + j < M) out[(i64)(m + j) * (N >> 1) + (n0 >> 1) + g] = silu_times(acc[tm][j], acc[tm][2 + j]);
+            continue;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int n = n0 + g + ((i & 2) ? 8 : 0);
+            const int mm = m + (i & 1);
+            if (n < N && mm < M) out[(i64)mm * N + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
+        }
+    }
+}
+
+// The fixed combine of a block's S slices (mm_tc's): warp 0 adds p1 .. p(S-1) in order to its own.
+// Returns false on the other warps (which then stop). `red`: (S - 1) * 32 * 4 * TM floats.
+template <int TM>
+__device__ __forceinline__ bool kqi_combine(float (&acc)[TM][4], float* red) {
+    const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (S == 1) return true;
+    if (s > 0) {
+        float* dst = red + ((s - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dst[tm * 4 + i] = acc[tm][i];
+    }
+    __syncthreads();
+    if (s != 0) return false;
+#pragma unroll 4
+    for (int p = 1; p < S; ++p) {
+        const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
+    }
+    return true;
+}
+
+// ---- one row (dp4a): block = one 16-row tile, S warps = the K slices. A batch is 4V chunks; lane
+// (g, t) takes chunks c0 + t + 4v whole for rows g and g + 8 (the four plane words of lanes 4g .. 4g+3,
+// 32 contiguous bytes), so its sums need no other lane; lanes t = 0 then add the 4V chunk values in
+// chunk order (the gather: every lane of the group adds the same values in the same order).
+template <int WT>
+__device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
+                                        const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
+                                        const float* __restrict__ bias, const float* __restrict__ res,
+                                        float* __restrict__ out, int N, int Kp, int flags, const QkvOut& qkv, int kv) {
+    extern __shared__ float red[];
+    constexpr bool Q6 = WT == WT_Q6K;
+    constexpr int V = KQI_V;
+    const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int C = Kp >> 5;
+    const i64 tile = blockIdx.x;
+    const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
+    const KqPlanes kq = kq_planes(w, aux, Q6, (N + 15) >> 4, C);
+
+    uint4 w0[V], w1[V], tb[V];
+    unsigned sw[V];
+    uint2 dw[V];
+    auto load_weights = [&](int c0) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const int c = c0 + t + 4 * v;
+            if (c >= c_end) continue;
+            const uint4* p = reinterpret_cast<const uint4*>(kq.nib + ((tile * C + c) * 32 + 4 * g) * 8);
+            w0[v] = p[0];
+            w1[v] = p[1];
+            tb[v] = Q6 ? *reinterpret_cast<const uint4*>(kq.top + ((tile * C + c) * 32 + 4 * g) * 4) : make_uint4(0u, 0u, 0u, 0u);
+            kq_scale_words(kq, Q6, tile, C, c, g, sw[v], dw[v]);
+        }
+    };
+
+    load_weights(c_begin);
+    pdl_start();  // activations are written by the kernel before
+    float acc_a = 0.f, acc_b = 0.f;  // rows g, g + 8
+    for (int c0 = c_begin; c0 < c_end; c0 += 4 * V) {
+        if (c0 != c_begin) load_weights(c0);
+        float va[V], vb[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const int c = c0 + t + 4 * v;
+            va[v] = vb[v] = 0.f;
+            if (c >= c_end) continue;
+            const uint4* a = reinterpret_cast<const uint4*>(xq + (i64)c * 64);
+            const float4 r = xs[c];
+            const unsigned ga[4] = {w0[v].x, w0[v].z, w1[v].x, w1[v].z}, gb[4] = {w0[v].y, w0[v].w, w1[v].y, w1[v].w};
+            const unsigned tw[4] = {tb[v].x, tb[v].y, tb[v].z, tb[v].w};
+            int ha[2] = {0, 0}, la[2] = {0, 0}, hb[2] = {0, 0}, lb[2] = {0, 0};  // per half (Q4_K: both in [0])
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint4 x = a[j];
+                const int h = Q6 ? j >> 1 : 0;
+                unsigned lo, hi;
+                kq_bytes<Q6>(ga[j], Q6 ? tw[j] : 0u, lo, hi);
+                ha[h] = dp4a(hi, x.y, dp4a(lo, x.x, ha[h]));
+                la[h] = dp4a(hi, x.w, dp4a(lo, x.z, la[h]));
+                kq_bytes<Q6>(gb[j], Q6 ? tw[j] >> 8 : 0u, lo, hi);
+                hb[h] = dp4a(hi, x.y, dp4a(lo, x.x, hb[h]));
+                lb[h] = dp4a(hi, x.w, dp4a(lo, x.z, lb[h]));
+            }
+            float2 sa, sb;
+            kq_row_scales<Q6>(sw[v], dw[v], sa, sb);
+            if (Q6) {
+                const int s0 = __float_as_int(r.z) * 32, s1 = __float_as_int(r.w) * 32;
+                va[v] = kqi_q6(sa, ha[0] * 128 + la[0] - s0, ha[1] * 128 + la[1] - s1, r);
+                vb[v] = kqi_q6(sb, hb[0] * 128 + lb[0] - s0, hb[1] * 128 + lb[1] - s1, r);
+            } else {
+                va[v] = kqi_q4(sa, ha[0] * 128 + la[0], r);
+                vb[v] = kqi_q4(sb, hb[0] * 128 + lb[0], r);
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float xa = __shfl_sync(0xffffffffu, va[v], (lane & ~3) | j);
+                const float xb = __shfl_sync(0xffffffffu, vb[v], (lane & ~3) | j);
+                if (c0 + 4 * v + j < c_end) {
+                    acc_a = __fadd_rn(acc_a, xa);
+                    acc_b = __fadd_rn(acc_b, xb);
+                }
+            }
+    }
+    float acc[1][4] = {{acc_a, 0.f, acc_b, 0.f}};  // token 0 sits on lanes t = 0 (c0, c2)
+    if (!kqi_combine<1>(acc, red)) return;
+    kqi_store<1>(acc, (int)tile * 16, 0, bias, res, out, 1, N, flags, qkv, kv);
+}
+
+// ---- batches (int8 MMA m16n8k32): block = one 16-row tile x TM token tiles of 8, S warps = the K
+// slices. A = the tile's chunk (a0, a2: row g's lo, hi words; a1, a3: row g + 8's), B = a token's
+// xh (then xl) words of group t, so MMA k 4t + b is k 8t + (0, 4, 1, 5)[b] and 16 + 4t + b is
+// 8t + (2, 6, 3, 7)[b] on both sides. Q6_K: one MMA per half (lanes t < 2 hold k 0 .. 15).
+template <int WT, int TM>
+__device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
+                                       const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
+                                       const float* __restrict__ bias, const float* __restrict__ res,
+                                       float* __restrict__ out, int M, int N, int Kp, int flags, const QkvOut& qkv,
+                                       int kv, int m_base) {
+    extern __shared__ float red[];
+    constexpr bool Q6 = WT == WT_Q6K;
+    const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int C = Kp >> 5;
+    const i64 tile = blockIdx.x;
+    const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
+    const KqPlanes kq = kq_planes(w, aux, Q6, (N + 15) >> 4, C);
+
+    float acc[TM][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    uint2 q;
+    unsigned tb = 0u, sw;
+    uint2 dw;
+    auto load_weights = [&](int c) {
+        const i64 lane_at = (tile * C + c) * 32 + lane;
+        q = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
+        if (Q6) tb = *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4);
+        kq_scale_words(kq, Q6, tile, C, c, g, sw, dw);
+    };
+    if (c_begin < c_end) load_weights(c_begin);
+    pdl_start();
+    const bool low_half = t < 2;
+    for (int c = c_begin; c < c_end; ++c) {
+        unsigned a[4];
+        kq_bytes<Q6>(q.x, tb, a[0], a[2]);
+        kq_bytes<Q6>(q.y, tb >> 8, a[1], a[3]);
+        float2 sa, sb;
+        kq_row_scales<Q6>(sw, dw, sa, sb);
+        if (c + 1 < c_end) load_weights(c + 1);  // the next chunk's weights in flight over this one's MMAs
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm) {
+            const int mg = m_base + tm * 8 + g, m0 = m_base + tm * 8 + 2 * t;
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
+            const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
+            if (Q6) {
+                int h0[4] = {0, 0, 0, 0}, l0[4] = {0, 0, 0, 0}, h1[4] = {0, 0, 0, 0}, l1[4] = {0, 0, 0, 0};
+                const unsigned k0 = low_half ? 0xffffffffu : 0u, k1 = ~k0;
+                mma_s8(h0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
+                mma_s8(l0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
+                mma_s8(h1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
+                mma_s8(l1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float4 r = (i & 1) ? r1 : r0;
+                    const int p0 = h0[i] * 128 + l0[i] - __float_as_int(r.z) * 32;
+                    const int p1 = h1[i] * 128 + l1[i] - __float_as_int(r.w) * 32;
+                    acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
+                }
+            } else {
+                int h[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
+                mma_s8(h, a[0], a[1], a[2], a[3], x.x, x.y);
+                mma_s8(l, a[0], a[1], a[2], a[3], x.z, x.w);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q4((i & 2) ? sb : sa, h[i] * 128 + l[i], (i & 1) ? r1 : r0));
+            }
+        }
+    }
+    if (!kqi_combine<TM>(acc, red)) return;
+    kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv);
+}
+
+// Block size 32 * S (plan.split_k, at most plan.KQ_MAX_SPLIT warps; 8 at TM = 8).
+#define KQI_THREADS(TM) ((TM) > 4 ? 256 : 512)
+#define KQI_ARGS                                                                                             \
+    const unsigned char *w, const unsigned char *aux, const unsigned char *xq, const float4 *xs, const float *bias, \
+        const float *res, float *out, int M, int N, int Kp, int flags, void *kc, void *vc, const int *positions, \
+        const i64 *slots, const float *cos_t, const float *sin_t, int H, int Hkv, int D, int kv
+#define KQI_QKV QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}
+
+#define MMQ_ONE(NAME, WT)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(512, 1) NAME(KQI_ARGS) {                                    \
+        mmq_one<WT>(w, aux, xq, xs, bias, res, out, N, Kp, flags, KQI_QKV, kv);                              \
+    }
+#define MMQ_TC(NAME, WT, TM)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(KQI_THREADS(TM), 1) NAME(KQI_ARGS) {                        \
+        mmq_tc<WT, TM>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, blockIdx.y * (8 * TM)); \
+    }
+#define MMQ_SET(T, WT)         \
+    MMQ_ONE(mmq_##T##_one, WT) \
+    MMQ_TC(mmq_##T##_tm1, WT, 1) \
+    MMQ_TC(mmq_##T##_tm2, WT, 2) \
+    MMQ_TC(mmq_##T##_tm4, WT, 4) \
+    MMQ_TC(mmq_##T##_tm8, WT, 8)
+
+MMQ_SET(q4k, WT_Q4K)
+MMQ_SET(q6k, WT_Q6K)

@@ -1,0 +1,69 @@
+"""Q4_K / Q6_K matmuls on integer dot products (kquant_mm.cu), for CudaOps: a launch quantises the
+activations per 32-value chunk (kq_quant_x; with rms_norm's values for norm_matmul and the fused
+q|k|v projection), then one kernel takes them, the one-row dp4a kernel or the int8-MMA kernel of
+the batch's token tiles, with the streaming kernel's epilogues. Every M sums an output element the
+same way (plan.kq_integer_launch: the split of N, K, type and device), so exact mode off runs them too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+from kernels.cuda import plan
+from kernels.cuda.arrays import i32
+from kernels.cuda.launch import launch
+from kernels.cuda.modules import kernel
+
+SOURCE = "kquant_mm.cu"
+RECORD_BYTES = 64  # a chunk's xh and xl planes, per row
+EPI_BIAS, EPI_SILU, EPI_ROPE = 1, 8, 16  # matmul.cu's epilogue flags (ops.py)
+
+
+class KquantOps:
+    _dummy: Any
+    sm_count: int
+
+    def _kq_act(self, x, w, norm_weight=None, eps: float = 0.0) -> tuple[Any, Any]:
+        """x's rows (rms_norm's values with norm_weight) quantised as w's kernels read them: xq [t,
+        C * 64] uint8 and xs [t, C * 4] float32 (dx, dx * S, S0, S1 per chunk)."""
+        t, k = (int(s) for s in x.shape)
+        c = w.kp // 32
+        xq = cp.empty((t, c * RECORD_BYTES), dtype=cp.uint8)
+        xs = cp.empty((t, c * 4), dtype=cp.float32)
+        if t:
+            nw = self._dummy if norm_weight is None else norm_weight
+            launch(kernel(SOURCE, "kq_quant_x"), (plan.ceil_div(c, 8), t), (256,),
+                   (x, nw, xq, xs, i32(t), i32(k), i32(c), i32(x.shape[1]), np.float32(eps),
+                    i32(norm_weight is not None)))
+        return xq, xs
+
+    def _kq_matmul(self, act: tuple[Any, Any], w, out, bias, res, flags: int, qkv_out: tuple = ()):
+        """w's kernel over quantised activations into out (t rows); bias, res: arrays or the dummy;
+        `qkv_out` as ops.mm_tc_args takes it (EPI_ROPE)."""
+        t = int(out.shape[0])
+        if not t:
+            return out
+        n, k = w.shape
+        mm = plan.kq_integer_launch(w.dtype, t, n, k, self.sm_count)
+        d = self._dummy
+        launch(kernel(SOURCE, mm.kernel), mm.grid, mm.block,
+               (w.data, w.scales, *act, bias, res, out, i32(t), i32(n), i32(w.kp), i32(flags))
+               + (qkv_out or (d,) * 6 + (i32(0),) * 4), shared=mm.shared)
+        return out
+
+    def _kq_norm_matmul(self, x, norm_weight, eps: float, w, bias=None):
+        """norm_matmul on the integer kernels: rms_norm fused into the quantisation."""
+        t = int(x.shape[0])
+        out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
+        flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
+        return self._kq_matmul(self._kq_act(x, w, norm_weight, eps), w, out,
+                               self._dummy if bias is None else bias, self._dummy, flags)
+
+    def _kq_qkv_rope(self, x, norm_weight, eps: float, w, bias, q, qkv_out: tuple):
+        """norm_qkv_rope_write's one launch on the integer kernels (EPI_ROPE stores q and the cache)."""
+        flags = EPI_ROPE | (EPI_BIAS if bias is not None else 0)
+        return self._kq_matmul(self._kq_act(x, w, norm_weight, eps), w, q, self._dummy if bias is None else bias,
+                               self._dummy, flags, qkv_out)
