@@ -17,7 +17,7 @@ from engine.exits import MODEL_LOAD, Fatal, out_of_memory
 from engine.kv_cache import pages_for
 from engine.load_progress import CountedWeights
 from engine.loader import LoadedModel, load_model
-from engine.models.llama import STACKS
+from engine.models.llama import GATE_UP, STACKS
 from engine.models.qwen3_5 import hybrid_spec
 from engine.runner import Runner, make_ops
 from kernels.base import PAGE_SIZE
@@ -76,7 +76,8 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
 
 def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
     """Device bytes of the weights as the model uploads them: each layer's q|k|v and gate|up as one
-    stack (llama.STACKS), which is f16 on the device where its parts differ in type."""
+    stack (llama.STACKS), which is f16 on the device where its parts differ in type (K-quants: q|k|v
+    as its runs' planes)."""
     from kernels.cuda.weights import device_bytes, stack_bytes
 
     stacked: set[str] = set()
@@ -86,7 +87,7 @@ def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
             if name.endswith("." + stack[0]):
                 names = [name.removesuffix(stack[0]) + part for part in stack]
                 if all(n in weights for n in names):
-                    total += stack_bytes([weights[n] for n in names])
+                    total += stack_bytes([weights[n] for n in names], runs=stack is not GATE_UP)
                     stacked.update(names)
     # routed experts are f16 on the device whatever their blocks (kernels/cuda/moe.py reads no planes yet)
     return total + sum(device_bytes(w, planes=".mlp.experts." not in n) for n, w in weights.items()

@@ -67,3 +67,40 @@ def test_norm_matmul_quantises_rms_norm_rows(gpu, dtype):
         normed = cp.asnumpy(gpu.rms_norm(x, nw, 1e-5))
         want = kquant_ref.matmul(raw, dtype, normed, plan.split_k(n, k, gpu.sm_count, dtype))
         assert cp.asnumpy(gpu.norm_matmul(x, nw, 1e-5, dw)).tobytes() == want.tobytes()
+
+
+def test_mixed_qkv_stays_blocks_and_gives_each_runs_bits(gpu, gpu_off):
+    """Q4_K_M's q|k (Q4_K) with v (Q6_K): a CudaStack of the two runs' planes, sized as stack_bytes
+    says; norm_matmul gives each run's own product in its columns, and norm_qkv_rope_write (the runs
+    in rope tiles, heads from each run's first on) the bits of that product rotated and stored."""
+    from kernels.base import PAGE_SIZE, PagedRows, RopeTable
+    from kernels.cuda.weights import CudaStack, stack_bytes
+    from kernels.weights import concat_rows
+
+    n_heads, n_kv, hd, k = 8, 2, 64, 512
+    parts = [Weight(_raw(h * hd, k, t), t) for h, t in ((n_heads, "q4_k"), (n_kv, "q4_k"), (n_kv, "q6_k"))]
+    ang = np.outer(np.arange(1024), 1.0 / 10000 ** (np.arange(hd // 2) / (hd // 2)))
+    for ops in (gpu, gpu_off):
+        table = RopeTable(ops.tensor(np.cos(ang).astype(np.float32)), ops.tensor(np.sin(ang).astype(np.float32)), True)
+        nw = ops.tensor(RNG.standard_normal(k).astype(np.float32))
+        bias = Weight(RNG.standard_normal((n_heads + 2 * n_kv) * hd).astype(np.float32), "f32")
+        tiled, tiled_bias = ops.upload_qkv(*parts, bias, hd)
+        stacked, runs = ops.upload(concat_rows(parts)), [ops.upload(concat_rows(parts[:2])), ops.upload(parts[2])]
+        assert isinstance(tiled, CudaStack) and isinstance(stacked, CudaStack) and len(tiled.parts) == 2
+        assert tiled.nbytes == stacked.nbytes == stack_bytes(parts)
+        for m in (1, 2, 16, 64, 200):
+            x = cp.asarray(_acts(m, k))
+            got = cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, stacked, ops.upload(bias)))
+            want = np.concatenate([cp.asnumpy(ops.norm_matmul(x, nw, 1e-5, r)) for r in runs], axis=1)  # then + bias
+            assert got.tobytes() == (want + bias.data).astype(np.float32).tobytes(), f"norm_matmul m={m}"
+            slots = RNG.choice(4 * PAGE_SIZE, m, replace=False).astype(np.int64)
+            rows = PagedRows(positions=cp.asarray(RNG.integers(0, 1024, m).astype(np.int32)), seq=cp.zeros(m, cp.int32),
+                             block_tables=cp.zeros((1, 4), cp.int32), slots=cp.asarray(slots))
+            fused, split = ops.kv_alloc(4, n_kv, hd, "f16"), ops.kv_alloc(4, n_kv, hd, "f16")
+            q = ops.norm_qkv_rope_write(x, nw, 1e-5, tiled, tiled_bias, rows, table, fused, n_heads, n_kv)
+            want_q = ops.qkv_rope_write(ops.norm_matmul(x, nw, 1e-5, stacked, ops.upload(bias)), rows, table, split,
+                                        n_heads, n_kv)
+            assert cp.asnumpy(q).tobytes() == cp.asnumpy(want_q).tobytes(), f"q m={m}"
+            for a, b in zip(ops.kv_read_pages(fused, list(range(4))), ops.kv_read_pages(split, list(range(4))),
+                            strict=True):
+                assert a.tobytes() == b.tobytes(), f"cache m={m}"

@@ -170,11 +170,12 @@ def test_engine_child_generates_from_a_q4_k_m_file_as_from_its_f32_twin(q4km):
     np.testing.assert_allclose(lq, lf, rtol=1e-5, atol=1e-5)
 
 
-def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_memory(q4km):
+def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_memory(q4km, monkeypatch):
     """CUDA reads Q4_K and Q6_K as blocks (kernels/cuda/kquant.py planes, about their stored size);
     other raw block types, and stacks of parts of different types, become f16 at upload. The
     conversion and the memory plan need no GPU, so they are checked here."""
     from engine.launch import memory_need
+    from kernels.cuda import plan
     from kernels.cuda.kquant import packed_bytes
     from kernels.cuda.weights import device_bytes, kernel_weight, stack_bytes
     from kernels.weights import RowStack, Weight, concat_rows
@@ -195,14 +196,18 @@ def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_
     stored = sum(w.nbytes for w in loaded.weights.values())
     need = memory_need(loaded, "cuda", n_pages=1, kv_type="f16")
     assert stored <= need["weights"]
-    # layer 1's q|k|v is q4_k, q4_k, q6_k (Q4_K_M's v): one RowStack, f16 on the device; the plan counts
-    # what the upload makes of it, the other tensors at their own device size
+    # layer 1's q|k|v is q4_k, q4_k, q6_k (Q4_K_M's v): on the integer kernels a stack of the runs'
+    # planes (kernels/cuda/weights.py CudaStack), so every tensor at its own device size; on matmul.cu's
+    # f16 MMAs one RowStack, f16 on the device, and the plan counts what the upload makes of it
     qkv = [loaded.weights[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"]
     assert [w.dtype for w in qkv] == ["q4_k", "q4_k", "q6_k"]
+    assert stack_bytes(qkv) == sum(device_bytes(w) for w in qkv)
+    assert need["weights"] == sum(device_bytes(w) for w in loaded.weights.values())
+    monkeypatch.setattr(plan, "KQ_INTEGER", False)
     uploaded = device_bytes(kernel_weight(concat_rows(qkv)))
     assert uploaded == stack_bytes(qkv) > sum(device_bytes(w) for w in qkv)
     others = sum(device_bytes(w) for w in loaded.weights.values()) - sum(device_bytes(w) for w in qkv)
-    assert need["weights"] == others + uploaded
+    assert memory_need(loaded, "cuda", n_pages=1, kv_type="f16")["weights"] == others + uploaded
 
 
 def _blocks(n: int, k: int, kind: str) -> Weight:
@@ -210,8 +215,11 @@ def _blocks(n: int, k: int, kind: str) -> Weight:
     return Weight(np.zeros((n, k // BLOCK_TYPES[kind].block_size * BLOCK_TYPES[kind].type_size), np.uint8), kind)
 
 
-def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size():
+def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size(monkeypatch):
+    """On matmul.cu's f16 MMAs; on the integer kernels a mixed q|k|v is its runs' planes (a mixed gate|up
+    is f16 there too: its epilogue needs one operand)."""
     from engine.launch import cuda_weight_bytes
+    from kernels.cuda import plan
     from kernels.cuda.weights import device_bytes
 
     layer = "model.layers.0."
@@ -221,12 +229,17 @@ def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size():
              layer + "mlp.gate_proj.weight": _blocks(14336, 4096, "q4_k"),
              layer + "mlp.up_proj.weight": _blocks(14336, 4096, "q4_k")}
     as_stored = sum(device_bytes(w) for w in mixed.values())
+    assert cuda_weight_bytes(mixed) == as_stored
+    monkeypatch.setattr(plan, "KQ_INTEGER", False)
     gate_up = device_bytes(mixed[layer + "mlp.gate_proj.weight"]) * 2  # one type: as it is
     assert cuda_weight_bytes(mixed) == 6144 * 4096 * 2 + gate_up
     # Q4_K_M gives about half of 8B's 32 layers a Q6_K v: the f16 stacks add ~0.6 GB to the plan
     assert 0.5e9 < 16 * (cuda_weight_bytes(mixed) - as_stored) < 0.65e9
     mixed[layer + "mlp.up_proj.weight"] = _blocks(14336, 4096, "q6_k")  # a mixed gate|up is f16 too
     assert cuda_weight_bytes(mixed) == 6144 * 4096 * 2 + 28672 * 4096 * 2
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
+    assert cuda_weight_bytes(mixed) == sum(device_bytes(mixed[layer + f"self_attn.{x}_proj.weight"]) for x in "qkv") \
+        + 28672 * 4096 * 2
     one_type = {n: _blocks(*w.shape, "q4_k") for n, w in mixed.items()}
     assert cuda_weight_bytes(one_type) == sum(device_bytes(w) for w in one_type.values())
 

@@ -159,3 +159,20 @@ def test_mma_fragments_give_the_chunk_sums(dtype):
         for h, keep in ((0, lanes_low), (1, ~lanes_low)):
             ah = np.where(keep[None, :], a, 0)
             assert ((128 * (ah @ bh) + ah @ bl).T - 32 * s[h][:, None] == want[:, :, c, h]).all()
+
+
+def test_mixed_kquant_stacks_are_planned_as_their_runs_planes(monkeypatch):
+    """A Q4_K_M q|k|v (v Q6_K) stays blocks on the integer kernels: its runs' planes; on matmul.cu's
+    f16 MMAs one f16 weight. Stacks with other types are f16 either way."""
+    from kernels.cuda import plan
+    from kernels.cuda.kquant import packed_bytes
+    from kernels.cuda.weights import stack_bytes, type_runs
+    from kernels.weights import Weight
+
+    q, k, v = (Weight(_weight(n, 256, t), t) for n, t in ((64, "q4_k"), (32, "q4_k"), (32, "q6_k")))
+    assert [[w.shape[0] for w in r] for r in type_runs([q, k, v])] == [[64, 32], [32]]
+    assert stack_bytes([q, k, v]) == packed_bytes(96, 256, "q4_k") + packed_bytes(32, 256, "q6_k")
+    f16 = Weight(np.zeros((32, 256), np.float16), "f16")
+    assert type_runs([q, k, f16]) is None and stack_bytes([q, k, f16]) == 128 * 256 * 2
+    monkeypatch.setattr(plan, "KQ_INTEGER", False)
+    assert type_runs([q, k, v]) is None and stack_bytes([q, k, v]) == 128 * 256 * 2

@@ -112,13 +112,15 @@ __device__ __forceinline__ void kq_row_scales(unsigned s, uint2 d, float2& sa, f
 
 // ---- epilogue of a warp's accumulators (the streaming kernels' layout: c0, c1 row g, tokens 2t,
 // 2t + 1; c2, c3 row g + 8): mm_tc's stores (bias, residual, gated product, rope and cache writes).
+// A part of a stack (kquant_ops.py) writes its columns of a wider output: rows ldo apart, heads
+// from h0 on (EPI_ROPE).
 template <int TM>
 __device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int m_base, const float* __restrict__ bias,
                                           const float* __restrict__ res, float* __restrict__ out, int M, int N,
-                                          int flags, const QkvOut& qkv, int kv) {
+                                          int flags, const QkvOut& qkv, int kv, int ldo, int h0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    if (flags & EPI_ROPE) {  // head n0 / D, dims j and j + D/2 (out is q)
-        const int hh = n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
+    if (flags & EPI_ROPE) {  // head h0 + n0 / D, dims j and j + D/2 (out is q)
+        const int hh = h0 + n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm)
 #pragma unroll
@@ -149,7 +151,7 @@ __device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int
         for (int i = 0; i < 4; ++i) {
             const int n = n0 + g + ((i & 2) ? 8 : 0);
             const int mm = m + (i & 1);
-            if (n < N && mm < M) out[(i64)mm * N + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
+            if (n < N && mm < M) out[(i64)mm * ldo + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
         }
     }
 }
@@ -188,7 +190,8 @@ template <int WT>
 __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
                                         const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
                                         const float* __restrict__ bias, const float* __restrict__ res,
-                                        float* __restrict__ out, int N, int Kp, int flags, const QkvOut& qkv, int kv) {
+                                        float* __restrict__ out, int N, int Kp, int flags, const QkvOut& qkv, int kv,
+                                        int ldo, int h0) {
     extern __shared__ float red[];
     constexpr bool Q6 = WT == WT_Q6K;
     constexpr int V = KQI_V;
@@ -267,7 +270,7 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
     }
     float acc[1][4] = {{acc_a, 0.f, acc_b, 0.f}};  // token 0 sits on lanes t = 0 (c0, c2)
     if (!kqi_combine<1>(acc, red)) return;
-    kqi_store<1>(acc, (int)tile * 16, 0, bias, res, out, 1, N, flags, qkv, kv);
+    kqi_store<1>(acc, (int)tile * 16, 0, bias, res, out, 1, N, flags, qkv, kv, ldo, h0);
 }
 
 // ---- batches (int8 MMA m16n8k32): block = one 16-row tile x TM token tiles of 8, S warps = the K
@@ -279,7 +282,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
                                        const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
                                        const float* __restrict__ bias, const float* __restrict__ res,
                                        float* __restrict__ out, int M, int N, int Kp, int flags, const QkvOut& qkv,
-                                       int kv, int m_base) {
+                                       int kv, int ldo, int h0, int m_base) {
     extern __shared__ float red[];
     constexpr bool Q6 = WT == WT_Q6K;
     const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -343,7 +346,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
         }
     }
     if (!kqi_combine<TM>(acc, red)) return;
-    kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv);
+    kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
 }
 
 // Block size 32 * S (plan.split_k, at most plan.KQ_MAX_SPLIT warps; 8 at TM = 8).
@@ -351,16 +354,17 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
 #define KQI_ARGS                                                                                             \
     const unsigned char *w, const unsigned char *aux, const unsigned char *xq, const float4 *xs, const float *bias, \
         const float *res, float *out, int M, int N, int Kp, int flags, void *kc, void *vc, const int *positions, \
-        const i64 *slots, const float *cos_t, const float *sin_t, int H, int Hkv, int D, int kv
+        const i64 *slots, const float *cos_t, const float *sin_t, int H, int Hkv, int D, int kv, int ldo, int h0
 #define KQI_QKV QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}
 
 #define MMQ_ONE(NAME, WT)                                                                                    \
     extern "C" __global__ void __launch_bounds__(512, 1) NAME(KQI_ARGS) {                                    \
-        mmq_one<WT>(w, aux, xq, xs, bias, res, out, N, Kp, flags, KQI_QKV, kv);                              \
+        mmq_one<WT>(w, aux, xq, xs, bias, res, out, N, Kp, flags, KQI_QKV, kv, ldo, h0);                     \
     }
 #define MMQ_TC(NAME, WT, TM)                                                                                 \
     extern "C" __global__ void __launch_bounds__(KQI_THREADS(TM), 1) NAME(KQI_ARGS) {                        \
-        mmq_tc<WT, TM>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, blockIdx.y * (8 * TM)); \
+        mmq_tc<WT, TM>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0,               \
+                       blockIdx.y * (8 * TM));                                                                \
     }
 #define MMQ_SET(T, WT)         \
     MMQ_ONE(mmq_##T##_one, WT) \

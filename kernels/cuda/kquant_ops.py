@@ -16,6 +16,8 @@ from kernels.cuda import plan
 from kernels.cuda.arrays import i32
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import kernel
+from kernels.cuda.weights import CudaStack, type_runs
+from kernels.weights import Weight, concat_rows
 
 SOURCE = "kquant_mm.cu"
 RECORD_BYTES = 64  # a chunk's xh and xl planes, per row
@@ -25,6 +27,20 @@ EPI_BIAS, EPI_SILU, EPI_ROPE = 1, 8, 16  # matmul.cu's epilogue flags (ops.py)
 class KquantOps:
     _dummy: Any
     sm_count: int
+
+    def _kq_stack(self, parts: list[Weight], order=None) -> CudaStack | None:  # runs uploaded by CudaOps.upload
+        """Parts of different K-quant types as a CudaStack of their runs (type_runs), or None;
+        `order(n)`: the row order of a run of n rows (upload_qkv's rope tiles)."""
+        runs = type_runs(parts)
+        if runs is None:
+            return None
+        ws = []
+        for run in runs:
+            w = concat_rows(run)
+            if order is not None:
+                w = Weight(w.data[order(int(w.shape[0]))], w.dtype)
+            ws.append(self.upload(w))  # type: ignore[attr-defined]
+        return CudaStack(tuple(ws))
 
     def _kq_act(self, x, w, norm_weight=None, eps: float = 0.0) -> tuple[Any, Any]:
         """x's rows (rms_norm's values with norm_weight) quantised as w's kernels read them: xq [t,
@@ -41,8 +57,24 @@ class KquantOps:
         return xq, xs
 
     def _kq_matmul(self, act: tuple[Any, Any], w, out, bias, res, flags: int, qkv_out: tuple = ()):
-        """w's kernel over quantised activations into out (t rows); bias, res: arrays or the dummy;
-        `qkv_out` as ops.mm_tc_args takes it (EPI_ROPE)."""
+        """w's kernel (each run's of a CudaStack) over quantised activations into out (t rows); bias,
+        res: arrays or the dummy; `qkv_out` as ops.mm_tc_args takes it (EPI_ROPE)."""
+        if not isinstance(w, CudaStack):
+            return self._kq_launch(act, w, out, bias, res, flags, qkv_out, int(out.strides[0]) // 4, 0)
+        if res is not self._dummy or flags & EPI_SILU:
+            raise ValueError("a stack of K-quant runs takes no residual and no gated product")
+        n0 = 0
+        for p in w.parts:
+            n = p.shape[0]
+            b = bias if bias is self._dummy else bias[n0 : n0 + n]
+            if qkv_out:  # the run's heads: h0 on
+                self._kq_launch(act, p, out, b, res, flags, qkv_out, 0, n0 // w.rope_tiles)
+            else:  # the run's columns
+                self._kq_launch(act, p, out[:, n0 : n0 + n], b, res, flags, (), int(out.strides[0]) // 4, 0)
+            n0 += n
+        return out
+
+    def _kq_launch(self, act, w, out, bias, res, flags: int, qkv_out: tuple, ldo: int, h0: int):
         t = int(out.shape[0])
         if not t:
             return out
@@ -51,7 +83,7 @@ class KquantOps:
         d = self._dummy
         launch(kernel(SOURCE, mm.kernel), mm.grid, mm.block,
                (w.data, w.scales, *act, bias, res, out, i32(t), i32(n), i32(w.kp), i32(flags))
-               + (qkv_out or (d,) * 6 + (i32(0),) * 4), shared=mm.shared)
+               + (qkv_out or (d,) * 6 + (i32(0),) * 4) + (i32(ldo), i32(h0)), shared=mm.shared)
         return out
 
     def _kq_norm_matmul(self, x, norm_weight, eps: float, w, bias=None):

@@ -35,6 +35,7 @@ from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.moe import CudaMoeOps
 from kernels.cuda.weights import (
+    CudaStack,
     CudaWeight,
     device_bytes,
     interleave_gate_up,
@@ -117,6 +118,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                         sum(w.nbytes for w in raw) / gib, sum(device_bytes(w) for w in raw) / gib)
 
     def upload(self, w: Weight | RowStack):
+        if isinstance(w, RowStack) and (stack := self._kq_stack(w.parts)) is not None:
+            return stack
         w = kernel_weight(w)
         if w.data.ndim == 1:
             return cp.asarray(np.ascontiguousarray(w.to_f32(), dtype=np.float32))
@@ -129,6 +132,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
 
     def upload_gate_up(self, gate: Weight, up: Weight) -> CudaWeight:
         both, f = concat_rows([gate, up]), int(gate.shape[0])
+        if isinstance(both, RowStack):  # no stack of types here: f16, one operand
+            both = kernel_weight(both)
         if streams_blocks(both.dtype) and f % 8 == 0:  # K-quant planes are packed from rows in tile order
             return replace(self.upload(Weight(interleave_gate_up(both.data, f), both.dtype)), gate_up="tiles")
         w = self.upload(both)
@@ -138,6 +143,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         return replace(w, data=interleave_gate_up(w.data, f), scales=scales, gate_up="tiles")
 
     def upload_qkv(self, q: Weight, k: Weight, v: Weight, bias: Weight | None, head_dim: int):
+        order = None if head_dim % 16 else (lambda n: rope_tile_order(n, head_dim))
+        if order is not None and (stack := self._kq_stack([q, k, v], order)) is not None:
+            n = stack.shape[0]  # K-quants of different types: each run in rope tiles
+            b = None if bias is None else self.upload(Weight(bias.data[order(n)], bias.dtype))
+            return CudaStack(tuple(replace(p, rope_tiles=head_dim) for p in stack.parts), head_dim), b
         w = kernel_weight(concat_rows([q, k, v]))
         if head_dim % 16:
             return self.upload(w), None if bias is None else self.upload(bias)
@@ -224,7 +234,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         res = residual if residual is not None else self._dummy
         flags = _i32((EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if residual is not None else 0)
                      | (EPI_SILU if w.gate_up else 0))
-        if dispatch.kq_integer(w):
+        if isinstance(w, CudaStack) or dispatch.kq_integer(w):
             return self._kq_matmul(self._kq_act(x, w), w, out, b, res, int(flags))
         kp = w.kp
         if w.dtype == "f32":
@@ -267,15 +277,21 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
     def _shared_memory_launch(self, t: int, w: CudaWeight) -> tuple[str | None, plan.MatmulLaunch | None]:
         return dispatch.shared_memory_launch(self, t, w)
 
-    def matmul_family(self, t: int, w: CudaWeight) -> str:
+    def matmul_family(self, t: int, w: CudaWeight | CudaStack) -> str:
         """The kernel family `matmul` runs t rows of w on (the exactness self-check probes each)."""
-        return dispatch.matmul_family(self, t, w)
+        return self._family(dispatch.matmul_family, t, w)
 
-    def norm_matmul_family(self, t: int, w: CudaWeight) -> str:
-        return dispatch.norm_matmul_family(self, t, w)
+    def norm_matmul_family(self, t: int, w: CudaWeight | CudaStack) -> str:
+        return self._family(dispatch.norm_matmul_family, t, w)
 
-    def qkv_family(self, t: int, w: CudaWeight) -> str:
-        return dispatch.qkv_family(self, t, w)
+    def qkv_family(self, t: int, w: CudaWeight | CudaStack) -> str:
+        return self._family(dispatch.qkv_family, t, w)
+
+    def _family(self, of, t: int, w: CudaWeight | CudaStack) -> str:
+        """of(self, t, w); a stack's runs' families joined."""
+        if isinstance(w, CudaStack):
+            return "|".join(of(self, t, p) for p in w.parts)
+        return of(self, t, w)
 
     def attention_build(self, t: int, n_heads: int, n_kv: int, head_dim: int, width: int, kv_type: str = "f16") -> str:
         return dispatch.attention_build(self, t, n_heads, n_kv, head_dim, width, kv_type)
@@ -340,7 +356,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
     def norm_matmul(self, x, norm_weight, eps: float, w: CudaWeight, bias=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
-        if dispatch.kq_integer(w) and w.gate_up != "halves" and w.shape[1] == k:
+        if (isinstance(w, CudaStack) or dispatch.kq_integer(w)) and w.gate_up != "halves" and w.shape[1] == k:
             if w.gate_up is not None and bias is not None:
                 raise ValueError("a gated product takes no bias or residual")
             return self._kq_norm_matmul(x, norm_weight, eps, w, bias)
@@ -536,7 +552,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             raise ValueError("an upload_qkv weight pairs dims d and d + head_dim/2 (neox rotation) only")
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
-        if not self._streams(t, w):  # the product in tile order, then the rotation and the cache writes
+        if not isinstance(w, CudaStack) and not self._streams(t, w):  # the product in tile order, then the rotation
             return self.qkv_rope_write(self.norm_matmul(x, norm_weight, eps, w, bias), rows, table, layer, n_heads,
                                        n_kv, tiles=True)
         # the streaming kernel's epilogue rotates and stores: one launch fewer per layer
@@ -546,7 +562,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             return q
         out = (layer.k, layer.v, _index(rows.positions), _index(rows.slots, cp.int64), table.cos, table.sin,
                _i32(n_heads), _i32(n_kv), _i32(d), _i32(KV_CODES[layer.kv_type]))
-        if dispatch.kq_integer(w):
+        if isinstance(w, CudaStack) or dispatch.kq_integer(w):
             return self._kq_qkv_rope(x, norm_weight, eps, w, bias, q, out)
         prologue = self._prologue(t, k, w)
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, q, bias, None,

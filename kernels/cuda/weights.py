@@ -3,8 +3,9 @@ to a dot product), 16-bit types as raw uint16, Q8_0 as int8 values plus f16 scal
 Q6_K repacked into planes (kernels/cuda/kquant.py).
 
 The other quantized types have no CUDA kernels yet: they are dequantised to f16 at load
-(kernel_weight), and so are stacks of parts of different types (a Q4_K_M q|k|v whose v is Q6_K);
-memory planning counts both at that size (device_bytes, stack_bytes).
+(kernel_weight), and so are stacks of parts of different types (a Q4_K_M q|k|v whose v is Q6_K),
+except where every part is a K-quant on the integer kernels: a CudaStack of its runs' planes. Memory
+planning counts each as it is stored (device_bytes, stack_bytes).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kernels.cpu.quant_matmul import f32_tiles
-from kernels.cuda import kquant
+from kernels.cuda import kquant, plan
 from kernels.cuda.plan import K_CHUNK, padded_shape
 from kernels.weights import RowStack, Weight
 
@@ -47,6 +48,44 @@ class CudaWeight:
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes) + (int(self.scales.nbytes) if self.scales is not None else 0)
+
+
+@dataclass
+class CudaStack:
+    """Runs of parts of one K-quant type whose output rows follow one another (Q4_K_M's q|k as Q4_K,
+    v as Q6_K), each its own CudaWeight: the activations are quantised once and each run's kernel
+    writes its columns (kquant_ops.py). `rope_tiles`: as CudaWeight's, each run in rope-pair tiles."""
+    parts: tuple[CudaWeight, ...]
+    rope_tiles: int = 0
+    gate_up = None
+    dtype = "stack"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def kp(self) -> int:
+        return self.parts[0].kp
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def type_runs(parts: list[Weight]) -> list[list[Weight]] | None:
+    """The runs of consecutive parts of one type where the parts are K-quants of different types and
+    the integer kernels take them (a CudaStack of concat_rows of each); else None."""
+    types = [w.dtype for w in parts]
+    if len(set(types)) < 2 or not plan.KQ_INTEGER or not all(streams_blocks(t) for t in types):
+        return None
+    runs: list[list[Weight]] = []
+    for w in parts:
+        if runs and runs[-1][0].dtype == w.dtype:
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    return runs
 
 
 def pad_host(w: Weight) -> tuple[np.ndarray, np.ndarray | None]:
@@ -100,11 +139,15 @@ def device_bytes(w: Weight, planes: bool = True) -> int:
     return np_ * kp * item + (np_ * (kp // K_CHUNK) * 2 if dtype == "q8_0" else 0)
 
 
-def stack_bytes(parts: list[Weight]) -> int:
-    """Bytes concat_rows(parts) takes on the device: parts of one type as they are, parts of
-    different types as the one f16 weight kernel_weight makes of their RowStack."""
+def stack_bytes(parts: list[Weight], runs: bool = True) -> int:
+    """Bytes concat_rows(parts) takes on the device: parts of one type as they are, K-quants of
+    different types as their runs' planes (CudaStack; `runs` False: a gate|up pair, which needs one
+    operand), other parts of different types as the one f16 weight kernel_weight makes of their RowStack."""
     if len({w.dtype for w in parts}) == 1:
         return sum(device_bytes(w) for w in parts)
+    if runs and (of_type := type_runs(parts)) is not None:
+        return sum(kquant.packed_bytes(sum(int(w.shape[0]) for w in r), int(r[0].shape[1]), r[0].dtype)
+                   for r in of_type)
     np_, kp = padded_shape(sum(int(w.shape[0]) for w in parts), int(parts[0].shape[1]))
     return np_ * kp * np.dtype(STORAGE["f16"]).itemsize
 
