@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # K-quant kernels on a GPU machine in one call: their GPU tests, the matmul micro-benchmark (decode
-# widths and a 512-row prefill) and bench/throughput.py on the 8B and 1B Q4_K_M shapes (exact on and
-# off, solo and 16 chats). Stages in that order, each under its own limit; JSON under $OUT after each.
+# widths and a 512-row prefill; matmul.cu's f16 MMAs against kquant_mm.cu's integer kernels) and
+# bench/throughput.py on the 8B and 1B Q4_K_M shapes (exact on and off, solo and 16 chats). Stages in that order, each under its own limit; JSON under $OUT after each.
 #   bench/gpu_kquant.sh [STAGES] (default "tests,mm,8b,1b"; limits: T_TESTS T_MM T_8B T_1B seconds)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +12,13 @@ has() { [[ ",$stages," == *",$1,"* ]]; }
 
 if has tests; then
   timeout "${T_TESTS:-240}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
-    --junitxml="$work/kq-tests.xml" -k "q4_k or q6_k or q4km" tests/test_cuda_ops.py tests/test_cuda_kquant_model.py \
+    --junitxml="$work/kq-tests.xml" -k "q4_k or q6_k or q4km or mixed" tests/test_cuda_kquant_integer.py \
+    tests/test_cuda_ops.py tests/test_cuda_kquant_model.py \
     2>&1 | tail -n 25 | tee "$OUT/kq-tests.txt"
   python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null
 fi
 if has mm; then
-  timeout "${T_MM:-90}" python3 bench/kquant_mm.py --rows 1,16,512 --out "$OUT/kquant-mm.json" 2>&1 | tail -n 40
+  timeout "${T_MM:-150}" python3 bench/kquant_mm.py --rows ${MM_ROWS:-1,16,512} --out "$OUT/kquant-mm.json" 2>&1 | tail -n 70
 fi
 for shape in 8b 1b; do
   has $shape || continue

@@ -66,7 +66,8 @@ kq_quant_x(const float* __restrict__ x, const float* __restrict__ nw, unsigned c
     if (norm && k < K) v = __fmul_rn(__fmul_rn(v, inv), nw[k]);
     const float amax = __uint_as_float(redux_max(__float_as_uint(fabsf(v))));
     const float id = amax > 0.f ? __fdiv_rn((float)KQX_MAX, amax) : 0.f;
-    int q = __float2int_rn(__fmul_rn(v, id));
+    int q;
+    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(q) : "f"(__fmul_rn(v, id)));  // rint, ties to even
     q = q > KQX_MAX ? KQX_MAX : (q < -KQX_MAX ? -KQX_MAX : q);
     const int hi = (q + 64) >> 7, lo = q - hi * 128;
     const int s0 = redux_add(lane < 16 ? q : 0), s1 = redux_add(lane < 16 ? 0 : q);
@@ -182,6 +183,13 @@ __device__ __forceinline__ bool kqi_combine(float (&acc)[TM][4], float* red) {
     return true;
 }
 
+template <int V>
+struct KqOneBatch {  // a lane's weights of a one-row batch: chunks c0 + t + 4v of rows g, g + 8
+    uint4 w0[V], w1[V], tb[V];  // plane words of lanes 4g .. 4g+3 (rows g, g + 8 alternate); Q6_K's top words
+    unsigned sw[V];
+    uint2 dw[V];
+};
+
 // ---- one row (dp4a): block = one 16-row tile, S warps = the K slices. A batch is 4V chunks; lane
 // (g, t) takes chunks c0 + t + 4v whole for rows g and g + 8 (the four plane words of lanes 4g .. 4g+3,
 // 32 contiguous bytes), so its sums need no other lane; lanes t = 0 then add the 4V chunk values in
@@ -201,41 +209,47 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const KqPlanes kq = kq_planes(w, aux, Q6, (N + 15) >> 4, C);
 
-    uint4 w0[V], w1[V], tb[V];
-    unsigned sw[V];
-    uint2 dw[V];
-    auto load_weights = [&](int c0) {
+    // A batch's weights; chunks past the slice load the slice's last (no branch: every load of a
+    // batch in one basic block) and are never added.
+    KqOneBatch<V> cur, next;
+    auto load_weights = [&](KqOneBatch<V>& b, int c0) {
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-            const int c = c0 + t + 4 * v;
-            if (c >= c_end) continue;
+            const int c = imin(c0 + t + 4 * v, c_end - 1);
             const uint4* p = reinterpret_cast<const uint4*>(kq.nib + ((tile * C + c) * 32 + 4 * g) * 8);
-            w0[v] = p[0];
-            w1[v] = p[1];
-            tb[v] = Q6 ? *reinterpret_cast<const uint4*>(kq.top + ((tile * C + c) * 32 + 4 * g) * 4) : make_uint4(0u, 0u, 0u, 0u);
-            kq_scale_words(kq, Q6, tile, C, c, g, sw[v], dw[v]);
+            b.w0[v] = p[0];
+            b.w1[v] = p[1];
+            b.tb[v] = Q6 ? *reinterpret_cast<const uint4*>(kq.top + ((tile * C + c) * 32 + 4 * g) * 4)
+                         : make_uint4(0u, 0u, 0u, 0u);
+            kq_scale_words(kq, Q6, tile, C, c, g, b.sw[v], b.dw[v]);
         }
     };
 
-    load_weights(c_begin);
+    if (c_begin < c_end) load_weights(cur, c_begin);
     pdl_start();  // activations are written by the kernel before
     float acc_a = 0.f, acc_b = 0.f;  // rows g, g + 8
     for (int c0 = c_begin; c0 < c_end; c0 += 4 * V) {
-        if (c0 != c_begin) load_weights(c0);
+        uint4 a[V][4];
+        float4 r[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const int c = imin(c0 + t + 4 * v, c_end - 1);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[v][j] = reinterpret_cast<const uint4*>(xq + (i64)c * 64)[j];
+            r[v] = xs[c];
+        }
+        const bool more = c0 + 4 * V < c_end;
+        if (more) load_weights(next, c0 + 4 * V);  // in flight over this batch's arithmetic
         float va[V], vb[V];
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-            const int c = c0 + t + 4 * v;
-            va[v] = vb[v] = 0.f;
-            if (c >= c_end) continue;
-            const uint4* a = reinterpret_cast<const uint4*>(xq + (i64)c * 64);
-            const float4 r = xs[c];
-            const unsigned ga[4] = {w0[v].x, w0[v].z, w1[v].x, w1[v].z}, gb[4] = {w0[v].y, w0[v].w, w1[v].y, w1[v].w};
-            const unsigned tw[4] = {tb[v].x, tb[v].y, tb[v].z, tb[v].w};
+            const unsigned ga[4] = {cur.w0[v].x, cur.w0[v].z, cur.w1[v].x, cur.w1[v].z};
+            const unsigned gb[4] = {cur.w0[v].y, cur.w0[v].w, cur.w1[v].y, cur.w1[v].w};
+            const unsigned tw[4] = {cur.tb[v].x, cur.tb[v].y, cur.tb[v].z, cur.tb[v].w};
             int ha[2] = {0, 0}, la[2] = {0, 0}, hb[2] = {0, 0}, lb[2] = {0, 0};  // per half (Q4_K: both in [0])
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const uint4 x = a[j];
+                const uint4 x = a[v][j];
                 const int h = Q6 ? j >> 1 : 0;
                 unsigned lo, hi;
                 kq_bytes<Q6>(ga[j], Q6 ? tw[j] : 0u, lo, hi);
@@ -246,14 +260,14 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
                 lb[h] = dp4a(hi, x.w, dp4a(lo, x.z, lb[h]));
             }
             float2 sa, sb;
-            kq_row_scales<Q6>(sw[v], dw[v], sa, sb);
+            kq_row_scales<Q6>(cur.sw[v], cur.dw[v], sa, sb);
             if (Q6) {
-                const int s0 = __float_as_int(r.z) * 32, s1 = __float_as_int(r.w) * 32;
-                va[v] = kqi_q6(sa, ha[0] * 128 + la[0] - s0, ha[1] * 128 + la[1] - s1, r);
-                vb[v] = kqi_q6(sb, hb[0] * 128 + lb[0] - s0, hb[1] * 128 + lb[1] - s1, r);
+                const int s0 = __float_as_int(r[v].z) * 32, s1 = __float_as_int(r[v].w) * 32;
+                va[v] = kqi_q6(sa, ha[0] * 128 + la[0] - s0, ha[1] * 128 + la[1] - s1, r[v]);
+                vb[v] = kqi_q6(sb, hb[0] * 128 + lb[0] - s0, hb[1] * 128 + lb[1] - s1, r[v]);
             } else {
-                va[v] = kqi_q4(sa, ha[0] * 128 + la[0], r);
-                vb[v] = kqi_q4(sb, hb[0] * 128 + lb[0], r);
+                va[v] = kqi_q4(sa, ha[0] * 128 + la[0], r[v]);
+                vb[v] = kqi_q4(sb, hb[0] * 128 + lb[0], r[v]);
             }
         }
 #pragma unroll
@@ -267,6 +281,7 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
                     acc_b = __fadd_rn(acc_b, xb);
                 }
             }
+        if (more) cur = next;
     }
     float acc[1][4] = {{acc_a, 0.f, acc_b, 0.f}};  // token 0 sits on lanes t = 0 (c0, c2)
     if (!kqi_combine<1>(acc, red)) return;
@@ -277,7 +292,14 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
 // slices. A = the tile's chunk (a0, a2: row g's lo, hi words; a1, a3: row g + 8's), B = a token's
 // xh (then xl) words of group t, so MMA k 4t + b is k 8t + (0, 4, 1, 5)[b] and 16 + 4t + b is
 // 8t + (2, 6, 3, 7)[b] on both sides. Q6_K: one MMA per half (lanes t < 2 hold k 0 .. 15).
-template <int WT, int TM>
+template <int U>
+struct KqTcBatch {  // a lane's plane words of U chunks (rows g, g + 8; Q6_K's top word) and scale words
+    uint2 q[U];
+    unsigned tb[U], sw[U];
+    uint2 dw[U];
+};
+
+template <int WT, int TM, int U>
 __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
                                        const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
                                        const float* __restrict__ bias, const float* __restrict__ res,
@@ -295,62 +317,75 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
 #pragma unroll
     for (int i = 0; i < TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
-    uint2 q;
-    unsigned tb = 0u, sw;
-    uint2 dw;
-    auto load_weights = [&](int c) {
-        const i64 lane_at = (tile * C + c) * 32 + lane;
-        q = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
-        if (Q6) tb = *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4);
-        kq_scale_words(kq, Q6, tile, C, c, g, sw, dw);
+    // Batches of U chunks, the next batch's weights in flight over this one's MMAs; chunks past the
+    // slice load its last (one basic block of loads) and are skipped.
+    KqTcBatch<U> cur, next;
+    auto load_weights = [&](KqTcBatch<U>& b, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const i64 lane_at = (tile * C + imin(c0 + u, c_end - 1)) * 32 + lane;
+            b.q[u] = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
+            b.tb[u] = Q6 ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
+            kq_scale_words(kq, Q6, tile, C, imin(c0 + u, c_end - 1), g, b.sw[u], b.dw[u]);
+        }
     };
-    if (c_begin < c_end) load_weights(c_begin);
+    if (c_begin < c_end) load_weights(cur, c_begin);
     pdl_start();
-    const bool low_half = t < 2;
-    for (int c = c_begin; c < c_end; ++c) {
-        unsigned a[4];
-        kq_bytes<Q6>(q.x, tb, a[0], a[2]);
-        kq_bytes<Q6>(q.y, tb >> 8, a[1], a[3]);
-        float2 sa, sb;
-        kq_row_scales<Q6>(sw, dw, sa, sb);
-        if (c + 1 < c_end) load_weights(c + 1);  // the next chunk's weights in flight over this one's MMAs
+    const unsigned k0 = t < 2 ? 0xffffffffu : 0u, k1 = ~k0;  // Q6_K: lanes of k 0 .. 15, of k 16 .. 31
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+        const bool more = c0 + U < c_end;
+        if (more) load_weights(next, c0 + U);
 #pragma unroll
-        for (int tm = 0; tm < TM; ++tm) {
-            const int mg = m_base + tm * 8 + g, m0 = m_base + tm * 8 + 2 * t;
-            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
-            const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
-            const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
-            if (Q6) {
-                int h0[4] = {0, 0, 0, 0}, l0[4] = {0, 0, 0, 0}, h1[4] = {0, 0, 0, 0}, l1[4] = {0, 0, 0, 0};
-                const unsigned k0 = low_half ? 0xffffffffu : 0u, k1 = ~k0;
-                mma_s8(h0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
-                mma_s8(l0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
-                mma_s8(h1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
-                mma_s8(l1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + u;
+            if (c >= c_end) break;
+            unsigned a[4];
+            kq_bytes<Q6>(cur.q[u].x, cur.tb[u], a[0], a[2]);
+            kq_bytes<Q6>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
+            float2 sa, sb;
+            kq_row_scales<Q6>(cur.sw[u], cur.dw[u], sa, sb);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float4 r = (i & 1) ? r1 : r0;
-                    const int p0 = h0[i] * 128 + l0[i] - __float_as_int(r.z) * 32;
-                    const int p1 = h1[i] * 128 + l1[i] - __float_as_int(r.w) * 32;
-                    acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
+            for (int tm = 0; tm < TM; ++tm) {
+                const int mg = m_base + tm * 8 + g, m0 = m_base + tm * 8 + 2 * t;
+                const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+                const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
+                const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
+                if (Q6) {
+                    int hi0[4] = {0, 0, 0, 0}, lo0[4] = {0, 0, 0, 0}, hi1[4] = {0, 0, 0, 0}, lo1[4] = {0, 0, 0, 0};
+                    mma_s8(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
+                    mma_s8(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
+                    mma_s8(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
+                    mma_s8(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const float4 r = (i & 1) ? r1 : r0;
+                        const int p0 = hi0[i] * 128 + lo0[i] - __float_as_int(r.z) * 32;
+                        const int p1 = hi1[i] * 128 + lo1[i] - __float_as_int(r.w) * 32;
+                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
+                    }
+                } else {
+                    int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+                    mma_s8(hi, a[0], a[1], a[2], a[3], x.x, x.y);
+                    mma_s8(lo, a[0], a[1], a[2], a[3], x.z, x.w);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q4((i & 2) ? sb : sa, hi[i] * 128 + lo[i], (i & 1) ? r1 : r0));
                 }
-            } else {
-                int h[4] = {0, 0, 0, 0}, l[4] = {0, 0, 0, 0};
-                mma_s8(h, a[0], a[1], a[2], a[3], x.x, x.y);
-                mma_s8(l, a[0], a[1], a[2], a[3], x.z, x.w);
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q4((i & 2) ? sb : sa, h[i] * 128 + l[i], (i & 1) ? r1 : r0));
             }
         }
+        if (more) cur = next;
     }
     if (!kqi_combine<TM>(acc, red)) return;
     kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
 }
 
-// Block size 32 * S (plan.split_k, at most plan.KQ_MAX_SPLIT warps; 8 at TM = 8).
+// Block size 32 * S (plan.split_k, at most plan.KQ_MAX_SPLIT warps; 8 at TM = 8); U chunks a batch.
 #define KQI_THREADS(TM) ((TM) > 4 ? 256 : 512)
+#ifndef KQI_U_TM12
+#define KQI_U_TM12 4
+#endif
+#define KQI_U(TM) ((TM) <= 2 ? KQI_U_TM12 : (TM) == 4 ? 2 : 1)
 #define KQI_ARGS                                                                                             \
     const unsigned char *w, const unsigned char *aux, const unsigned char *xq, const float4 *xs, const float *bias, \
         const float *res, float *out, int M, int N, int Kp, int flags, void *kc, void *vc, const int *positions, \
@@ -363,7 +398,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     }
 #define MMQ_TC(NAME, WT, TM)                                                                                 \
     extern "C" __global__ void __launch_bounds__(KQI_THREADS(TM), 1) NAME(KQI_ARGS) {                        \
-        mmq_tc<WT, TM>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0,               \
+        mmq_tc<WT, TM, KQI_U(TM)>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0,    \
                        blockIdx.y * (8 * TM));                                                                \
     }
 #define MMQ_SET(T, WT)         \
