@@ -12,7 +12,7 @@ has() { [[ ",$stages," == *",$1,"* ]]; }
 
 if has tests; then
   timeout "${T_TESTS:-240}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
-    --junitxml="$work/kq-tests.xml" -k "q4_k or q6_k or q4km or mixed" tests/test_cuda_kquant_integer.py \
+    --junitxml="$work/kq-tests.xml" -k "q4_k or q5_k or q6_k or q4km or mixed" tests/test_cuda_kquant_integer.py \
     tests/test_cuda_ops.py tests/test_cuda_kquant_model.py \
     2>&1 | tail -n 25 | tee "$OUT/kq-tests.txt"
   python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null

@@ -60,7 +60,8 @@ def main() -> None:
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for m in (int(r) for r in args.rows.split(",")):
-            for dtype, integer in (("f16", False), ("q4_k", False), ("q4_k", True), ("q6_k", False), ("q6_k", True)):
+            for dtype, integer in (("f16", False), ("q4_k", False), ("q4_k", True), ("q6_k", False), ("q6_k", True),
+                                   ("q5_k", True)):
                 # K-quants: matmul.cu's f16 MMAs (wide batches: the dispatch's pick, then the 64-row tiled
                 # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation included)
                 plan.KQ_INTEGER = integer

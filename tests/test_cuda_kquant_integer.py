@@ -1,4 +1,4 @@
-"""The integer Q4_K / Q6_K kernels (kquant_mm.cu) on the GPU give kernels/cuda/kquant_ref.py's bits:
+"""The integer Q4_K / Q5_K / Q6_K kernels (kquant_mm.cu) on the GPU give kernels/cuda/kquant_ref.py's bits:
 the activation records of kq_quant_x byte for byte, every matmul element at every row count (the
 one-row dp4a kernel and the int8-MMA kernels of 1-8 token tiles), exact mode on and off, and
 norm_matmul's fused quantisation the bits of rms_norm's rows quantised."""
@@ -15,7 +15,7 @@ from kernels.quants.writer import quantize  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
 RNG = np.random.default_rng()
-KQUANTS = ["q4_k", "q6_k"]
+KQUANTS = ["q4_k", "q5_k", "q6_k"]
 ROWS = (1, 2, 8, 9, 17, 33, 64, 100)
 
 

@@ -1,5 +1,6 @@
-"""Q4_K / Q6_K planes for the CUDA kernels (kernels/cuda/kquant.py), checked on the CPU: read back
-as common.cuh's kq_value reads them, every value equals gguf's dequantisation bit for bit."""
+"""Q4_K / Q5_K / Q6_K planes for the CUDA kernels (kernels/cuda/kquant.py), checked on the CPU: read
+back as common.cuh's kq_value (kquant_mm.cu's kqi_value for Q5_K) reads them, every value equals
+gguf's dequantisation bit for bit."""
 
 import numpy as np
 import pytest
@@ -21,8 +22,9 @@ def _f16(bits: np.ndarray) -> np.ndarray:
     return (bits & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-def read_back(nib: np.ndarray, aux: np.ndarray, n: int, k: int, q6: bool) -> np.ndarray:
-    """kq_value (common.cuh) for every (n, k), in NumPy."""
+def read_back(nib: np.ndarray, aux: np.ndarray, n: int, k: int, dtype: str) -> np.ndarray:
+    """kq_value (common.cuh; Q5_K: kquant_mm.cu's kqi_value) for every (n, k), in NumPy."""
+    q6, top_plane = dtype == "q6_k", dtype != "q4_k"
     tiles, c_n = -(-n // 16), k // 32
     rows, ks = np.meshgrid(np.arange(n), np.arange(k), indexing="ij")
     tile, r = rows >> 4, rows & 15
@@ -30,13 +32,14 @@ def read_back(nib: np.ndarray, aux: np.ndarray, n: int, k: int, q6: bool) -> np.
     c, t, i = ks >> 5, (ks >> 3) & 3, ks & 7
     lane = (tile * c_n + c) * 32 + 4 * g + t
     q = (_u32(nib, lane * 8 + 4 * half) >> (16 * (i & 1) + 4 * (i >> 1)).astype(np.uint32)) & 0xF
-    sc_at = (tiles * c_n * 128) if q6 else 0
+    sc_at = (tiles * c_n * 128) if top_plane else 0
     d_at = sc_at + tiles * c_n * 32
     s = _u32(aux, sc_at + ((tile * c_n + c) * 8 + g) * 4) >> (16 * half).astype(np.uint32)
     sb = tile * (c_n // 8) + (c >> 3)
-    if q6:
+    if top_plane:
         top = _u32(aux, lane * 4) >> (8 * half + 16 * (i & 1) + 2 * (i >> 1)).astype(np.uint32)
         q = q | (top & 3) << 4
+    if q6:
         d = _f16(_u32(aux, d_at + (sb * 8 + g) * 4) >> (16 * half).astype(np.uint32))
         scale = np.where(t < 2, s & 0xFF, (s >> 8) & 0xFF).astype(np.uint8).view(np.int8).astype(np.float32)
         return (d * scale) * (q.astype(np.float32) - np.float32(32))
@@ -46,7 +49,7 @@ def read_back(nib: np.ndarray, aux: np.ndarray, n: int, k: int, q6: bool) -> np.
     return a * q.astype(np.float32) - b
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("shape", [(16, 256), (37, 512), (5, 1024)], ids=str)
 def test_planes_read_back_as_gguf_dequantises(dtype, shape):
     n, k = shape
@@ -55,8 +58,9 @@ def test_planes_read_back_as_gguf_dequantises(dtype, shape):
     raw = quantize(x, dtype)
     nib, aux = pack(raw, dtype)
     assert nib.nbytes + aux.nbytes == packed_bytes(n, k, dtype) == device_bytes(Weight(raw, dtype))
-    got = read_back(nib, aux, n, k, dtype == "q6_k")
+    got = read_back(nib, aux, n, k, dtype)
     assert got.tobytes() == dequantize(raw, dtype).tobytes()
-    # the planes cost about the blocks' own bytes (Q4_K 4.5 bits a value, Q6_K 6.56)
+    # the planes cost about the blocks' own bytes (Q4_K 4.5 bits a value, Q6_K 6.56); Q5_K's fifth bit
+    # takes a 2-bit field of Q6_K's top plane (6.63 bits against 5.5)
     blocks = 4096 * (4096 // 256) * (raw.nbytes // (n * k // 256))
-    assert blocks <= packed_bytes(4096, 4096, dtype) <= 1.03 * blocks
+    assert blocks <= packed_bytes(4096, 4096, dtype) <= (1.21 if dtype == "q5_k" else 1.03) * blocks

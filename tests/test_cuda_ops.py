@@ -1,9 +1,9 @@
 """CUDA ops against the NumPy reference, and row invariance bit for bit on the GPU.
 
 Tolerances (relative L2 error against the float32 CPU reference on the same stored weights):
-matmul f32 weights 1e-5 (float32 FMA); f16, q8_0, q4_k and q6_k weights 2e-3 (activations rounded
-to f16 for the tensor cores); bf16 weights 1e-2 (activations rounded to bf16); RMSNorm and SiLU 1e-6;
-RoPE, add, embedding and the KV cache contents equal bit for bit.
+matmul f32 weights 1e-5 (float32 FMA); f16, q8_0 weights 2e-3 (activations rounded to f16 for the
+tensor cores), q4_k, q5_k and q6_k 2e-3 (activations quantised to 15 bits a chunk); bf16 weights 1e-2
+(activations rounded to bf16); RMSNorm and SiLU 1e-6; RoPE, add, embedding and the KV cache contents equal bit for bit.
 """
 
 import numpy as np
@@ -19,10 +19,10 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.weights import Weight, f32_to_bf16  # noqa: E402
 
 RNG = np.random.default_rng()  # fresh inputs every run; a failure prints what it needs
-MATMUL_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "bf16": 1e-2, "q4_k": 2e-3, "q6_k": 2e-3}
+MATMUL_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "bf16": 1e-2, "q4_k": 2e-3, "q5_k": 2e-3, "q6_k": 2e-3}
 MATMUL_SHAPES = [(96, 64), (40, 72), (37, 44), (40, 256), (2048, 2048), (512, 2048), (2048, 8192)]
-KQUANTS = ["q4_k", "q6_k"]  # types whose kernels read the blocks (repacked as planes)
-BLOCK = {"q8_0": 32, "q4_k": 256, "q6_k": 256}  # values per block: rows are whole blocks
+KQUANTS = ["q4_k", "q5_k", "q6_k"]  # types whose kernels read the blocks (repacked as planes; Q5_K: integer kernels)
+BLOCK = {"q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}  # values per block: rows are whole blocks
 BATCHES = list(range(2, 65)) + [100, 512]
 
 

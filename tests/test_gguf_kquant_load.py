@@ -171,7 +171,8 @@ def test_engine_child_generates_from_a_q4_k_m_file_as_from_its_f32_twin(q4km):
 
 
 def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_memory(q4km, monkeypatch):
-    """CUDA reads Q4_K and Q6_K as blocks (kernels/cuda/kquant.py planes, about their stored size);
+    """CUDA reads Q4_K, Q5_K and Q6_K as blocks (kernels/cuda/kquant.py planes, about their stored size;
+    Q5_K only on the integer kernels);
     other raw block types, and stacks of parts of different types, become f16 at upload. The
     conversion and the memory plan need no GPU, so they are checked here."""
     from engine.launch import memory_need
@@ -183,11 +184,13 @@ def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_
     rng = np.random.default_rng(9)
     w = Weight.from_f32(rng.standard_normal((64, 256)).astype(np.float32), "q4_k")
     assert kernel_weight(w) is w and device_bytes(w) == packed_bytes(64, 256, "q4_k")
-    q5 = Weight.from_f32(rng.standard_normal((64, 256)).astype(np.float32), "q5_k")
-    half = kernel_weight(q5)
-    assert half.dtype == "f16" and half.data.tobytes() == q5.to_f32().astype(np.float16).tobytes()
-    assert device_bytes(q5) == device_bytes(half)
+    q40 = Weight.from_f32(rng.standard_normal((64, 256)).astype(np.float32), "q4_0")
+    half = kernel_weight(q40)
+    assert half.dtype == "f16" and half.data.tobytes() == q40.to_f32().astype(np.float16).tobytes()
+    assert device_bytes(q40) == device_bytes(half)
     assert kernel_weight(half) is half
+    q5 = Weight.from_f32(rng.standard_normal((64, 256)).astype(np.float32), "q5_k")  # the integer kernels' only
+    assert kernel_weight(q5) is q5 and device_bytes(q5) == packed_bytes(64, 256, "q5_k")
     v = Weight.from_f32(rng.standard_normal((32, 256)).astype(np.float32), "q6_k")
     stack = concat_rows([w, v])
     assert isinstance(stack, RowStack)
@@ -204,6 +207,7 @@ def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_
     assert stack_bytes(qkv) == sum(device_bytes(w) for w in qkv)
     assert need["weights"] == sum(device_bytes(w) for w in loaded.weights.values())
     monkeypatch.setattr(plan, "KQ_INTEGER", False)
+    assert kernel_weight(q5).dtype == "f16"
     uploaded = device_bytes(kernel_weight(concat_rows(qkv)))
     assert uploaded == stack_bytes(qkv) > sum(device_bytes(w) for w in qkv)
     others = sum(device_bytes(w) for w in loaded.weights.values()) - sum(device_bytes(w) for w in qkv)

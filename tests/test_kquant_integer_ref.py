@@ -33,7 +33,7 @@ def _acts(m, k, seed=1):
     return x
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 def test_reference_is_closer_to_float32_than_f16_activations(dtype):
     n, k = 64, 1024
     raw = _weight(n, k, dtype)
@@ -70,14 +70,14 @@ def _planes(raw, dtype, n, k):
     """The planes as words: nib [T, C, 32 lanes, 2], top [T, C, 32] (Q6_K)."""
     nib, aux = pack(raw, dtype)
     t, c = -(-n // 16), k // 32
-    top = aux[: t * c * 128].view("<u4").reshape(t, c, 32) if dtype == "q6_k" else None
+    top = aux[: t * c * 128].view("<u4").reshape(t, c, 32) if dtype != "q4_k" else None
     return nib.view("<u4").reshape(t, c, 32, 2), top
 
 
-def _bytes(w, tb, q6):
-    """kq_bytes: a plane word (and Q6_K's top word) as the lo and hi words of signed bytes."""
+def _bytes(w, tb, top):
+    """kq_bytes: a plane word (and the top word: Q5_K, Q6_K) as the lo and hi words of signed bytes."""
     lo, hi = w & M, (w >> 4) & M
-    if q6:
+    if top:
         lo = lo | ((tb << 4) & 0x00300030) | ((tb << 8) & 0x30003000)
         hi = hi | ((tb << 2) & 0x00300030) | ((tb << 6) & 0x30003000)
     return lo, hi
@@ -95,16 +95,16 @@ def _ref_sums(raw, dtype, xq):
     q, _, _ = _fields(raw, dtype, np)
     n, k = q.shape
     qc = q.reshape(n, k // 32, 32).astype(np.int64)
-    if dtype == "q4_k":
+    if dtype != "q6_k":
         return np.einsum("nci,mci->mnc", qc, xq)[..., None]
     return np.stack([np.einsum("nci,mci->mnc", qc[..., h * 16:(h + 1) * 16] - 32, xq[..., h * 16:(h + 1) * 16])
                      for h in (0, 1)], axis=-1)
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 def test_one_row_kernel_words_give_the_chunk_sums(dtype):
     """mmq_one: lane (g, t) takes the words of lanes 4g + j (j = 0..3) of a chunk and the chunk's record."""
-    n, k, q6 = 32, 512, dtype == "q6_k"
+    n, k, q6, has_top = 32, 512, dtype == "q6_k", dtype != "q4_k"
     raw = _weight(n, k, dtype, seed=3)
     rec, xq = _records(_acts(3, k, seed=4))
     nib, top = _planes(raw, dtype, n, k)
@@ -114,8 +114,8 @@ def test_one_row_kernel_words_give_the_chunk_sums(dtype):
     for half, row_shift in ((0, 0), (1, 8)):  # rows g, then g + 8
         for j in range(4):
             w = nib[:, :, 4 * np.arange(8) + j, half]  # [T, C, g]
-            tb = (top[:, :, 4 * np.arange(8) + j] >> row_shift) if q6 else np.zeros_like(w)
-            lo, hi = _bytes(w, tb, q6)
+            tb = (top[:, :, 4 * np.arange(8) + j] >> row_shift) if has_top else np.zeros_like(w)
+            lo, hi = _bytes(w, tb, has_top)
             x = rec[:, None, None, :, 4 * j:4 * j + 4]  # [M, 1, 1, C, 4]
             lo, hi = lo.transpose(0, 2, 1)[None], hi.transpose(0, 2, 1)[None]  # [1, T, g, C]
             part = 128 * (_dp4a(lo, x[..., 0]) + _dp4a(hi, x[..., 1])) + _dp4a(lo, x[..., 2]) + _dp4a(hi, x[..., 3])
@@ -127,12 +127,12 @@ def test_one_row_kernel_words_give_the_chunk_sums(dtype):
     assert (got == want).all()
 
 
-@pytest.mark.parametrize("dtype", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 def test_mma_fragments_give_the_chunk_sums(dtype):
     """mmq_tc: A (16 x 32) and B (32 x 8) as the m16n8k32 s8 fragments place the lanes' registers:
     a0 = A[g][4t..], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]; b0 = B[4t..][g],
     b1 = B[16+4t..][g]. One tile, one chunk, 8 tokens; Q6_K's halves by masking lanes t < 2 / t >= 2."""
-    n, k, q6 = 16, 256, dtype == "q6_k"
+    n, k, q6, has_top = 16, 256, dtype == "q6_k", dtype != "q4_k"
     raw = _weight(n, k, dtype, seed=5)
     rec, xq = _records(_acts(8, k, seed=6))
     nib, top = _planes(raw, dtype, n, k)
@@ -142,9 +142,9 @@ def test_mma_fragments_give_the_chunk_sums(dtype):
         bh, bl = np.zeros((32, 8), np.int64), np.zeros((32, 8), np.int64)
         for lane in range(32):
             g, t = lane >> 2, lane & 3
-            tb = top[0, c, lane] if q6 else 0
-            a0, a2 = _bytes(nib[0, c, lane, 0], tb, q6)
-            a1, a3 = _bytes(nib[0, c, lane, 1], tb >> 8 if q6 else 0, q6)
+            tb = top[0, c, lane] if has_top else 0
+            a0, a2 = _bytes(nib[0, c, lane, 0], tb, has_top)
+            a1, a3 = _bytes(nib[0, c, lane, 1], tb >> 8 if has_top else 0, has_top)
             for reg, r, k0 in ((a0, g, 4 * t), (a1, g + 8, 4 * t), (a2, g, 16 + 4 * t), (a3, g + 8, 16 + 4 * t)):
                 a[r, k0:k0 + 4] = _s8(np.uint32(reg))
             x = rec[g, c, 4 * t:4 * t + 4]

@@ -369,8 +369,9 @@ __device__ __forceinline__ float2 kq_scales(const KqPlanes& p, bool q6, i64 tile
     return kq_scale_pair(s >> (16 * half), q6 ? d.x >> (16 * half) : (half ? d.y : d.x), q6);
 }
 
-// One value, as gguf dequantises it: Q4_K d*sc * q - dmin*m, Q6_K d*sc * (q - 32) (float32).
-__device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64 n, int k) {
+// One value, as gguf dequantises it: Q4_K d*sc * q - dmin*m, Q6_K d*sc * (q - 32) (float32); `top`:
+// the planes hold the top bits (Q6_K, and Q5_K: Q4_K's scales with a fifth bit).
+__device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64 n, int k, bool top = false) {
     const i64 tile = n >> 4;
     const int r = (int)(n & 15), g = r & 7, half = r >> 3;
     const int c = k >> 5, t = (k >> 3) & 3, i = k & 7;
@@ -378,9 +379,11 @@ __device__ __forceinline__ float kq_value(const KqPlanes& p, bool q6, int C, i64
     const unsigned nib = *reinterpret_cast<const unsigned*>(p.nib + lane * 8 + 4 * half);
     int q = (nib >> (16 * (i & 1) + 4 * (i >> 1))) & 0xF;
     const float2 s = kq_scales(p, q6, tile, C, c, r);
+    if (q6 || top) {
+        const unsigned tw = *reinterpret_cast<const unsigned*>(p.top + lane * 4);
+        q |= ((tw >> (8 * half + 16 * (i & 1) + 2 * (i >> 1))) & 3u) << 4;
+    }
     if (!q6) return __fsub_rn(__fmul_rn(s.x, (float)q), s.y);
-    const unsigned top = *reinterpret_cast<const unsigned*>(p.top + lane * 4);
-    q |= ((top >> (8 * half + 16 * (i & 1) + 2 * (i >> 1))) & 3u) << 4;
     return __fmul_rn((t < 2) ? s.x : s.y, (float)(q - 32));
 }
 

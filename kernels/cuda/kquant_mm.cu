@@ -1,18 +1,19 @@
-// Q4_K / Q6_K matmuls on integer dot products, row invariant (the planes of kernels/cuda/kquant.py).
+// Q4_K / Q5_K / Q6_K matmuls on integer dot products, row invariant (the planes of kernels/cuda/kquant.py).
 //
 // Activations are quantised per 32-value chunk (kq_quant_x): xq = rint(v * 16256 / amax), a 15-bit
 // integer split as xq = 128 * xh + xl (xh in -127..127, xl in -64..63, two int8 planes), the chunk's
 // dx = amax / 16256 and its integer sums S0, S1 of xq over each 16-value half. A value's error is
 // at most amax / 32512 of its chunk: below the f16 rounding the 16-bit paths give activations.
 // A weight row's chunk sum is then an integer, exact in any order (dp4a at one row, int8 MMAs for
-// batches): Q4_K P = sum(q xq); Q6_K P_h = sum(q xq) - 32 S_h per 16-value half (q the unsigned
-// 6-bit value). Every kernel turns it into a float the same way (kqi_q4, kqi_q6) and sums the
+// batches): Q4_K, Q5_K P = sum(q xq); Q6_K P_h = sum(q xq) - 32 S_h per 16-value half (q the
+// unsigned 6-bit value). Every kernel turns it into a float the same way (kqi_q4, kqi_q6) and sums the
 // chunks of a K slice in ascending order (acc + v); the S slices (plan.split_k: N, K and the
 // device) are added in slice order, ((p0 + p1) + p2) + ... . No choice depends on M.
 #include "common.cuh"
 
 #define WT_Q4K 3
 #define WT_Q6K 4
+#define WT_Q5K 5  // Q4_K's scales, a fifth bit in Q6_K's top plane (kquant.py)
 #define KQ_MASK 0x0F0F0F0Fu
 #define KQX_MAX 16256  // 127 * 128: the largest |xq|
 #ifndef KQI_V
@@ -93,12 +94,12 @@ __device__ __forceinline__ float kqi_q6(float2 sc, int p0, int p1, float4 r) {
 
 // A plane word's 8 values (kquant.py: lane t's k 8t .. 8t+7 of one row) as two words of 4 bytes:
 // lo = k 8t + (0, 4, 1, 5), hi = k 8t + (2, 6, 3, 7), the order kq_quant_x writes activations in.
-// Q6_K: the top bits from the row's top word `tb` (row g: the word, row g + 8: the word >> 8).
-template <bool Q6>
+// TOP (Q5_K, Q6_K): the top bits from the row's top word `tb` (row g: the word, row g + 8: >> 8).
+template <bool TOP>
 __device__ __forceinline__ void kq_bytes(unsigned w, unsigned tb, unsigned& lo, unsigned& hi) {
     lo = w & KQ_MASK;
     hi = (w >> 4) & KQ_MASK;
-    if (Q6) {
+    if (TOP) {
         lo |= ((tb << 4) & 0x00300030u) | ((tb << 8) & 0x30003000u);
         hi |= ((tb << 2) & 0x00300030u) | ((tb << 6) & 0x30003000u);
     }
@@ -201,13 +202,13 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
                                         float* __restrict__ out, int N, int Kp, int flags, const QkvOut& qkv, int kv,
                                         int ldo, int h0) {
     extern __shared__ float red[];
-    constexpr bool Q6 = WT == WT_Q6K;
+    constexpr bool Q6 = WT == WT_Q6K, TOP = WT != WT_Q4K;
     constexpr int V = KQI_V;
     const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int C = Kp >> 5;
     const i64 tile = blockIdx.x;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
-    const KqPlanes kq = kq_planes(w, aux, Q6, (N + 15) >> 4, C);
+    const KqPlanes kq = kq_planes(w, aux, TOP, (N + 15) >> 4, C);
 
     // A batch's weights; chunks past the slice load the slice's last (no branch: every load of a
     // batch in one basic block) and are never added.
@@ -219,7 +220,7 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
             const uint4* p = reinterpret_cast<const uint4*>(kq.nib + ((tile * C + c) * 32 + 4 * g) * 8);
             b.w0[v] = p[0];
             b.w1[v] = p[1];
-            b.tb[v] = Q6 ? *reinterpret_cast<const uint4*>(kq.top + ((tile * C + c) * 32 + 4 * g) * 4)
+            b.tb[v] = TOP ? *reinterpret_cast<const uint4*>(kq.top + ((tile * C + c) * 32 + 4 * g) * 4)
                          : make_uint4(0u, 0u, 0u, 0u);
             kq_scale_words(kq, Q6, tile, C, c, g, b.sw[v], b.dw[v]);
         }
@@ -252,10 +253,10 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
                 const uint4 x = a[v][j];
                 const int h = Q6 ? j >> 1 : 0;
                 unsigned lo, hi;
-                kq_bytes<Q6>(ga[j], Q6 ? tw[j] : 0u, lo, hi);
+                kq_bytes<TOP>(ga[j], tw[j], lo, hi);
                 ha[h] = dp4a(hi, x.y, dp4a(lo, x.x, ha[h]));
                 la[h] = dp4a(hi, x.w, dp4a(lo, x.z, la[h]));
-                kq_bytes<Q6>(gb[j], Q6 ? tw[j] >> 8 : 0u, lo, hi);
+                kq_bytes<TOP>(gb[j], tw[j] >> 8, lo, hi);
                 hb[h] = dp4a(hi, x.y, dp4a(lo, x.x, hb[h]));
                 lb[h] = dp4a(hi, x.w, dp4a(lo, x.z, lb[h]));
             }
@@ -306,12 +307,12 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
                                        float* __restrict__ out, int M, int N, int Kp, int flags, const QkvOut& qkv,
                                        int kv, int ldo, int h0, int m_base) {
     extern __shared__ float red[];
-    constexpr bool Q6 = WT == WT_Q6K;
+    constexpr bool Q6 = WT == WT_Q6K, TOP = WT != WT_Q4K;
     const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int C = Kp >> 5;
     const i64 tile = blockIdx.x;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
-    const KqPlanes kq = kq_planes(w, aux, Q6, (N + 15) >> 4, C);
+    const KqPlanes kq = kq_planes(w, aux, TOP, (N + 15) >> 4, C);
 
     float acc[TM][4];
 #pragma unroll
@@ -325,7 +326,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
         for (int u = 0; u < U; ++u) {
             const i64 lane_at = (tile * C + imin(c0 + u, c_end - 1)) * 32 + lane;
             b.q[u] = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
-            b.tb[u] = Q6 ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
+            b.tb[u] = TOP ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
             kq_scale_words(kq, Q6, tile, C, imin(c0 + u, c_end - 1), g, b.sw[u], b.dw[u]);
         }
     };
@@ -340,8 +341,8 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
             const int c = c0 + u;
             if (c >= c_end) break;
             unsigned a[4];
-            kq_bytes<Q6>(cur.q[u].x, cur.tb[u], a[0], a[2]);
-            kq_bytes<Q6>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
+            kq_bytes<TOP>(cur.q[u].x, cur.tb[u], a[0], a[2]);
+            kq_bytes<TOP>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
             float2 sa, sb;
             kq_row_scales<Q6>(cur.sw[u], cur.dw[u], sa, sb);
 #pragma unroll
@@ -409,4 +410,5 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     MMQ_TC(mmq_##T##_tm8, WT, 8)
 
 MMQ_SET(q4k, WT_Q4K)
+MMQ_SET(q5k, WT_Q5K)
 MMQ_SET(q6k, WT_Q6K)

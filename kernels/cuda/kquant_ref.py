@@ -2,7 +2,7 @@
 Q4_K / Q6_K kernels must give, for tests on the CPU and against the GPU.
 
 Activations per 32-value chunk: xq = rint(v * (16256 / amax)), dx = amax / 16256; a chunk's value of
-row n for a token is Q4_K fma(d*sc, dx*P, -(dmin*m * (dx*S))) with P = sum(q xq), S = sum(xq), Q6_K
+row n for a token is Q4_K (Q5_K) fma(d*sc, dx*P, -(dmin*m * (dx*S))) with P = sum(q xq), S = sum(xq), Q6_K
 fma(d*sc1, dx*P1, d*sc0 * (dx*P0)) with P_h = sum((q - 32) xq) over half h; a K slice adds its chunks
 in order from 0, the slices (plan.split_k) are added in order.
 """
@@ -67,7 +67,7 @@ def chunk_values(raw: np.ndarray, dtype: str, x: np.ndarray) -> np.ndarray:
     df = d.view(np.float16).astype(F32)  # [N, SB, 1 or 2]
     sb = np.arange(c) // 8
     dxm = dx[:, None, :]
-    if dtype == "q4_k":
+    if dtype in ("q4_k", "q5_k"):
         p = np.einsum("nci,mci->mnc", qc, xq)
         ds = (df[:, sb, 0] * scales[:, :, 0].astype(F32)).astype(F32)  # [N, C]
         dm = (df[:, sb, 1] * scales[:, :, 1].astype(F32)).astype(F32)

@@ -14,12 +14,19 @@ ROW_TILE = 16  # weight rows per MMA tile (the 16-side)
 TOKEN_TILE = 8  # token rows per MMA tile (the 8-side)
 K_CHUNK = 32  # k per chunk: two m16n8k16 MMAs, one Q8_0 block
 MAX_SPLIT = 32  # warps per block
-KQUANT_TYPES = ("q4_k", "q6_k")  # blocks the kernels read as planes (kernels/cuda/kquant.py)
+KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")  # blocks the kernels read as planes (kernels/cuda/kquant.py)
+F16_MMA_KQUANTS = ("q4_k", "q6_k")  # of them, those matmul.cu's f16 MMA family reads too
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
 # matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ.
 KQ_INTEGER = True
-KERNEL_NAMES = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q6_k": "q6k"}  # the kernels' suffixes
+
+
+def kquant_planes(dtype: str) -> bool:
+    """Whether weights of this type reach the kernels as planes (else f16 at load): the types the
+    kernels in use read."""
+    return dtype in (KQUANT_TYPES if KQ_INTEGER else F16_MMA_KQUANTS)
+KERNEL_NAMES = {"f16": "f16", "bf16": "bf16", "q8_0": "q8", "q4_k": "q4k", "q5_k": "q5k", "q6_k": "q6k"}  # suffixes
 WARPS_PER_SM = 16  # warps in flight per SM that keep its load units busy for a weight stream
 SMEM_LIMIT = 48 * 1024  # static + dynamic shared memory without an opt-in
 F32_ROWS_PER_BLOCK = 8  # weight rows of the float32 kernel (one warp each)

@@ -79,15 +79,17 @@ extern "C" __global__ void embed_q8(const signed char* __restrict__ t, const u16
     const i64 row = ids[r];
     out[i] = __fmul_rn((float)t[row * Kp + k], f16_to_f32(scales[row * (Kp >> 5) + (k >> 5)]));
 }
-// Q4_K / Q6_K in kquant.py's planes (`nib`, `aux`): each value as gguf dequantises it (kq_value)
-#define EMBED_KQ(NAME, Q6)                                                                                \
+// Q4_K / Q5_K / Q6_K in kquant.py's planes (`nib`, `aux`; TOP: with the top-bit plane): each value as
+// gguf dequantises it (kq_value)
+#define EMBED_KQ(NAME, Q6, TOP)                                                                           \
     extern "C" __global__ void NAME(const unsigned char* __restrict__ nib, const unsigned char* __restrict__ aux, \
                                     const int* __restrict__ ids, float* __restrict__ out, int T, int K, int N) { \
         pdl_start();                                                                                      \
         const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;                                         \
         if (i >= (i64)T * K) return;                                                                      \
         const int r = (int)(i / K), k = (int)(i % K);                                                     \
-        out[i] = kq_value(kq_planes(nib, aux, Q6, (N + 15) >> 4, K >> 5), Q6, K >> 5, ids[r], k);         \
+        out[i] = kq_value(kq_planes(nib, aux, TOP, (N + 15) >> 4, K >> 5), Q6, K >> 5, ids[r], k, TOP);   \
     }
-EMBED_KQ(embed_q4k, false)
-EMBED_KQ(embed_q6k, true)
+EMBED_KQ(embed_q4k, false, false)
+EMBED_KQ(embed_q5k, false, true)
+EMBED_KQ(embed_q6k, true, true)

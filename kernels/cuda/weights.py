@@ -123,7 +123,7 @@ def kernel_weight(w: Weight | RowStack, planes: bool = True) -> Weight:
 
 def streams_blocks(dtype: str) -> bool:
     """Whether weights of this type reach the kernels as blocks (kquant planes), not as f16."""
-    return KQUANT_KERNELS and dtype in kquant.KQUANT_TYPES
+    return KQUANT_KERNELS and plan.kquant_planes(dtype)
 
 
 def device_bytes(w: Weight, planes: bool = True) -> int:
