@@ -12,9 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+import cupy as cp
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded  # noqa: E402
+from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded, timed  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.cuda.weights import CudaWeight  # noqa: E402
@@ -77,6 +79,12 @@ def main() -> None:
                               f"{r['bandwidth_fraction']:.2f} {r['TFLOPs']:6.1f} TFLOP/s", flush=True)
             ops.tiled = True
     plan.KQ_INTEGER = True
+    for k in (4096, 14336):  # the integer kernels' activation quantisation alone (32 launches a graph)
+        for m in (int(r) for r in args.rows.split(",")):
+            x, w = cp.random.standard_normal((m, k), dtype=cp.float32), CudaWeight("q4_k", (16, k), None)
+            us = timed(lambda x=x, w=w: [ops._kq_act(x, w) for _ in range(32)]) / 32 * 1e6
+            results.append({"stage": "kq_quant_x", "k": k, "m": m, "us": us})
+            print(f"kq_quant_x k={k:5} m={m:3} {us:8.2f} us", flush=True)
     Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
 
 
