@@ -225,6 +225,61 @@ __device__ __forceinline__ float epilogue(float v, const float* __restrict__ bia
     return v;
 }
 
+// The streaming kernels' fixed combine of a block's S K slices (warp s holds slice s): warp 0 adds
+// p1 .. p(S-1) to its own in slice order, sequentially, so a kernel that walks the slices one after
+// another can reproduce it. Returns false on the other warps (which then stop). `red`: shared
+// memory of (S - 1) * 32 * 4 * TM floats.
+template <int TM>
+__device__ __forceinline__ bool combine_slices(float (&acc)[TM][4], float* red) {
+    const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (S > 1) {
+        if (s > 0) {
+            float* dst = red + ((s - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) dst[tm * 4 + i] = acc[tm][i];
+        }
+        __syncthreads();
+        if (s != 0) return false;
+#pragma unroll 4
+        for (int p = 1; p < S; ++p) {
+            const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
+        }
+    }
+    return true;
+}
+
+// EPI_ROPE of the streaming kernels' accumulators (c0, c1: row n0 + g, tokens 2t, 2t + 1; c2, c3: row
+// n0 + g + 8): head h0 + n0 / D, dims j and j + D/2 (q rotated into out, k and v into the cache);
+// h0 > 0 for a run of a stack that starts past the first head.
+template <int TM>
+__device__ __forceinline__ void rope_stores(const float (&acc)[TM][4], int n0, int h0, int m_base,
+                                            const float* __restrict__ bias, const float* __restrict__ res, int M,
+                                            int N, int flags, const QkvOut& qkv, int kv) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int hh = h0 + n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int m = m_base + tm * 8 + 2 * t + i;
+            if (m >= M) continue;
+            const float a = epilogue(acc[tm][i], bias, res, m, n0 + g, N, flags);
+            const float b = epilogue(acc[tm][2 + i], bias, res, m, n0 + g + 8, N, flags);
+            if (kv == 0)
+                qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+            else if (kv == 1)
+                qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+            else
+                qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
+        }
+}
+
 // A warp's RT x 4 accumulator tiles to `out` (rows n, tokens m), through the epilogue.
 template <int RT>
 __device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int n_first, int m_first,

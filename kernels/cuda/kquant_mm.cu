@@ -121,23 +121,8 @@ __device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int
                                           const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                           int flags, const QkvOut& qkv, int kv, int ldo, int h0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    if (flags & EPI_ROPE) {  // head h0 + n0 / D, dims j and j + D/2 (out is q)
-        const int hh = h0 + n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int m = m_base + tm * 8 + 2 * t + i;
-                if (m >= M) continue;
-                const float a = epilogue(acc[tm][i], bias, res, m, n0 + g, N, flags);
-                const float b = epilogue(acc[tm][2 + i], bias, res, m, n0 + g + 8, N, flags);
-                if (kv == 0)
-                    qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                else if (kv == 1)
-                    qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                else
-                    qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-            }
+    if (flags & EPI_ROPE) {
+        rope_stores<TM>(acc, n0, h0, m_base, bias, res, M, N, flags, qkv, kv);
         return;
     }
 #pragma unroll
@@ -158,35 +143,9 @@ __device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int
     }
 }
 
-// The fixed combine of a block's S slices (mm_tc's): warp 0 adds p1 .. p(S-1) in order to its own.
-// Returns false on the other warps (which then stop). `red`: (S - 1) * 32 * 4 * TM floats.
-template <int TM>
-__device__ __forceinline__ bool kqi_combine(float (&acc)[TM][4], float* red) {
-    const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (S == 1) return true;
-    if (s > 0) {
-        float* dst = red + ((s - 1) * 32 + lane) * (TM * 4);
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) dst[tm * 4 + i] = acc[tm][i];
-    }
-    __syncthreads();
-    if (s != 0) return false;
-#pragma unroll 4
-    for (int p = 1; p < S; ++p) {
-        const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
-    }
-    return true;
-}
-
 template <int V>
 struct KqOneBatch {  // a lane's weights of a one-row batch: chunks c0 + t + 4v of rows g, g + 8
-    uint4 w0[V], w1[V], tb[V];  // plane words of lanes 4g .. 4g+3 (rows g, g + 8 alternate); Q6_K's top words
+    uint4 w0[V], w1[V], tb[V];  // plane words of lanes 4g .. 4g+3 (rows g, g + 8 alternate); the top words
     unsigned sw[V];
     uint2 dw[V];
 };
@@ -285,7 +244,7 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
         if (more) cur = next;
     }
     float acc[1][4] = {{acc_a, 0.f, acc_b, 0.f}};  // token 0 sits on lanes t = 0 (c0, c2)
-    if (!kqi_combine<1>(acc, red)) return;
+    if (!combine_slices<1>(acc, red)) return;
     kqi_store<1>(acc, (int)tile * 16, 0, bias, res, out, 1, N, flags, qkv, kv, ldo, h0);
 }
 
@@ -377,7 +336,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
         }
         if (more) cur = next;
     }
-    if (!kqi_combine<TM>(acc, red)) return;
+    if (!combine_slices<TM>(acc, red)) return;
     kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
 }
 

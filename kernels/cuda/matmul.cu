@@ -503,46 +503,12 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
     }
 
-    // The fixed combine: warp 0 adds the S partial sums in slice order, p0 + p1 + ... + p(S-1).
-    // (Sequential, so a kernel that walks the slices one after another can reproduce it.)
-    if (S > 1) {
-        if (s > 0) {
-            float* dst = red + ((s - 1) * 32 + lane) * (TM * 4);
-#pragma unroll
-            for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) dst[tm * 4 + i] = acc[tm][i];
-        }
-        __syncthreads();
-        if (s != 0) return;
-#pragma unroll 4
-        for (int p = 1; p < S; ++p) {
-            const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
-#pragma unroll
-            for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
-        }
-    }
+    // The fixed combine: warp 0 adds the S partial sums in slice order (combine_slices).
+    if (!combine_slices<TM>(acc, red)) return;
 
     // c0, c1: feature n0+g, tokens 2t, 2t+1; c2, c3: feature n0+g+8.
-    if (flags & EPI_ROPE) {  // head n0 / D, dims j and j + D/2 (out is q)
-        const int hh = n0 / qkv.D, j = 8 * ((n0 % qkv.D) >> 4) + g;
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int m = m_base + tm * 8 + 2 * t + i;
-                if (m >= M) continue;
-                const float a = epilogue(acc[tm][i], bias, res, m, n0 + g, N, flags);
-                const float b = epilogue(acc[tm][2 + i], bias, res, m, n0 + g + 8, N, flags);
-                if (kv == 0)
-                    qkv_pair_store<F32>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                else if (kv == 1)
-                    qkv_pair_store<F16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-                else
-                    qkv_pair_store<BF16>(qkv, m, hh, j, j, j + qkv.D / 2, a, b);
-            }
+    if (flags & EPI_ROPE) {
+        rope_stores<TM>(acc, n0, 0, m_base, bias, res, M, N, flags, qkv, kv);
         return;
     }
 #pragma unroll
