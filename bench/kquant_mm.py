@@ -82,9 +82,11 @@ def main() -> None:
     for k in (4096, 14336):  # the integer kernels' activation quantisation alone (32 launches a graph)
         for m in (int(r) for r in args.rows.split(",")):
             x, w = cp.random.standard_normal((m, k), dtype=cp.float32), CudaWeight("q4_k", (16, k), None)
-            us = timed(lambda x=x, w=w: [ops._kq_act(x, w) for _ in range(32)]) / 32 * 1e6
-            results.append({"stage": "kq_quant_x", "k": k, "m": m, "us": us})
-            print(f"kq_quant_x k={k:5} m={m:3} {us:8.2f} us", flush=True)
+            nw = cp.random.standard_normal(k, dtype=cp.float32)
+            for norm in (None, nw):  # plain, and with rms_norm fused
+                us = timed(lambda x=x, w=w, norm=norm: [ops._kq_act(x, w, norm, 1e-5) for _ in range(32)]) / 32 * 1e6
+                results.append({"stage": "kq_quant_x", "k": k, "m": m, "norm": norm is not None, "us": us})
+                print(f"kq_quant_x k={k:5} m={m:3} norm={norm is not None:d} {us:8.2f} us", flush=True)
     Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
 
 
