@@ -15,6 +15,11 @@ from kernels.quants.writer import quantize  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
 RNG = np.random.default_rng()
+
+
+@pytest.fixture(autouse=True)
+def integer_kernels(monkeypatch):
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
 KQUANTS = ["q4_k", "q5_k", "q6_k"]
 ROWS = (1, 2, 8, 9, 17, 33, 64, 100)
 

@@ -21,7 +21,10 @@ from kernels.weights import Weight, f32_to_bf16  # noqa: E402
 RNG = np.random.default_rng()  # fresh inputs every run; a failure prints what it needs
 MATMUL_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "bf16": 1e-2, "q4_k": 2e-3, "q5_k": 2e-3, "q6_k": 2e-3}
 MATMUL_SHAPES = [(96, 64), (40, 72), (37, 44), (40, 256), (2048, 2048), (512, 2048), (2048, 8192)]
-KQUANTS = ["q4_k", "q5_k", "q6_k"]  # types whose kernels read the blocks (repacked as planes; Q5_K: integer kernels)
+from kernels.cuda import plan as _plan  # noqa: E402
+
+# types whose kernels read the blocks (repacked as planes; Q5_K on the integer kernels only)
+KQUANTS = list(_plan.KQUANT_TYPES if _plan.KQ_INTEGER else _plan.F16_MMA_KQUANTS)
 BLOCK = {"q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}  # values per block: rows are whole blocks
 BATCHES = list(range(2, 65)) + [100, 512]
 

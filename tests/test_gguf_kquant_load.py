@@ -181,6 +181,7 @@ def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_
     from kernels.cuda.weights import device_bytes, kernel_weight, stack_bytes
     from kernels.weights import RowStack, Weight, concat_rows
 
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
     rng = np.random.default_rng(9)
     w = Weight.from_f32(rng.standard_normal((64, 256)).astype(np.float32), "q4_k")
     assert kernel_weight(w) is w and device_bytes(w) == packed_bytes(64, 256, "q4_k")
@@ -233,6 +234,7 @@ def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size(monke
              layer + "mlp.gate_proj.weight": _blocks(14336, 4096, "q4_k"),
              layer + "mlp.up_proj.weight": _blocks(14336, 4096, "q4_k")}
     as_stored = sum(device_bytes(w) for w in mixed.values())
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
     assert cuda_weight_bytes(mixed) == as_stored
     monkeypatch.setattr(plan, "KQ_INTEGER", False)
     gate_up = device_bytes(mixed[layer + "mlp.gate_proj.weight"]) * 2  # one type: as it is

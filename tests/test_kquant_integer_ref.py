@@ -169,6 +169,7 @@ def test_mixed_kquant_stacks_are_planned_as_their_runs_planes(monkeypatch):
     from kernels.cuda.weights import stack_bytes, type_runs
     from kernels.weights import Weight
 
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
     q, k, v = (Weight(_weight(n, 256, t), t) for n, t in ((64, "q4_k"), (32, "q4_k"), (32, "q6_k")))
     assert [[w.shape[0] for w in r] for r in type_runs([q, k, v])] == [[64, 32], [32]]
     assert stack_bytes([q, k, v]) == packed_bytes(96, 256, "q4_k") + packed_bytes(32, 256, "q6_k")

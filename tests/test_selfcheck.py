@@ -275,6 +275,7 @@ def test_matmul_families_of_8b_weights_on_an_h200(monkeypatch):
                                                                           "mm_wgmma_tma": 129}
     # K-quants: the integer kernels, one row (dp4a) and the int8-MMA batches; on matmul.cu's f16 MMAs
     # the tiled and wide kernels read their planes (no wgmma)
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
     assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mmq_one": 1, "mmq_tc": 2}
     monkeypatch.setattr(plan, "KQ_INTEGER", False)
     assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
