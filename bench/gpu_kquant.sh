@@ -23,7 +23,7 @@ fi
 for shape in 8b 1b; do
   has $shape || continue
   limit=T_${shape^^}
-  timeout "${!limit:-300}" python3 bench/throughput.py --shape $shape --quant q4_k_m --cells 1,16 --repeats 1 \
+  timeout "${!limit:-300}" python3 bench/throughput.py --shape $shape --quant q4_k_m --cells ${CELLS:-1,16} --repeats 1 \
     --out "$work/throughput-$shape-q4_k_m" > "$work/throughput-$shape.log" 2>&1
   grep -E "^rep|wrote|ready|Error|error" "$work/throughput-$shape.log" | tail -n 8
   cp "$work/throughput-$shape-q4_k_m".{json,md} "$OUT"/ 2>/dev/null || tail -n 30 "$work/throughput-$shape.log"
