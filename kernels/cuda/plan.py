@@ -18,8 +18,10 @@ KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")  # blocks the kernels read as planes (ke
 F16_MMA_KQUANTS = ("q4_k", "q6_k")  # of them, those matmul.cu's f16 MMA family reads too
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
-# matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ.
-KQ_INTEGER = True
+# matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: on the H200
+# the integer kernels win one row (8B Q4_K_M solo 345 against 284 tok/s) but lose batches (16 chats
+# 2171 against 3060, 512-token prefill 3.0k against 4.8k); bench/evidence/kquant-cuda-h200.md.
+KQ_INTEGER = False
 
 
 def kquant_planes(dtype: str) -> bool:
