@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.errors import StudioError
+from studio.hub_probe import unreachable
 
 # What a safetensors model needs; everything else in a repo (other weight formats, images) is skipped.
 MODEL_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
@@ -83,10 +84,14 @@ def hub_error(repo: str, exc: BaseException) -> StudioError:
         return StudioError(exc.code if exc.code in kinds else 502, kinds.get(exc.code, "pull_failed"),
                            f"{repo}: the Hub answered HTTP {exc.code} for {exc.url}")
     if _offline(exc):
-        return StudioError(503, "hub_unreachable",
-                           f"cannot reach the Hugging Face Hub at {where}: this machine looks offline "
-                           "(check the network, a proxy, or HF_ENDPOINT)")
+        return hub_unreachable()
     return StudioError(502, "pull_failed", f"{repo}: {type(exc).__name__}: {exc}")
+
+
+def hub_unreachable() -> StudioError:
+    where = _endpoint() or "https://huggingface.co"
+    return StudioError(503, "hub_unreachable", f"cannot reach the Hugging Face Hub at {where}: this machine "
+                       "looks offline (check the network, a proxy, or HF_ENDPOINT)")
 
 
 def choose_files(repo: str, listing: list[tuple[str, int]], file: str | None) -> list[tuple[str, int]]:
@@ -141,6 +146,8 @@ def pull_blocking(repo: str, file: str | None, folder: Path, report: Callable[[P
     progress = PullProgress(repo)
     report(progress)
     endpoint = _endpoint()
+    if unreachable(endpoint or "https://huggingface.co") is not None:
+        raise hub_unreachable()  # at once, not after huggingface_hub's ~23 s of retries
     try:
         tree = HfApi(endpoint=endpoint).list_repo_tree(repo, recursive=True)
         entries = {e.path: e for e in tree if isinstance(e, RepoFile)}

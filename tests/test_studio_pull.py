@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 
 import pytest
@@ -106,8 +107,10 @@ async def test_bad_pulls_are_json_errors_and_write_nothing(hub, client, pull_dir
     assert sorted(p.name for p in pull_dir.iterdir() if p.name != ".pulling") == before
 
 
-async def test_offline_the_pull_says_so(client, monkeypatch, tmp_path):
+async def test_offline_the_pull_says_so(client, monkeypatch, tmp_path, caplog):
     from studio.engine_child import free_port
+
+    caplog.set_level(logging.WARNING, logger="huggingface_hub")
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
@@ -115,6 +118,8 @@ async def test_offline_the_pull_says_so(client, monkeypatch, tmp_path):
     err = (await resp.json())["error"]
     assert (resp.status, err["type"]) == (503, "hub_unreachable")
     assert "cannot reach the Hugging Face Hub" in err["message"] and "offline" in err["message"]
+    # Said at once: huggingface_hub never started its retries with backoff (1+2+4+8+8 s).
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()], caplog.text
 
 
 async def test_an_interrupted_pull_resumes_from_its_partial_file(hub, tmp_path):
