@@ -280,6 +280,20 @@ __device__ __forceinline__ void rope_stores(const float (&acc)[TM][4], int n0, i
         }
 }
 
+// One accumulator quad of the streaming kernels (c0, c1: row n0 + g, tokens m, m + 1; c2, c3: row
+// n0 + g + 8) to `out` through the epilogue; rows of `out` are ldo apart.
+__device__ __forceinline__ void store_quad(const float (&c)[4], int n0, int m, const float* __restrict__ bias,
+                                           const float* __restrict__ res, float* __restrict__ out, int M, int N,
+                                           int ldo, int flags) {
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int n = n0 + g + ((i & 2) ? 8 : 0);
+        const int mm = m + (i & 1);
+        if (n < N && mm < M) out[(i64)mm * ldo + n] = epilogue(c[i], bias, res, mm, n, N, flags);
+    }
+}
+
 // A warp's RT x 4 accumulator tiles to `out` (rows n, tokens m), through the epilogue.
 template <int RT>
 __device__ __forceinline__ void store_tiles(const float (&total)[RT][4][4], int n_first, int m_first,

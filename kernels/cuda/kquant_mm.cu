@@ -134,12 +134,7 @@ __device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int
                 if (m + j < M) out[(i64)(m + j) * (N >> 1) + (n0 >> 1) + g] = silu_times(acc[tm][j], acc[tm][2 + j]);
             continue;
         }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int n = n0 + g + ((i & 2) ? 8 : 0);
-            const int mm = m + (i & 1);
-            if (n < N && mm < M) out[(i64)mm * ldo + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
-        }
+        store_quad(acc[tm], n0, m, bias, res, out, M, N, ldo, flags);
     }
 }
 

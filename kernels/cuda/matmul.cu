@@ -527,12 +527,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             }
             continue;
         }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int n = n0 + g + ((i & 2) ? 8 : 0);
-            const int mm = m + (i & 1);
-            if (n < N && mm < M) out[(i64)mm * N + n] = epilogue(acc[tm][i], bias, res, mm, n, N, flags);
-        }
+        store_quad(acc[tm], n0, m, bias, res, out, M, N, N, flags);
     }
 }
 
