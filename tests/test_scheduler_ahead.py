@@ -175,7 +175,7 @@ def test_hybrid_sequences_are_parked_only_between_steps_without_one_in_flight(lo
         park = sched.mem.park
 
         def recorded(seq):
-            in_flight.append(sched._ahead is not None)
+            in_flight.append(sched.stepper.ahead is not None)
             return park(seq)
         sched.mem.park = recorded
 

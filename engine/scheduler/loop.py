@@ -6,9 +6,10 @@ one batch and samples where a sequence reached its last token. Under row invaria
 choices changes any sequence's bits, which is what makes the output exact.
 
 The parts: `slots` (slot table, prompt caches, admission), `memory` (pages, parks, restores,
-per-sequence state), `planner` (what the next step runs), `emitter` (sampling, verification,
-forks, finishing), `inbox` (what crosses between the HTTP side and this thread). This loop
-owns the thread and the snapshot.
+per-sequence state), `planner` (what the next step runs), `step` (one step's launch, the step
+launched ahead, results back to sequences), `emitter` (sampling, verification, forks,
+finishing), `inbox` (what crosses between the HTTP side and this thread). This loop owns the
+thread, admission between steps and the snapshot.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from engine.kv_cache import seq_context
 from engine.modes import PreemptMode
 from engine.recurrent_state import RecurrentStates
 from engine.requests import Event, Request, call_each
-from engine.runner import Pending, Runner
+from engine.runner import Runner
 from engine.scheduler.context import Context, available_host_bytes
 from engine.scheduler.emitter import Emitter
 from engine.scheduler.inbox import Inbox, run_call
 from engine.scheduler.memory import SeqState, StateManager
-from engine.scheduler.planner import Plan, Planner
+from engine.scheduler.planner import Planner
 from engine.scheduler.slots import SlotTable, Waiting
 from engine.scheduler.snapshot import Snapshot
+from engine.scheduler.step import Stepper
 from engine.tokenizer import TextTokenizer
 from kernels.base import PAGE_SIZE
 
@@ -70,8 +72,8 @@ class Scheduler:
         self.inbox = Inbox(max_queue)
         self._waiting: Waiting = deque()  # from here on, everything belongs to the compute thread
         self._thread: threading.Thread | None = None
-        # a decode step launched before the previous step's tokens reached the host (Planner.plan_ahead)
-        self._ahead: tuple[Plan, Pending] | None = None
+        self.stepper = Stepper(runner, self.planner, self.emitter, self.mem, self.counters,
+                               admitting=lambda: bool(self._waiting or self.mem.parked or self.inbox.pending))
         self.snapshot = Snapshot(self.slots_, self.mem, self.ctx)
         self.snapshot.publish(rows=True)
 
@@ -152,10 +154,10 @@ class Scheduler:
                 self.slots_.admit(self._waiting, self.mem)
                 self.inbox.left_queue(before - len(self._waiting))
             try:
-                self._step()
+                self.stepper.run(self._flush)
             except Exception as e:  # a failed step fails its requests, never the server
                 log.exception("step failed")
-                self._ahead = None
+                self.stepper.ahead = None
                 for seq in list(self.mem.running) + list(self.mem.parked):
                     self.emitter.finish(seq, "error", error=str(e))
             if not self.mem.running:  # otherwise the next step's launch hands them over
@@ -165,7 +167,7 @@ class Scheduler:
     def _recurrent_in_flight(self) -> bool:
         """A step launched ahead holds rows of a hybrid model's sequences: parking one of them now
         would keep that row's token in its state, though the row is dropped."""
-        return self._ahead is not None and self.runner.recurrent
+        return self.stepper.ahead is not None and self.runner.recurrent
 
     def _wait_for_work(self) -> bool:
         """Publishes whatever is asked for while idle; False once stopped."""
@@ -180,7 +182,7 @@ class Scheduler:
             self.snapshot.publish(rows=True)
 
     def _has_work(self) -> bool:
-        return bool(self.inbox.pending or self.mem.running or self.mem.parked or self._waiting or self._ahead)
+        return bool(self.inbox.pending or self.mem.running or self.mem.parked or self._waiting or self.stepper.ahead)
 
     def _flush(self) -> None:
         """Publishes the snapshot, then hands the events so far to the server: a client that reads
@@ -189,46 +191,3 @@ class Scheduler:
         batch, self.emitter.outbox = self.emitter.outbox, []
         if batch:
             self.dispatch(batch)
-
-    def _step(self) -> None:
-        t0 = time.perf_counter()
-        ahead = self._ahead is not None
-        if ahead:
-            (plan, pending), self._ahead = self._ahead, None
-        else:
-            plan = self.planner.plan()
-            if not plan:
-                self._flush()
-                return
-            for seq, _ in plan:
-                if seq.generated == 0 and seq.n_computed == seq.cached_tokens:
-                    self.emitter.progress(seq)  # before its first chunk: what the cache already holds
-            pending = self.runner.launch([e for _, e in plan])
-        # a hybrid model's sequences are parked only between steps that have no step in flight: none
-        # is launched ahead while requests wait to be admitted or restored
-        admitting = self.runner.recurrent and bool(self._waiting or self.mem.parked or self.inbox.pending)
-        nxt = None if admitting else self.planner.plan_ahead(plan, ahead)
-        if nxt:
-            self._ahead = nxt, self.runner.launch_ahead(pending, [e for _, e in nxt])
-            self.counters["ahead_steps_total"] += 1
-        # The previous step's tokens go out while the device runs this one: the server's work on
-        # them (sharing the GIL) then overlaps the step instead of delaying its launch.
-        self._flush()
-        results = pending.collect()
-        took = time.perf_counter() - t0
-        self.counters["step_seconds_total"] += took
-        self.counters["steps_total"] += 1
-        if all(len(e.tokens) == 1 for _, e in plan):
-            self.counters["decode_step_seconds_total"] += took
-            self.counters["decode_steps_total"] += 1
-            self.counters["decode_rows_total"] += len(plan)
-        for (seq, entry), logits in zip(plan, results, strict=True):
-            if ahead and (seq.done or not self.mem.is_running(seq)):
-                continue  # ended, cancelled or parked after this step was launched: its row is dropped
-            if seq.draft:
-                self.emitter.verify(seq, logits)
-                continue
-            seq.n_computed += len(entry.tokens)
-            self.emitter.progress(seq)
-            if logits is not None and not seq.done:
-                self.emitter.on_logits(seq, logits.row(-1))
