@@ -3,8 +3,12 @@
 Runs wherever `nvcc` is on PATH (CI included); no GPU needed.
 """
 
+import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -13,9 +17,13 @@ from kernels.cuda.modules import ARCH, OPTIONS, sources
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+SOURCES = {p.name: p for p in sources()}
 
-# attention.cu is compiled per (head dim, query heads per block, KV type)
-ATTENTION_VARIANTS = [(d, g, kv) for d in (32, 64, 128, 256) for g in (1, 2, 4, 8) for kv in (0, 1, 2)]
+
+class Job(NamedTuple):
+    """One nvcc run: a source and its -D defines."""
+    source: str
+    defines: tuple = ()
 
 
 def _arch(path) -> str:
@@ -23,67 +31,71 @@ def _arch(path) -> str:
     return f"-gencode=arch=compute_{a[3:]},code={a}" if a else "-arch=sm_90"
 
 
-def _compile(path, tmp_path, defines=()):
+def _nvcc(job: Job, out: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """Device code only (-cubin), as NVRTC compiles it, its PTX kept in `out` (--keep)."""
+    path = SOURCES[job.source]
     flags = [o for o in OPTIONS if o != "-std=c++17"]
-    cmd = [NVCC, _arch(path), "-std=c++17", *flags, *(f"-D{k}={v}" for k, v in defines),
-           "-c", str(path), "-o", str(tmp_path / "out.o")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "warning" not in done.stderr.lower(), done.stderr
+    cmd = [NVCC, _arch(path), "-std=c++17", *flags, *(f"-D{k}={v}" for k, v in job.defines), "--keep",
+           f"--keep-dir={out}", "-cubin", str(path), "-o", str(out / "out.cubin")]
+    return out, subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """Each source compiled once with its PTX kept (--keep): matmul.cu alone takes about a minute, and
-    the PTX checks read the PTX of the same compile."""
-    done: dict = {}
-
-    def build(path):
-        if path not in done:
-            out = tmp_path_factory.mktemp(path.stem)
-            flags = [o for o in OPTIONS if o != "-std=c++17"]
-            done[path] = out, subprocess.run([NVCC, _arch(path), "-std=c++17", *flags, "--keep", f"--keep-dir={out}",
-                                              "-c", str(path), "-o", str(out / "out.o")],
-                                             capture_output=True, text=True, timeout=300)
-        return done[path]
-
-    return build
+def compiled(request, tmp_path_factory):
+    """The compiles of the tests selected in this file, started at once on every core (one at a
+    time they took 167 s on two cores, matmul.cu alone 47 s); a test waits for its own."""
+    jobs = {item.callspec.params["job"] for item in request.session.items
+            if item.module is request.module and "job" in getattr(getattr(item, "callspec", None), "params", {})}
+    pool = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
+    futures = {job: pool.submit(_nvcc, job, tmp_path_factory.mktemp(Path(job.source).stem))
+               for job in sorted(jobs, key=lambda j: j.source != "matmul.cu")}  # the longest first
+    yield lambda job: futures[job].result()
+    pool.shutdown(cancel_futures=True)
 
 
-@pytest.mark.parametrize("path", sources(), ids=lambda p: p.name)
-def test_source_compiles(path, built):
-    _, done = built(path)
+def assert_clean(done: subprocess.CompletedProcess) -> None:
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr.lower(), done.stderr
 
 
-@pytest.mark.parametrize("build", [plan.LATENCY_BUILD, plan.THROUGHPUT_BUILD, plan.LATE_VALUES_BUILD],
-                         ids=["latency", "throughput", "late_values"])
-@pytest.mark.parametrize("variant", ATTENTION_VARIANTS[::5] + [ATTENTION_VARIANTS[-1]], ids=str)
-def test_attention_variants_compile(variant, build, tmp_path):
-    d, g, kv = variant
-    path = next(p for p in sources() if p.name == "attention.cu")
-    _compile(path, tmp_path, (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), ("OUT16", kv), *build))
+WHOLE = [Job(name) for name in SOURCES]
+
+
+@pytest.mark.parametrize("job", WHOLE, ids=lambda j: j.source)
+def test_source_compiles(job, compiled):
+    assert_clean(compiled(job)[1])
+
+
+# attention.cu is compiled per (head dim, query heads per block, KV type) and build
+ATTENTION_VARIANTS = [(d, g, kv) for d in (32, 64, 128, 256) for g in (1, 2, 4, 8) for kv in (0, 1, 2)]
+BUILDS = {"latency": plan.LATENCY_BUILD, "throughput": plan.THROUGHPUT_BUILD, "late_values": plan.LATE_VALUES_BUILD}
+ATTENTION = [Job("attention.cu", (("HEAD_DIM", d), ("GROUP_MAX", g), ("KV_T", kv), ("OUT16", kv), *build))
+             for d, g, kv in ATTENTION_VARIANTS[::5] + [ATTENTION_VARIANTS[-1]] for build in BUILDS.values()]
+
+
+@pytest.mark.parametrize("job", ATTENTION, ids=lambda j: "-".join(str(v) for _, v in j.defines[:3]) + "-"
+                         + next(n for n, b in BUILDS.items() if j.defines[4:] == b))
+def test_attention_variants_compile(job, compiled):
+    assert_clean(compiled(job)[1])
 
 
 # deltanet.cu's delta-rule kernels are compiled per (key dim, value threads, value slice, chunk)
-DELTANET_VARIANTS = [(("KD", 128), ("VT", 128), ("VS", 32), ("CH", plan.DELTA_CHUNK)),
-                     (("KD", 16), ("VT", 128), ("VS", 16), ("CH", plan.DELTA_CHUNK))]
+DELTANET = [Job("deltanet.cu", (("KD", 128), ("VT", 128), ("VS", 32), ("CH", plan.DELTA_CHUNK))),
+            Job("deltanet.cu", (("KD", 16), ("VT", 128), ("VS", 16), ("CH", plan.DELTA_CHUNK)))]
 
 
-@pytest.mark.parametrize("defines", DELTANET_VARIANTS, ids=lambda d: f"kd{d[0][1]}")
-def test_deltanet_variants_compile(defines, tmp_path):
-    path = next(p for p in sources() if p.name == "deltanet.cu")
-    _compile(path, tmp_path, defines)
+@pytest.mark.parametrize("job", DELTANET, ids=lambda j: f"kd{j.defines[0][1]}")
+def test_deltanet_variants_compile(job, compiled):
+    assert_clean(compiled(job)[1])
 
 
-@pytest.mark.parametrize("path", sources(), ids=lambda p: p.name)
-def test_every_kernel_waits_for_its_predecessor(path, built):
+@pytest.mark.parametrize("job", WHOLE, ids=lambda j: j.source)
+def test_every_kernel_waits_for_its_predecessor(job, compiled):
     """Captured decode steps launch kernels early (programmatic dependent launch): each must wait
     for the kernel before it (griddepcontrol.wait, through pdl_start) or it could read stale data."""
-    out, done = built(path)
+    out, done = compiled(job)
     assert done.returncode == 0, done.stderr
-    entries = (out / f"{path.stem}.ptx").read_text().split(".entry ")[1:]
+    entries = (out / f"{Path(job.source).stem}.ptx").read_text().split(".entry ")[1:]
     assert entries
     for body in entries:
         name = body.split("(", 1)[0]
@@ -91,14 +103,10 @@ def test_every_kernel_waits_for_its_predecessor(path, built):
         assert "griddepcontrol.launch_dependents" in body, f"{name} never lets the next kernel start"
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_wgmma_kernel_keeps_its_mmas_in_flight(groups, tmp_path):
+@pytest.mark.parametrize("job", [Job("wgmma.cu", (("WG_GROUPS", g),)) for g in (1, 2)], ids=lambda j: str(j.defines[0][1]))
+def test_wgmma_kernel_keeps_its_mmas_in_flight(job, compiled):
     """ptxas serialises the warpgroup MMAs (C7513) or waits for all of them (C7517) where the code
     lets other instructions touch their registers; either cost mm_wgmma most of its speed."""
-    path = next(p for p in sources() if p.name == "wgmma.cu")
-    flags = [o for o in OPTIONS if o != "-std=c++17"]
-    done = subprocess.run([NVCC, _arch(path), "-std=c++17", *flags, f"-DWG_GROUPS={groups}", "-cubin", str(path),
-                           "-o", str(tmp_path / "k")],
-                          capture_output=True, text=True, timeout=300)
+    _, done = compiled(job)
     assert done.returncode == 0, done.stderr
     assert "C7513" not in done.stderr and "C7517" not in done.stderr, done.stderr
