@@ -11,7 +11,7 @@ source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 groups=(
   "ops:tests/test_cuda_ops.py tests/test_cuda_kquant_integer.py"
-  "attention:tests/test_cuda_attention.py tests/test_cuda_selfcheck.py"
+  "attention:tests/test_cuda_attention.py tests/test_cuda_attention_wgmma.py tests/test_cuda_selfcheck.py"
   "models:tests/test_cuda_graphs.py tests/test_cuda_kquant_pack.py tests/test_cuda_kquant_model.py tests/test_cuda_matvec.py"
   "moe_hybrid:tests/test_cuda_moe.py tests/test_cuda_deltanet.py"
 )

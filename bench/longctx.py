@@ -51,6 +51,11 @@ async def run(args) -> dict:
     vocab = SHAPES[args.shape]["vocab"]
     base = ["--parallel", "4", "--ctx-size", str(args.ctx), "--kv-unified", "--device", args.device, "--metrics"]
     servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
+    variants = dict(v.split(":", 1) for v in args.env_variant)  # label -> NAME=VALUE
+    for label, assign in variants.items():
+        name, value = assign.split("=", 1)
+        for m in args.modes.split(","):
+            servers[f"{m}+{label}"] = EngineServer(model, [*base, "--exact-concurrency", m], {name: value})
     rng = random.Random(args.seed)
     out: dict = {"shape": args.shape, "ctx": args.ctx, "gen": args.gen, "repeats": args.repeats,
                  "peak_tflops": args.peak_tflops, "copy_bandwidth": COPY_BANDWIDTH, "first_request": {},
@@ -91,6 +96,11 @@ async def run(args) -> dict:
                               "decode_of_bound": round(dec / row["decode_bound_tps"], 3),
                               "runs_prefill": [round(r["prefill_tps"], 1) for r in rs],
                               "runs_decode": [round(r["decode_tps"], 1) for r in rs]}
+                for label in variants:
+                    for m in args.modes.split(","):
+                        if m in row and f"{m}+{label}" in row:
+                            v, b = row[f"{m}+{label}"], row[m]
+                            row[f"{m}+{label}_over_{m}"] = {k: round(v[k] / b[k], 3) for k in ("prefill_tps", "decode_tps")}
                 if "on" in row and "off" in row:
                     row["on_over_off_prefill"] = round(row["on"]["prefill_tps"] / row["off"]["prefill_tps"], 3)
                     row["on_over_off_decode"] = round(row["on"]["decode_tps"] / row["off"]["decode_tps"], 3)
@@ -113,6 +123,15 @@ def markdown(r: dict) -> str:
         lines.append(f"| {c['prompt']} | {on.get('prefill_tps')} | {off.get('prefill_tps')} | "
                      f"{c.get('on_over_off_prefill')} | {c['prefill_bound_tps']} | {on.get('decode_tps')} | "
                      f"{off.get('decode_tps')} | {c.get('on_over_off_decode')} | {c['decode_bound_tps']} |")
+    extra = [k for c in r["cells"] for k in c if "+" in k and "_over_" not in k]
+    if extra:
+        lines += ["", "| prompt | engine | prefill | decode | prefill / without | decode / without |",
+                  "|---|---|---|---|---|---|"]
+        for c in r["cells"]:
+            for k in dict.fromkeys(extra):
+                ratio = c.get(f"{k}_over_{k.split('+')[0]}", {})
+                lines.append(f"| {c['prompt']} | {k} | {c[k]['prefill_tps']} | {c[k]['decode_tps']} | "
+                             f"{ratio.get('prefill_tps')} | {ratio.get('decode_tps')} |")
     lines += ["", "First 4-chat request (512-token prompts) on a fresh engine against a later one: "
               + json.dumps(r["first_request"]), "", "Load seconds: " + json.dumps(r["load_seconds"])]
     return "\n".join(lines) + "\n"
@@ -129,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", default="on,off")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="dense 16-bit matrix peak (H200: ~790)")
+    ap.add_argument("--env-variant", action="append", default=[], metavar="LABEL:NAME=VALUE",
+                    help="beside each mode's engine one with NAME=VALUE in its environment (mode+LABEL), cells interleaved")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp", default="/tmp")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "longctx"))

@@ -30,6 +30,7 @@ MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
 PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
+WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 
 REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(EXACT, ("engine", "studio"), "a switch: exact concurrency on when --exact-concurrency is absent; "
@@ -47,6 +48,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
     EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel, the "
            "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),
+    EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
+           "(attn_mma's arithmetic on wgmma; default off: not yet measured on a device)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

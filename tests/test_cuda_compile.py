@@ -110,3 +110,29 @@ def test_wgmma_kernel_keeps_its_mmas_in_flight(job, compiled):
     _, done = compiled(job)
     assert done.returncode == 0, done.stderr
     assert "C7513" not in done.stderr and "C7517" not in done.stderr, done.stderr
+
+
+# attention_wgmma.cu per (head dim, MMA rows per query row, warpgroups, stages, KV type); its plan's builds
+WGMMA_ATTENTION_VARIANTS = [(128, 4, 2, 3, 1), (128, 4, 1, 2, 2), (128, 8, 2, 3, 1), (64, 16, 2, 3, 2), (64, 2, 1, 2, 1)]
+
+
+@pytest.mark.parametrize("variant", WGMMA_ATTENTION_VARIANTS, ids=str)
+def test_wgmma_attention_keeps_its_mmas_in_flight(variant, tmp_path):
+    """Every build compiles without ptxas serialising its warpgroup MMAs (C7510-C7520: a wgmma in a
+    divergent branch, or registers an MMA in flight uses touched by other instructions)."""
+    d, gp, wq, ns, kv = variant
+    path = next(p for p in sources() if p.name == "attention_wgmma.cu")
+    flags = [o for o in OPTIONS if o != "-std=c++17"]
+    defines = (("HEAD_DIM", d), ("GP", gp), ("WQ", wq), ("NS", ns), ("KV_T", kv), ("OUT16", kv))
+    done = subprocess.run([NVCC, _arch(path), "-std=c++17", *flags, *(f"-D{k}={v}" for k, v in defines), "-cubin",
+                           str(path), "-o", str(tmp_path / "k")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "C75" not in done.stderr and "warning" not in done.stderr.lower(), done.stderr
+
+
+def test_the_wgmma_attention_plan_builds_only_compiled_variants():
+    for t, heads, kv, d in ((512, 32, 8, 128), (4096, 32, 8, 128), (100, 32, 8, 128), (512, 28, 4, 128),
+                            (512, 32, 2, 64), (512, 16, 8, 64)):
+        wt = plan.wgmma_attention_launch(t, heads, kv, d, 64, 132)
+        assert wt is not None
+        assert any(v[:4] == (d, wt.gp, wt.groups, wt.stages) for v in WGMMA_ATTENTION_VARIANTS), (t, heads, kv, d)

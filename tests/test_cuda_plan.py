@@ -235,3 +235,34 @@ def test_routed_experts_are_planned_at_their_f16_size():
                              "model.layers.0.self_attn.o_proj.weight": w})
     assert device_bytes(w) < 64 * 256 * 2
     assert got == 64 * 256 * 2 + device_bytes(w)
+
+
+def test_the_wgmma_attention_switch_takes_prefills_only():
+    """LOCKSTEP_WGMMA_ATTN (off by default) moves prefill-sized launches of 16-bit caches to
+    attention_wgmma.cu; decode-sized ones, f32 caches and groups of 1 stay where they were."""
+    from types import SimpleNamespace
+
+    from contract.env import WGMMA_ATTN, switch
+    from kernels.cuda import dispatch
+
+    assert switch({}, WGMMA_ATTN) is False and switch({WGMMA_ATTN: "1"}, WGMMA_ATTN) is True
+    off, on = SimpleNamespace(sm_count=132), SimpleNamespace(sm_count=132, wgmma_attention=True)
+    for t in (1, 16, 64, 65, 512, 4096):
+        default = dispatch.attention_build(off, t, 32, 8, 128, 128)
+        assert default == dispatch.attention_build(SimpleNamespace(sm_count=132, wgmma_attention=False), t, 32, 8, 128, 128)
+        assert default != "wgmma_tile"
+        assert dispatch.attention_build(on, t, 32, 8, 128, 128) == ("wgmma_tile" if t > 64 else default)
+        assert dispatch.attention_build(on, t, 32, 8, 128, 128, "bf16") == ("wgmma_tile" if t > 64 else default)
+        assert dispatch.attention_build(on, t, 32, 8, 128, 128, "f32") == dispatch.attention_build(off, t, 32, 8, 128, 128, "f32")
+        assert dispatch.attention_build(on, t, 32, 32, 128, 128) == dispatch.attention_build(off, t, 32, 32, 128, 128)
+        assert dispatch.attention_build(on, t, 32, 8, 32, 128) == dispatch.attention_build(off, t, 32, 8, 32, 128)
+
+
+@pytest.mark.parametrize("t", [65, 100, 512, 4096])
+def test_wgmma_attention_blocks_fit_an_sm(t):
+    for heads, kv, d in ((32, 8, 128), (28, 4, 128), (32, 2, 64), (16, 8, 64)):
+        wt = plan.wgmma_attention_launch(t, heads, kv, d, 128, 132)
+        assert wt.rb * wt.gp == 64 * wt.groups and wt.rb <= plan.MMA_MAX_RB and wt.threads == 128 * wt.groups
+        # two one-warpgroup blocks an SM; and the kernel's own static shared memory beside
+        assert (wt.shared + 1024 + 256) * (2 if wt.groups == 1 else 1) <= plan.SM_SHARED
+        assert wt.subgroups * wt.gp >= heads // kv

@@ -121,10 +121,21 @@ BUILD_NAMES = {plan.LATENCY_BUILD: "latency", plan.THROUGHPUT_BUILD: "throughput
 
 def attention_build(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
                     kv_type: str = "f16") -> str:
-    """The kernel and build attention runs t rows on: the tensor-core kernel's one row or 64 MMA rows a
-    block, chunks over workers or not (plan.mma_attention_launch); else the attn_partial build
-    (plan.attention_launch)."""
+    """The kernel and build attention runs t rows on: with the switch on, prefills on attention_wgmma.cu;
+    the tensor-core kernel's one row or 64 MMA rows a block, chunks over workers or not
+    (plan.mma_attention_launch); else the attn_partial build (plan.attention_launch)."""
     if plan.mma_attention(kv_type, head_dim):
+        if wgmma_attention(dev, t, n_heads, n_kv, head_dim, width, kv_type) is not None:
+            return "wgmma_tile"
         at = plan.mma_attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count)
         return ("mma_row" if at.rb == 1 else "mma_tile") + ("+split" if at.workers > 1 else "")
     return BUILD_NAMES[plan.attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count).build]
+
+
+def wgmma_attention(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
+                    kv_type: str) -> plan.WgmmaAttentionLaunch | None:
+    """attention_wgmma.cu's launch where the switch (LOCKSTEP_WGMMA_ATTN, read into dev.wgmma_attention,
+    only on sm_90) is on and the rows are a prefill's; else None (attn_mma)."""
+    if not getattr(dev, "wgmma_attention", False):
+        return None
+    return plan.wgmma_attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count, kv_type)

@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import MATVEC, switch
+from contract.env import MATVEC, WGMMA_ATTN, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -105,6 +105,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
         # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off until measured on a device
         self.matvec = switch(os.environ, MATVEC, default=False)
+        # prefill attention on attention_wgmma.cu (attn_mma's bits); off until measured on a device
+        self.wgmma_attention = self.wgmma and switch(os.environ, WGMMA_ATTN, default=False)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -618,6 +620,16 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         """Tensor-core attention (attention_mma.cu) of a 16-bit cache into `out`."""
         t, n_heads, d = (int(s) for s in q.shape)
         n_kv, width = int(layer.k.shape[2]), int(tables.shape[1])
+        k16, v16 = layer.k.view(cp.uint16), layer.v.view(cp.uint16)
+        wt = dispatch.wgmma_attention(self, t, n_heads, n_kv, d, width, layer.kv_type)
+        if wt is not None:
+            fn = big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
+                                 (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages),
+                                  ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2)))
+            launch(fn, (plan.ceil_div(t, wt.rb), n_kv * wt.subgroups, 1), (wt.threads,),
+                   (q, k16, v16, positions, seq, tables, _i32(t), _i32(n_heads), _i32(n_kv), _i32(width),
+                    np.float32(scale), out), shared=wt.shared)
+            return
         at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
                    ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
@@ -628,7 +640,6 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         groups = n_kv * at.subgroups
         step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32) if at.workers > 1 else self._dummy
-        k16, v16 = layer.k.view(cp.uint16), layer.v.view(cp.uint16)
         for r0 in range(0, t, step):
             r1 = min(t, r0 + step)
             # Row slices only bound the scratch: rows are independent, so the bits are the same.

@@ -426,3 +426,47 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
     min_blocks = min_blocks if rb == 1 else 1
     return MmaAttentionLaunch(gp, rb, sub, workers, row_slice, row_warps * dim_warps * 32, shared, dim_warps,
                               min_blocks)
+
+
+# --- prefill attention on Hopper's wgmma (attention_wgmma.cu): attn_mma's arithmetic, 64 MMA rows a
+# warpgroup. Off by default (LOCKSTEP_WGMMA_ATTN): its bits against attn_mma's and its speed are not yet
+# measured on a device; the engine's self-check compares a row's bits under it with the row alone.
+WGMMA_ATTN_HEAD_DIMS = (64, 128)  # the swizzled K/V tiles are 64-dim halves
+WGMMA_ATTN_FILL = 0.9  # two warpgroups a block (sharing K/V tiles) while their blocks fill this share of the SMs
+WGMMA_ATTN_STAGES = {1: 2, 2: 3}  # K/V stages by warpgroups: one-warpgroup blocks fit two an SM
+
+
+@dataclass(frozen=True)
+class WgmmaAttentionLaunch:
+    gp: int  # MMA rows per query row (mma_group)
+    groups: int  # consumer warpgroups a block (WQ; bits do not depend on it)
+    rb: int  # query rows a block: 64 * groups / gp
+    subgroups: int
+    stages: int  # NS
+    threads: int
+    shared: int
+
+
+def wgmma_attention_smem(head_dim: int, groups: int, stages: int) -> int:
+    """The K and V rings (16-bit, unpadded, swizzled), then the folded O (f32) of the block's MMA rows,
+    where q is staged first; 1 KB to align the swizzle atoms."""
+    return 1024 + 2 * stages * MMA_KT * head_dim * 2 + 64 * groups * head_dim * 4
+
+
+def wgmma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int,
+                           kv_type: str = "f16") -> WgmmaAttentionLaunch | None:
+    """Prefill-sized launches of a 16-bit cache whose group fills 64-row warpgroups with at most
+    MMA_MAX_RB query rows a block (a group of 1 stays on attn_mma); decode-sized ones (attn_mma's
+    one-row blocks) never. No split over blocks: the chunks are folded in registers."""
+    if kv_type not in ("f16", "bf16") or head_dim not in WGMMA_ATTN_HEAD_DIMS or t <= MMA_ONE_ROW_MAX:
+        return None
+    group = n_heads // n_kv
+    gp = mma_group(group)
+    sub = ceil_div(group, gp)
+    if 64 // gp > MMA_MAX_RB:
+        return None
+    two = 128 // gp <= MMA_MAX_RB and ceil_div(t, 128 // gp) * n_kv * sub >= WGMMA_ATTN_FILL * sm_count
+    groups = 2 if two else 1
+    stages = WGMMA_ATTN_STAGES[groups]
+    return WgmmaAttentionLaunch(gp, groups, 64 * groups // gp, sub, stages, 128 * groups,
+                                wgmma_attention_smem(head_dim, groups, stages))
