@@ -31,6 +31,7 @@
 // past the pass's last position are zero-filled. Shared memory: mma_attention_smem in
 // kernels/cuda/plan.py.
 #include "common.cuh"
+#include "attention_tc.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -86,15 +87,7 @@ __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], uns
 #endif
 }
 
-__device__ __forceinline__ unsigned pack16(float lo, float hi) {
-    return KV_T == 2 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
-}
-
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const u16* p) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
+__device__ __forceinline__ unsigned pack16(float lo, float hi) { return pack16_kv<KV_T>(lo, hi); }
 
 __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
@@ -105,28 +98,6 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
 #ifndef EX2
 #define EX2 1
 #endif
-#define LOG2E 1.4426950408889634f
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x by the SFU; -inf gives +0, 0 gives 1
-    float y;
-    asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// e^(s - mu) of a score, mul = mu log2 e
-__device__ __forceinline__ float softmax_weight(float s, float mu, float mul) {
-    return EX2 ? ex2(__fmaf_rn(s, LOG2E, -mul)) : expf(__fsub_rn(s, mu));
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -194,9 +165,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     }
     __syncthreads();
     unsigned qa[D / 16][4];  // the warp's q as MMA A fragments, for every sub-tile of every pass
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-        ldsm_x4(qa[ks], Qs + (wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8);
+    q_fragments<D>(qa, Qs, LD, wr * 16, lane);
 
     // this thread's two MMA rows (g and g + 8 of its warp's 16): query row, head, validity
     int jr[2], qh[2];
@@ -213,14 +182,8 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     for (int j = 0; j < RB; ++j)
         if (s_pos[j] >= 0) todo |= 1u << j;
     while (todo) {
-        const int sq = s_seq[__ffs(todo) - 1];
-        unsigned act = 0;
-        int pmax = -1;
-        for (int j = 0; j < RB; ++j)
-            if (((todo >> j) & 1u) && s_seq[j] == sq) {
-                act |= 1u << j;
-                pmax = max(pmax, s_pos[j]);
-            }
+        int sq, pmax;
+        const unsigned act = pass_rows(todo, s_seq, s_pos, RB, sq, pmax);
         todo &= ~act;
         const int lastc = pmax / PAGE;
         if ((int)blockIdx.z > lastc) continue;
@@ -273,39 +236,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                         mma16(s[2 * jt + 1], a, b[2], b[3]);
                     }
                 }
-                const int kbase = c * PAGE + sub * KT + 2 * t;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float mx = NEG_INF;
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x) {
-                            if (kbase + j * 8 + x > p[e]) s[j][2 * e + x] = NEG_INF;
-                            mx = fmaxf(mx, s[j][2 * e + x]);
-                        }
-                    const float mn = fmaxf(mc[e], quad_max(mx));
-                    const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
-                    // a sub-tile past the row's position (all -inf) leaves the state as it is: alpha 1
-                    const float alpha = mc[e] == mu ? 1.f : EX2 ? ex2(__fmul_rn(__fsub_rn(mc[e], mu), LOG2E))
-                                                                : expf(__fsub_rn(mc[e], mu));
-                    float sum = 0.f;
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x) {
-                            const float pv = softmax_weight(s[j][2 * e + x], mu, mul);
-                            s[j][2 * e + x] = pv;
-                            sum = __fadd_rn(sum, pv);
-                        }
-                    lc[e] = __fadd_rn(__fmul_rn(lc[e], alpha), quad_sum(sum));
-                    mc[e] = mn;
-#pragma unroll
-                    for (int n = 0; n < DTW; ++n) {
-                        oc[n][2 * e] = __fmul_rn(oc[n][2 * e], alpha);
-                        oc[n][2 * e + 1] = __fmul_rn(oc[n][2 * e + 1], alpha);
-                    }
-                }
+                online_softmax<EX2>(s, oc, mc, lc, p, c * PAGE + sub * KT + 2 * t);
 #pragma unroll
                 for (int kk = 0; kk < KT / 16; ++kk) {
                     const unsigned a[4] = {pack16(s[2 * kk][0], s[2 * kk][1]), pack16(s[2 * kk][2], s[2 * kk][3]),
@@ -334,25 +265,8 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                             dst[(n0 + n) * 8 + 2 * t + 1] = oc[n][2 * e + 1];
                         }
                         if (t == 0 && n0 == 0) dst[D] = mc[e], dst[D + 1] = lc[e];
-                    } else if (!have[e]) {
-                        have[e] = true;
-                        M[e] = mc[e], L[e] = lc[e];
-#pragma unroll
-                        for (int n = 0; n < DTW; ++n)
-#pragma unroll
-                            for (int x = 0; x < 2; ++x) Os[(n * 4 + 2 * e + x) * THREADS + tid] = oc[n][2 * e + x];
                     } else {
-                        float a, b, m_new;
-                        merge_coeffs(M[e], mc[e], a, b, m_new);
-                        L[e] = merge_add(L[e], a, lc[e], b);
-#pragma unroll
-                        for (int n = 0; n < DTW; ++n)
-#pragma unroll
-                            for (int x = 0; x < 2; ++x) {
-                                float& o = Os[(n * 4 + 2 * e + x) * THREADS + tid];
-                                o = merge_add(o, a, oc[n][2 * e + x], b);
-                            }
-                        M[e] = m_new;
+                        fold_chunk(e, oc, mc[e], lc[e], have[e], M[e], L[e], Os, tid, THREADS);
                     }
                 }
 #pragma unroll
@@ -370,11 +284,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
             for (int e = 0; e < 2; ++e) {
                 if (p[e] < 0) continue;
                 const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D + 2 * t;
-#pragma unroll
-                for (int n = 0; n < DTW; ++n)
-#pragma unroll
-                    for (int x = 0; x < 2; ++x)
-                        store_attn<OUT16>(out, at + (n0 + n) * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * THREADS + tid], L[e]));
+                store_row<OUT16, DTW>(out, at, n0, e, Os, tid, THREADS, L[e]);
             }
         }
     }

@@ -21,6 +21,7 @@
 // over blocks (grid.z 1): the chunks are folded in registers, the folded O kept in shared memory.
 // Shared memory: plan.wgmma_attention_smem.
 #include "common.cuh"
+#include "attention_tc.cuh"
 
 typedef unsigned u32;
 typedef unsigned long long u64;
@@ -57,7 +58,6 @@ typedef unsigned long long u64;
 #define HALF (KT * 128)        // bytes of one 64-dim half of a K or V sub-tile
 #define TILE (HALF * (D / 64)) // bytes of a K or V sub-tile
 #define LD (D + 8)             // q staging row stride in 16-bit values
-#define LOG2E 1.4426950408889634f
 #if D % 64
 #error "the swizzled tiles are 64-dim halves: HEAD_DIM 64 or 128"
 #endif
@@ -82,8 +82,9 @@ typedef unsigned long long u64;
 
 // wgmma with A (4 registers a thread, mma.sync's A fragment) and B from shared memory; TB 1: B N-major
 template <int N, int TB>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 desc) {
+__device__ __forceinline__ void wgmma_rs(float (&acc)[N / 8][4], const u32 (&a)[4], u64 desc) {
     static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+    float(&d)[N / 2] = reinterpret_cast<float(&)[N / 2]>(acc);  // d[4 j + i] is tile j's c[i]
     if constexpr (N == 64 && TB == 0 && KV_T == 2) {
         WG_RS_N64("bf16", "0");
     } else if constexpr (N == 64 && TB == 0) {
@@ -111,35 +112,7 @@ __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.alig
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
-__device__ __forceinline__ u32 pack16(float lo, float hi) {
-    return KV_T == 2 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
-}
-
-__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const u16* p) {
-    const u32 s = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float softmax_weight(float s, float mu, float mul) {
-    return EX2 ? ex2(__fmaf_rn(s, LOG2E, -mul)) : expf(__fsub_rn(s, mu));
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
+__device__ __forceinline__ u32 pack16(float lo, float hi) { return pack16_kv<KV_T>(lo, hi); }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -194,9 +167,7 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     }
     __syncthreads();
     u32 qa[D / 16][4];  // the warp's 16 rows of q as A fragments (attn_mma's)
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-        ldsm_x4(qa[ks], Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + ks * 16 + (lane >> 4) * 8);
+    q_fragments<D>(qa, Qs, LD, warp * 16, lane);
 
     int jr[2], qh[2];
     bool ok[2];
@@ -213,14 +184,8 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         if (s_pos[j] >= 0) todo |= 1u << j;
     bool first = true;
     while (todo) {
-        const int sq = s_seq[__ffs(todo) - 1];
-        unsigned act = 0;
-        int pmax = -1;
-        for (int j = 0; j < RB; ++j)
-            if (((todo >> j) & 1u) && s_seq[j] == sq) {
-                act |= 1u << j;
-                pmax = max(pmax, s_pos[j]);
-            }
+        int sq, pmax;
+        const unsigned act = pass_rows(todo, s_seq, s_pos, RB, sq, pmax);
         todo &= ~act;
         const int* table = tables + (i64)sq * W;
         const int n = pmax / KT + 1;  // sub-tiles of the pass: chunk i / 4, sub-tile i % 4
@@ -228,10 +193,12 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
 #pragma unroll
         for (int e = 0; e < 2; ++e) p[e] = ok[e] && ((act >> jr[e]) & 1u) ? s_pos[jr[e]] : -1;
 
-        float oc[D / 2], M[2], L[2], mc[2], lc[2];
+        float oc[D / 8][4], M[2], L[2], mc[2], lc[2];
         bool have[2] = {false, false};
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) oc[i] = 0.f;
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
 #pragma unroll
         for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f, mc[e] = NEG_INF, lc[e] = 0.f;
 
@@ -250,52 +217,26 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
             cp_async_commit();
             const int c = i / (PAGE / KT), st = i % NS;
             {  // every warpgroup, in the pass or not: wgmma in a divergent branch is serialised
-                float s[KT / 2];
+                float s[KT / 8][4];
 #pragma unroll
-                for (int x = 0; x < KT / 2; ++x) s[x] = 0.f;
+                for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) s[j][x] = 0.f;
                 wg_fence();
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ++ks)
                     wgmma_rs<KT, 0>(s, qa[ks], desc128(kbase + st * TILE + (ks >> 2) * HALF + (ks & 3) * 32, 0));
                 wg_commit();
                 wg_wait0();
-                const int kb = i * KT + 2 * t;
+                online_softmax<EX2>(s, oc, mc, lc, p, i * KT + 2 * t);
+                u32 pa[KT / 16][4];  // P as A fragments (attn_mma's), all packed before the first MMA reads any
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float mx = NEG_INF;
-#pragma unroll
-                    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x) {
-                            if (kb + j * 8 + x > p[e]) s[4 * j + 2 * e + x] = NEG_INF;
-                            mx = fmaxf(mx, s[4 * j + 2 * e + x]);
-                        }
-                    const float mn = fmaxf(mc[e], quad_max(mx));
-                    const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
-                    const float alpha = mc[e] == mu ? 1.f : EX2 ? ex2(__fmul_rn(__fsub_rn(mc[e], mu), LOG2E))
-                                                                : expf(__fsub_rn(mc[e], mu));
-                    float sum = 0.f;
-#pragma unroll
-                    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-                        for (int x = 0; x < 2; ++x) {
-                            const float pv = softmax_weight(s[4 * j + 2 * e + x], mu, mul);
-                            s[4 * j + 2 * e + x] = pv;
-                            sum = __fadd_rn(sum, pv);
-                        }
-                    lc[e] = __fadd_rn(__fmul_rn(lc[e], alpha), quad_sum(sum));
-                    mc[e] = mn;
-#pragma unroll
-                    for (int j = 0; j < D / 8; ++j) {
-                        oc[4 * j + 2 * e] = __fmul_rn(oc[4 * j + 2 * e], alpha);
-                        oc[4 * j + 2 * e + 1] = __fmul_rn(oc[4 * j + 2 * e + 1], alpha);
-                    }
+                for (int kk = 0; kk < KT / 16; ++kk) {
+                    pa[kk][0] = pack16(s[2 * kk][0], s[2 * kk][1]);
+                    pa[kk][1] = pack16(s[2 * kk][2], s[2 * kk][3]);
+                    pa[kk][2] = pack16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[kk][3] = pack16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
                 }
-                u32 pa[KT / 16][4];  // P as A fragments, all packed before the first MMA reads any
-#pragma unroll
-                for (int kk = 0; kk < KT / 16; ++kk)
-#pragma unroll
-                    for (int w = 0; w < 4; ++w) pa[kk][w] = pack16(s[8 * kk + 2 * w], s[8 * kk + 2 * w + 1]);
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < KT / 16; ++kk)
@@ -307,29 +248,12 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     if (p[e] < 0 || c > p[e] / PAGE) continue;
-                    if (!have[e]) {
-                        have[e] = true;
-                        M[e] = mc[e], L[e] = lc[e];
-#pragma unroll
-                        for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-                            for (int x = 0; x < 2; ++x) Os[(4 * j + 2 * e + x) * THREADS + tid] = oc[4 * j + 2 * e + x];
-                    } else {
-                        float a, b, m_new;
-                        merge_coeffs(M[e], mc[e], a, b, m_new);
-                        L[e] = merge_add(L[e], a, lc[e], b);
-#pragma unroll
-                        for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-                            for (int x = 0; x < 2; ++x) {
-                                float& o = Os[(4 * j + 2 * e + x) * THREADS + tid];
-                                o = merge_add(o, a, oc[4 * j + 2 * e + x], b);
-                            }
-                        M[e] = m_new;
-                    }
+                    fold_chunk(e, oc, mc[e], lc[e], have[e], M[e], L[e], Os, tid, THREADS);
                 }
 #pragma unroll
-                for (int x = 0; x < D / 2; ++x) oc[x] = 0.f;
+                for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) oc[n][x] = 0.f;
 #pragma unroll
                 for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;
             }
@@ -338,11 +262,7 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
         for (int e = 0; e < 2; ++e) {
             if (p[e] < 0) continue;
             const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D + 2 * t;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-                for (int x = 0; x < 2; ++x)
-                    store_attn<OUT16>(out, at + j * 8 + x, __fdiv_rn(Os[(4 * j + 2 * e + x) * THREADS + tid], L[e]));
+            store_row<OUT16, D / 8>(out, at, 0, e, Os, tid, THREADS, L[e]);
         }
     }
 }

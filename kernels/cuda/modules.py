@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import time
 from pathlib import Path
 
@@ -15,11 +16,12 @@ ARCH = {"wgmma.cu": "sm_90a", "attention_wgmma.cu": "sm_90a"}  # sources with in
 
 
 def source(name: str) -> str:
-    """A kernel source with common.cuh pasted in: CuPy's cache keys on the text it compiles, so
-    an edit of the header must change that text."""
+    """A kernel source with its headers (common.cuh, attention_tc.cuh) pasted in: CuPy's cache keys on
+    the text it compiles, so an edit of a header must change that text; NVRTC gets no include path."""
     text = (HERE / name).read_text()
-    header = (HERE / COMMON).read_text()
-    return text.replace(f'#include "{COMMON}"', header)
+    for header in re.findall(r'^#include "(\w+\.cuh)"$', text, flags=re.M):
+        text = text.replace(f'#include "{header}"', (HERE / header).read_text())
+    return text
 
 
 def sources() -> list[Path]:

@@ -1,0 +1,138 @@
+// The arithmetic of a query row that attention_mma.cu (mma.sync) and attention_wgmma.cu (wgmma) share,
+// on the accumulator layout both have: a thread's S and O values as [tile][4] (c0..c3 of an m16n8
+// tile: rows g, g + 8 of its warp's 16 as index bit 1, neighbouring columns as bit 0). Pasted after
+// common.cuh (kernels/cuda/modules.py).
+
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const u16* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x by the SFU; -inf gives +0, 0 gives 1
+    float y;
+    asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// e^(s - mu) of a score, mul = mu log2 e (USE_EX2 0: expf)
+template <int USE_EX2>
+__device__ __forceinline__ float softmax_weight(float s, float mu, float mul) {
+    return USE_EX2 ? ex2(__fmaf_rn(s, LOG2E, -mul)) : expf(__fsub_rn(s, mu));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// One sub-tile's online softmax: scores s of keys past a row's position p (from key kbase + 8 j + x of
+// tile j) -inf; the running max mc and sum lc updated; the weights left in s; O (oc) scaled by alpha.
+template <int USE_EX2, int NS_, int NO_>
+__device__ __forceinline__ void online_softmax(float (&s)[NS_][4], float (&oc)[NO_][4], float (&mc)[2], float (&lc)[2],
+                                               const int (&p)[2], int kbase) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < NS_; ++j)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                if (kbase + j * 8 + x > p[e]) s[j][2 * e + x] = NEG_INF;
+                mx = fmaxf(mx, s[j][2 * e + x]);
+            }
+        const float mn = fmaxf(mc[e], quad_max(mx));
+        const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
+        // a sub-tile past the row's position (all -inf) leaves the state as it is: alpha 1
+        const float alpha = mc[e] == mu ? 1.f : USE_EX2 ? ex2(__fmul_rn(__fsub_rn(mc[e], mu), LOG2E))
+                                                        : expf(__fsub_rn(mc[e], mu));
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < NS_; ++j)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                const float pv = softmax_weight<USE_EX2>(s[j][2 * e + x], mu, mul);
+                s[j][2 * e + x] = pv;
+                sum = __fadd_rn(sum, pv);
+            }
+        lc[e] = __fadd_rn(__fmul_rn(lc[e], alpha), quad_sum(sum));
+        mc[e] = mn;
+#pragma unroll
+        for (int n = 0; n < NO_; ++n) {
+            oc[n][2 * e] = __fmul_rn(oc[n][2 * e], alpha);
+            oc[n][2 * e + 1] = __fmul_rn(oc[n][2 * e + 1], alpha);
+        }
+    }
+}
+
+// A finished chunk's (oc, mc, lc) of row e folded into the row's state: the first copied, later ones
+// merged in order (merge_coeffs / merge_add). The folded O lives in shared memory, [NO_ * 4][threads].
+template <int NO_>
+__device__ __forceinline__ void fold_chunk(int e, const float (&oc)[NO_][4], float mc, float lc, bool& have, float& M,
+                                           float& L, float* Os, int tid, int threads) {
+    if (!have) {
+        have = true;
+        M = mc, L = lc;
+#pragma unroll
+        for (int n = 0; n < NO_; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) Os[(n * 4 + 2 * e + x) * threads + tid] = oc[n][2 * e + x];
+    } else {
+        float a, b, m_new;
+        merge_coeffs(M, mc, a, b, m_new);
+        L = merge_add(L, a, lc, b);
+#pragma unroll
+        for (int n = 0; n < NO_; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                float& o = Os[(n * 4 + 2 * e + x) * threads + tid];
+                o = merge_add(o, a, oc[n][2 * e + x], b);
+            }
+        M = m_new;
+    }
+}
+
+// The rows of `todo` that belong to the sequence sq of its first row (a pass), and their last position
+__device__ __forceinline__ unsigned pass_rows(unsigned todo, const int* s_seq, const int* s_pos, int rb, int& sq,
+                                              int& pmax) {
+    sq = s_seq[__ffs(todo) - 1];
+    unsigned act = 0;
+    pmax = -1;
+    for (int j = 0; j < rb; ++j)
+        if (((todo >> j) & 1u) && s_seq[j] == sq) {
+            act |= 1u << j;
+            pmax = max(pmax, s_pos[j]);
+        }
+    return act;
+}
+
+template <int KVT>
+__device__ __forceinline__ unsigned pack16_kv(float lo, float hi) {
+    return KVT == 2 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
+}
+
+// The 16 rows from MMA row row16 of staged q as A fragments, one per 16 head dims
+template <int D_>
+__device__ __forceinline__ void q_fragments(unsigned (&qa)[D_ / 16][4], const u16* Qs, int ld, int row16, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < D_ / 16; ++ks)
+        ldsm_x4(qa[ks], Qs + (row16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + ks * 16 + (lane >> 4) * 8);
+}
+
+// O / l of row e's folded dims (tiles n0.. of its head's D values from `at`) to out, a zero as +0
+template <int OUT16_, int NO_>
+__device__ __forceinline__ void store_row(float* out, i64 at, int n0, int e, const float* Os, int tid, int threads,
+                                          float l) {
+#pragma unroll
+    for (int n = 0; n < NO_; ++n)
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+            store_attn<OUT16_>(out, at + (n0 + n) * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * threads + tid], l));
+}
