@@ -38,7 +38,9 @@ def test_ring_kernel_gives_the_one_row_kernels_bits(ring, dtype, shape):
     old.matvec = False
     w = Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype)
     dw = ring.upload(w)
-    assert dispatch.matmul_family(ring, 1, dw) == "mv", plan.matvec_launch(dtype, n, k, ring.sm_count)
+    # a split no build takes (300 x 1000 splits past 16 warps) runs mm_tc by design: same bits either way
+    mv = plan.matvec_launch(dtype, n, k, ring.sm_count)
+    assert dispatch.matmul_family(ring, 1, dw) == ("mv" if mv is not None else "mm_tc"), mv
     assert dispatch.matmul_family(old, 1, dw) == "mm_tc"
     nw, bias, res = ring.tensor(_rand(k)), ring.tensor(_rand(n)), cp.asarray(_rand(1, n))
     for _ in range(3):
