@@ -31,6 +31,7 @@ PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
+THREADS = "LLAMA_ARG_THREADS"
 
 REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(EXACT, ("engine", "studio"), "a switch: exact concurrency on when --exact-concurrency is absent; "
@@ -45,6 +46,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(CONFIG_DIR, ("studio",), "where settings.json lives"),
     EnvVar(LOG_DIR, ("studio",), "where engine attempt logs go"),
     EnvVar(MODEL_DIRS, ("studio",), "extra model folders, os.pathsep separated"),
+    EnvVar(THREADS, ("engine",), "the CPU threads when -t is absent (llama-server's name); -1 or unset: one per "
+           "physical core, at most 8"),
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
     EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel, the "
            "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),

@@ -52,7 +52,7 @@ class EngineArgs:
     # llama-server flags accepted for compatibility (engine.cli_compat)
     temp: float | None
     n_predict: int
-    threads: int | None
+    threads: int  # resolved: -t, else LLAMA_ARG_THREADS, else the physical cores (engine.threads)
     threads_batch: int | None
     cont_batching: bool
     slots_endpoint: bool
@@ -78,6 +78,7 @@ class EngineArgs:
     tp_split: tuple[float, ...]  # one normalised-or-not proportion per rank
     chat_template: str | None  # the text of --chat-template-file or of the named built-in
     preempt_mode: PreemptMode  # LOCKSTEP_PREEMPT_MODE
+    threads_source: str = "-t"  # where `threads` came from, for the load log
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace, **derived) -> EngineArgs:

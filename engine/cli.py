@@ -17,7 +17,7 @@ from engine.args import EngineArgs
 from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unknown, lacking_flags
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
-from engine.threads import DEFAULT_THREADS, THREADS_HELP, configure_threads
+from engine.threads import THREADS_HELP, configure_threads, resolve_threads
 from kernels.base import KV_TYPES, PAGE_SIZE
 
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_threads(add) -> None:
     """-t for `generate` (the server's comes with the llama-server flags: engine/cli_compat.py)."""
-    add("-t", "--threads", type=_int_at_least(1), default=DEFAULT_THREADS, metavar="N", help=THREADS_HELP)
+    add("-t", "--threads", type=_int_at_least(-1), default=None, metavar="N", help=THREADS_HELP)
 
 
 def _tensor_split(text: str) -> tuple[float, ...]:
@@ -215,8 +215,8 @@ def check_values(opts: argparse.Namespace) -> None:
         raise bad_flag(f"--parallel {opts.parallel}: at most {MAX_SLOTS} slots")
     if opts.port > 65535:
         raise bad_flag(f"--port {opts.port}: not a port number")
-    if opts.threads is not None and opts.threads < 1:
-        raise bad_flag(f"-t/--threads {opts.threads}: expects at least 1")
+    if opts.threads is not None and (opts.threads == 0 or opts.threads < -1):
+        raise bad_flag(f"-t/--threads {opts.threads}: expects at least 1, or -1 for the default")
     if opts.seed >= 1 << 64:
         raise bad_flag(f"--seed {opts.seed}: at most 2^64 - 1")
     if opts.temp is not None and not 0.0 <= opts.temp <= 100.0:
@@ -237,8 +237,17 @@ def engine_args(opts: argparse.Namespace, env: Mapping[str, str] | None = None) 
         tp, tp_split = resolve_tp(opts.tp, opts.split_mode, opts.tensor_split)
     except PlanError as e:
         raise bad_flag(str(e)) from None
+    threads, threads_source = cpu_threads(opts.threads, env)
     return EngineArgs.from_namespace(opts, chat_template=chat_template(opts), preempt_mode=preempt_mode(env),
-                                     api_key=read_api_key(opts, env), ubatch_size=ubatch, tp=tp, tp_split=tp_split)
+                                     api_key=read_api_key(opts, env), ubatch_size=ubatch, tp=tp, tp_split=tp_split,
+                                     threads=threads, threads_source=threads_source)
+
+
+def cpu_threads(flag: int | None, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    try:
+        return resolve_threads(flag, env)
+    except ValueError as e:
+        raise bad_flag(str(e)) from None
 
 
 def chat_template(opts: argparse.Namespace) -> str | None:
@@ -314,10 +323,11 @@ def main(argv: list[str] | None = None) -> int:
             from engine.generate import run_generate
 
             gen_opts = build_generate_parser().parse_args(argv[1:])
+            gen_opts.threads = cpu_threads(gen_opts.threads)[0]
             configure_threads(gen_opts.threads)
             return run_generate(gen_opts)
         args = engine_args(build_parser().parse_args(argv))
-        configure_threads(args.threads or DEFAULT_THREADS)
+        configure_threads(args.threads)
         from engine.server.startup import serve
 
         return serve(args)

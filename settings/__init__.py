@@ -22,6 +22,7 @@ from settings.models import (
     LoadRequest,
     PreemptMode,
     Settings,
+    threads_value,
 )
 from settings.paths import config_dir, log_dir
 from settings.precedence import Resolved, exact_default, resolve_exact, resolve_preempt
@@ -63,4 +64,5 @@ __all__ = [
     "log_dir",
     "resolve_exact",
     "resolve_preempt",
+    "threads_value",
 ]

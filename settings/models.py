@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 ExactMode = Literal["auto", "off", "on"]
 # auto: park sequences to host memory, recompute when that memory is exhausted (the engine's default).
@@ -14,6 +14,21 @@ SpecType = Literal["none", "ngram"]
 SplitMode = Literal["none", "layer", "row"]
 # -ts: up to 8 proportions, e.g. "1,1" or "3/1" (llama-server's two spellings)
 TENSOR_SPLIT = r"^\d+(\.\d+)?([,/]\d+(\.\d+)?){0,7}$"
+MAX_THREADS = 256
+
+
+def threads_value(value: object) -> object:
+    """'auto' or a thread count (a digit string is read as one); anything else is a ValueError saying so."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value == "auto" or (type(value) is int and 1 <= value <= MAX_THREADS):
+        return value
+    raise ValueError(f"expects 'auto' (the engine's default: one per physical core) or a whole number of "
+                     f"threads from 1 to {MAX_THREADS}, got {value!r}")
+
+
+# CPU threads: "auto" passes no -t (the engine's default: its physical cores), a number passes -t N.
+Threads = Annotated[Literal["auto"] | int, BeforeValidator(threads_value)]
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 EXACT_MODES: tuple[str, ...] = get_args(ExactMode)
@@ -48,6 +63,7 @@ class LoadDefaults(BaseModel):
     tp: int | None = Field(None, ge=1, le=8)
     tensor_split: str | None = Field(None, pattern=TENSOR_SPLIT)
     split_mode: SplitMode | None = None
+    threads: Threads = "auto"
 
 
 class ApiSettings(BaseModel):
@@ -102,6 +118,7 @@ class LoadRequest(BaseModel):
     tp: int | None = Field(None, ge=1, le=8)
     tensor_split: str | None = Field(None, pattern=TENSOR_SPLIT)
     split_mode: SplitMode | None = None
+    threads: Threads | None = None
 
     def with_defaults(self, defaults: LoadDefaults) -> LoadDefaults:
         given = {k: v for k, v in self.model_dump(exclude={"model", "exact_concurrency", "preempt_mode"}).items()

@@ -47,6 +47,11 @@ def _gpu_layers(value: str) -> str | None:
     return None if value in ("all", "auto") else _int(-1)(value)
 
 
+def _threads(value: str) -> str | None:
+    # -1 asks the engine for its default (llama-server's spelling); 0 and below are refused there.
+    return None if value == "-1" else _int(1)(value)
+
+
 def _number(value: str) -> str | None:
     return None if re.fullmatch(r"\d{1,6}(\.\d{1,12})?", value) else f"expects a number >= 0, got {value!r}"
 
@@ -110,7 +115,7 @@ FLAGS: tuple[Flag, ...] = (
     # llama-server's (engine/cli_compat.py)
     Flag(("--temp",), True, _number),
     Flag(("--n-predict", "-n"), True, _int(-1)),
-    Flag(("--threads", "-t"), True, _int(-1)),
+    Flag(("--threads", "-t"), True, _threads),
     Flag(("--threads-batch", "-tb"), True, _int(-1)),
     Flag(("--cont-batching", "-cb"), False),
     Flag(("--slots",), False),
@@ -228,6 +233,8 @@ def options_from_settings(load: LoadDefaults) -> Options:
     for flag, value in (("--tp", load.tp), ("--tensor-split", load.tensor_split), ("--split-mode", load.split_mode)):
         if value is not None:
             options[flag] = str(value)
+    if load.threads != "auto":
+        options["--threads"] = str(load.threads)
     options.update(parse_extra_args(load.extra_args))
     return options
 

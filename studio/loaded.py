@@ -48,12 +48,20 @@ class Loaded:
             "requested_exact_concurrency": self.plan.exact_mode,
             "exact_reason": self.exact_reason,
             "preempt_mode": self.plan.preempt_mode,
+            "threads": asked_threads(self.plan.options),
+            "threads_in_use": child.props.get("n_threads") if child else None,
             "warnings": [w.as_dict() for w in self.warnings],
             "argv": child.argv if child else None,
             "attempts": self.attempt_dicts,
             "port": child.port if child else None,
             "pid": child.process.pid if child else None,
         }
+
+
+def asked_threads(options: dict[str, str | None]) -> str:
+    """-t as the load asked it: a number, or auto (no -t, or llama-server's -1: the engine's default)."""
+    value = options.get("--threads")
+    return "auto" if value in (None, "-1") else str(value)
 
 
 def reported_exact(mode: str, result: LaunchResult) -> tuple[str, str | None]:

@@ -19,7 +19,7 @@ from engine.scheduler import Scheduler
 from engine.selfcheck import self_check
 from engine.server.generation import LoopDispatch
 from engine.server.state import EngineState
-from engine.threads import DEFAULT_THREADS, threads_report
+from engine.threads import threads_report
 from engine.warmup import warm_up
 from kernels.base import PAGE_SIZE
 from kernels.weights import QK8_0
@@ -51,7 +51,7 @@ def load_model(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
     plan = parallel_plan(opts, loaded, state.backend)
     runner = build_runner(loaded, state.backend, state.exact.granted, n_pages, opts.cache_type_k, seq_pages,
                           opts.ubatch_size, opts.cache_type_v, n_seqs=opts.parallel,
-                          threads=opts.threads or DEFAULT_THREADS, plan=plan)
+                          threads=opts.threads, plan=plan)
     load_progress.phase("warmup")  # the exactness self-check, the kernels' warm-up, the scheduler's start
     t_weights = time.perf_counter()
     spec_n = opts.spec_draft_n_max if opts.spec_type != "none" or opts.model_draft else 0
@@ -79,7 +79,7 @@ def load_model(state: EngineState, loop: asyncio.AbstractEventLoop) -> None:
              t_check - t_weights, check_builds, t_end - t_check)
     drafter = None
     if spec_n and opts.model_draft:
-        draft = load_draft(opts, loaded, state.backend, seq_pages, opts.threads or DEFAULT_THREADS)
+        draft = load_draft(opts, loaded, state.backend, seq_pages, opts.threads)
         drafter = lambda seq, k: draft.propose(seq.slot, seq.tokens, k)  # noqa: E731
         log.info("speculative drafts from the draft model %s (%s, up to %d tokens)", opts.model_draft,
                  draft.runner.config.arch, spec_n)

@@ -17,7 +17,6 @@ from engine.server.offload import json_list
 from engine.server.params import Fields, read_json, token_ids
 from engine.server.pieces import piece_json
 from engine.server.state import LLAMA_BUILD_INFO, EngineState, state_of
-from engine.threads import DEFAULT_THREADS
 
 SLOTS_WAIT_S = 0.02
 # A million tokens' list costs the GIL about 0.1 s to build and free, during which nothing else runs: the
@@ -64,7 +63,7 @@ def props_body(state: EngineState) -> dict:
         "lockstep_build": state.build_info,
         "is_sleeping": False,
         "exact_concurrency": state.exact.as_dict(),
-        "n_threads": opts.threads or DEFAULT_THREADS,
+        "n_threads": opts.threads,
         "cpu_threads": state.cpu_threads,
         "tensor_parallel": state.parallel,
         "load_seconds": state.load_seconds,

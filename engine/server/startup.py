@@ -78,6 +78,7 @@ async def _serve(opts: EngineArgs) -> int:
         loop = asyncio.get_running_loop()
         state.sleeper = Sleeper(state, opts.sleep_idle_seconds, lambda: load_model(state, loop))
     log.info(exact.log_line())
+    log.info("CPU threads: %d (%s)", opts.threads, opts.threads_source)
     runner = GuardedRunner(build_app(state), opts.max_connections, handler_cancellation=True, access_log=None,
                            shutdown_timeout=SHUTDOWN_SECONDS, keepalive_timeout=opts.timeout)
     await runner.setup()

@@ -17,7 +17,7 @@ from studio.catalog import beyond_native, weights_per_gpu
 from studio.flags import ExtraArgsError, exact_contradictions, options_from_settings
 
 INT_FIELDS = ("ctx_size", "parallel", "batch_size", "ubatch_size", "n_gpu_layers", "spec_draft_n_max", "tp")
-TEXT_FIELDS = ("tensor_split",)
+TEXT_FIELDS = ("tensor_split", "threads")  # threads: auto or a number, read by settings.threads_value
 CHOICE_FIELDS = ("flash_attn", "cache_type_k", "cache_type_v", "spec_type")
 DEFAULT = "default"  # the exact selector's "take the stored setting" choice
 
@@ -68,7 +68,7 @@ def form_values(load: LoadDefaults) -> dict[str, str]:
     """The form's text for stored load defaults."""
     values = {name: "" if getattr(load, name) is None else str(getattr(load, name)) for name in INT_FIELDS}
     values.update({name: getattr(load, name) for name in CHOICE_FIELDS})
-    values.update({name: getattr(load, name) or "" for name in TEXT_FIELDS})
+    values.update({name: str(getattr(load, name) or "") for name in TEXT_FIELDS})
     values["extra_args"] = shlex.join(load.extra_args)
     return values
 

@@ -21,6 +21,7 @@ TEXT_FIELDS = {
     "parallel": ("Parallel slots", "chats served at once (--parallel)"),
     "batch_size": ("Batch size", "logical batch for prompt processing (-b)"),
     "ubatch_size": ("Micro-batch size", "physical batch (-ub)"),
+    "threads": ("CPU threads", "auto = one per physical core (the engine's default), or a number (-t)"),
     "n_gpu_layers": ("GPU layers", "blank = every layer on the GPU (-ngl)"),
     "spec_draft_n_max": ("Draft tokens", "most draft tokens per step (--spec-draft-n-max)"),
     "tp": ("GPUs (--tp)", "tensor parallel; blank = 1"),
@@ -37,7 +38,7 @@ CHOICES = {
     "spec_type": ("Speculative", [("none", "none"), ("n-gram drafts", "ngram")],
                   "with exact on, drafts change speed, never tokens"),
 }
-ORDER = ("exact", "ctx_size", "parallel", "batch_size", "ubatch_size", "flash_attn", "n_gpu_layers",
+ORDER = ("exact", "ctx_size", "parallel", "batch_size", "ubatch_size", "threads", "flash_attn", "n_gpu_layers",
          "cache_type_k", "cache_type_v", "spec_type", "spec_draft_n_max", "tp", "tensor_split", "extra_args")
 
 

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, HorizontalGroup, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from settings import EXACT_MODES, PREEMPT_MODES, Settings
+from settings import EXACT_MODES, PREEMPT_MODES, Settings, threads_value
 from settings.env import ENV_MODEL_DIRS
 from settings.store import version_of
 from studio.tui.messages import SettingsOnDisk, SettingsSaved, settings_saved
@@ -34,6 +34,10 @@ def settings_patch(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, st
         patch["api"]["port"] = int(values["api_port"])
     except ValueError:
         errors["api_port"] = f"a port number, not {values['api_port']!r}"
+    try:
+        patch["load"] = {"threads": threads_value(values["threads"].strip())}
+    except ValueError as exc:
+        errors["threads"] = f"CPU threads {exc}"
     try:
         patch["health_timeout_s"] = float(values["health_timeout"])
     except ValueError:
@@ -72,6 +76,7 @@ class SettingsScreen(StudioScreen, mode="settings", focus="#set-exact"):
                 ("api_port", "API port", "applies at the next start of lockstep"),
                 ("api_key", "API key", "blank: no key (loopback only is advised)"),
                 ("health_timeout", "Load timeout (s)", "how long a load waits for the engine's /health"),
+                ("threads", "CPU threads", "auto: one per physical core (the engine's default); or a number (-t)"),
             ):
                 with HorizontalGroup(classes="field-row"):
                     yield Label(label, classes="field-label")
@@ -82,7 +87,7 @@ class SettingsScreen(StudioScreen, mode="settings", focus="#set-exact"):
                 yield Button("Save", id="settings-save", variant="primary")
                 yield Button("Revert", id="settings-revert")
             yield Static(Content.from_markup(
-                "Load defaults (context, slots, cache types, extra args…) are saved from the "
+                "Other load defaults (context, slots, cache types, extra args…) are saved from the "
                 "[b]Load[/b] screen (F2) with [b]ctrl+s[/b]."), id="settings-note")
 
     def on_mount(self) -> None:
@@ -124,6 +129,7 @@ class SettingsScreen(StudioScreen, mode="settings", focus="#set-exact"):
         self.query_one("#set-api_port", Input).value = str(s.api.port)
         self.query_one("#set-api_key", Input).value = s.api.api_key or ""
         self.query_one("#set-health_timeout", Input).value = f"{s.health_timeout_s:g}"
+        self.query_one("#set-threads", Input).value = str(s.load.threads)
         self.query_one("#settings-file", Static).update(
             Content.from_markup("[dim]settings file[/dim]  $p", p=str(manager.store.path)))
         problems = [p.message() for p in manager.store.problems]
@@ -162,6 +168,7 @@ class SettingsScreen(StudioScreen, mode="settings", focus="#set-exact"):
             "api_port": self.query_one("#set-api_port", Input).value,
             "api_key": self.query_one("#set-api_key", Input).value,
             "health_timeout": self.query_one("#set-health_timeout", Input).value,
+            "threads": self.query_one("#set-threads", Input).value,
         }
 
     @on(Button.Pressed, "#settings-revert")

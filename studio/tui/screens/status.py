@@ -46,10 +46,18 @@ def engine_rows(status: dict[str, Any]) -> Content:
         rows += [
             ("exact requested", Content(str(status.get("requested_exact_concurrency") or "—"))),
             ("preempt mode", Content(str(status.get("preempt_mode") or "—"))),
+            ("CPU threads", Content(threads_text(status))),
             ("engine", Content(f"pid {status['pid']} on port {status['port']}" if status.get("pid") else "—")),
             ("attempts", Content(str(len(status.get("attempts") or [])))),
         ]
     return Content("\n").join(Content.from_markup("[dim]$k[/dim]  ", k=f"{k:<16}") + v for k, v in rows)
+
+
+def threads_text(status: dict[str, Any]) -> str:
+    asked, used = status.get("threads"), status.get("threads_in_use")
+    if used is None:
+        return f"{asked or '—'} (not reported yet)"
+    return f"{used} (auto: the engine's default)" if asked == "auto" else f"{used} (set to {asked})"
 
 
 def slot_row(slot: dict[str, Any]) -> tuple[str, ...]:
