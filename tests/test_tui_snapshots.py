@@ -55,6 +55,7 @@ def slot(i: int, busy: bool, parked: bool = False, prompt: int = 0, generated: i
 READY = {
     "model": "lockstep-pycode-13m", "model_path": str(BUNDLED / "lockstep-pycode-13m"), "state": "ready",
     "exact_concurrency": "on", "requested_exact_concurrency": "on", "exact_reason": None, "preempt_mode": "auto",
+    "threads": "auto", "threads_in_use": 2,
     "warnings": [], "argv": ARGV, "attempts": [{"attempt": 1}], "port": 41234, "pid": 4242, "error": None,
     "slots": [slot(0, True, prompt=48, generated=17), slot(1, True, prompt=61, generated=9),
               slot(2, False, parked=True, prompt=55, generated=31), slot(3, False)],

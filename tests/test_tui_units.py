@@ -99,13 +99,16 @@ def test_sampling_options():
 
 def test_settings_patch():
     values = {"exact": "unset", "preempt": "park", "folders": " /a \n\n/b\n", "api_host": "127.0.0.1",
-              "api_port": "8765", "api_key": "", "health_timeout": "60", "auto_load": "on"}
+              "api_port": "8765", "api_key": "", "health_timeout": "60", "auto_load": "on", "threads": "auto"}
     patch, errors = settings_patch(values)
     assert errors == {}
     assert patch["exact_concurrency"] is None and patch["preempt_mode"] == "park" and patch["auto_load"] is True
     assert patch["model_folders"] == ["/a", "/b"] and patch["api"] == {"host": "127.0.0.1", "api_key": None,
                                                                        "port": 8765}
+    assert patch["load"] == {"threads": "auto"}
     assert "api_port" in settings_patch({**values, "api_port": "http"})[1]
+    assert settings_patch({**values, "threads": " 4 "})[0]["load"] == {"threads": 4}
+    assert "expects 'auto'" in settings_patch({**values, "threads": "0"})[1]["threads"]
 
 
 def test_printable_keeps_text_and_neutralises_controls():
