@@ -124,12 +124,16 @@ async def run(args) -> dict:
     vocab = SHAPES[args.shape]["vocab"] if not args.model else args.vocab
     raw: dict = {m: {c: [] for c in cells} for m in servers}
     peak: dict = {}
+    n_threads: dict = {}  # what each engine's /props says it computes with (-t, or its default)
     timeout = aiohttp.ClientTimeout(total=1800)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             for s in servers.values():
                 await s.start(session, timeout=900)
             print("servers ready", flush=True)
+            for m, s in servers.items():
+                async with session.get(s.url + "/props") as resp:
+                    n_threads[m] = (await resp.json()).get("n_threads")
             for s in servers.values():  # warm-up: kernels compiled, graphs captured for every bucket
                 for c in cells:
                     await cell(session, s.url, prompts_for(c, args.prompt, vocab, rng), 8)
@@ -150,7 +154,7 @@ async def run(args) -> dict:
     finally:
         await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
         tmp.cleanup()
-    return summarize(args, raw, peak, [s.describe() for s in servers.values()])
+    return summarize(args, raw, peak, [{**s.describe(), "n_threads": n_threads.get(m)} for m, s in servers.items()])
 
 
 def _med(rows: list[dict], key: str) -> float:
@@ -192,7 +196,8 @@ def summarize(args, raw, peak, servers) -> dict:
 
 def markdown(r: dict) -> str:
     what = f"{Path(r['model']).name}" if r.get("model") else f"{r['shape']} shape ({r.get('quant', 'f16')})"
-    threads = f", -t {r['threads']}" if r.get("threads") else ""
+    used = sorted({s.get("n_threads") for s in r.get("servers", []) if s.get("n_threads")})
+    threads = f", -t {r['threads']}" if r.get("threads") else f", {'/'.join(map(str, used))} threads (default)" if used else ""
     lines = [f"# Throughput: {what} on {r['device']}{threads} ({r['prompt']}-token prompts, "
              f"{r['generated']} generated, median of {r['repeats']})", "",
              "Decode tok/s: the sum of the chats' own rates, other chats' prompts processed in between; "
