@@ -2,7 +2,8 @@
 # K-quant kernels on a GPU machine in one call: their GPU tests, the matmul micro-benchmark (decode
 # widths and a 512-row prefill; matmul.cu's f16 MMAs against kquant_mm.cu's integer kernels) and
 # bench/throughput.py on the 8B and 1B Q4_K_M shapes (exact on and off, solo and 16 chats). Stages in that order, each under its own limit; JSON under $OUT after each.
-#   bench/gpu_kquant.sh [STAGES] (default "tests,mm,8b,1b"; limits: T_TESTS T_MM T_8B T_1B seconds)
+#   bench/gpu_kquant.sh [STAGES] (default "tests,mm,8b,1b"; limits: T_TESTS T_MM T_8B T_1B seconds;
+#   TEST_FILES, CELLS, MODES, MM_ROWS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-kquant}
@@ -12,8 +13,8 @@ has() { [[ ",$stages," == *",$1,"* ]]; }
 
 if has tests; then
   timeout "${T_TESTS:-240}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
-    --junitxml="$work/kq-tests.xml" -k "q4_k or q5_k or q6_k or q4km or mixed" tests/test_cuda_kquant_integer.py \
-    tests/test_cuda_ops.py tests/test_cuda_kquant_model.py \
+    --junitxml="$work/kq-tests.xml" -k "q4_k or q5_k or q6_k or q4km or mixed" \
+    ${TEST_FILES:-tests/test_cuda_kquant_integer.py tests/test_cuda_ops.py tests/test_cuda_kquant_model.py} \
     2>&1 | tail -n 25 | tee "$OUT/kq-tests.txt"
   python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null
 fi
@@ -23,7 +24,7 @@ fi
 for shape in 8b 1b; do
   has $shape || continue
   limit=T_${shape^^}
-  timeout "${!limit:-300}" python3 bench/throughput.py --shape $shape --quant q4_k_m --cells ${CELLS:-1,16} --repeats 1 \
+  timeout "${!limit:-300}" python3 bench/throughput.py --shape $shape --quant q4_k_m --cells ${CELLS:-1,16} --repeats 1 --modes ${MODES:-on,off} \
     --out "$work/throughput-$shape-q4_k_m" > "$work/throughput-$shape.log" 2>&1
   grep -E "^rep|wrote|ready|Error|error" "$work/throughput-$shape.log" | tail -n 8
   cp "$work/throughput-$shape-q4_k_m".{json,md} "$OUT"/ 2>/dev/null || tail -n 30 "$work/throughput-$shape.log"

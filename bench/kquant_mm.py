@@ -55,6 +55,7 @@ def main() -> None:
     ops = CudaOps(exact=True)
     bw = copy_bandwidth()
     results: list = []
+    pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_FILL)  # the dispatch's thresholds for the tiled integer kernel
     if args.probe:
         probe(ops, bw, results)
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
@@ -65,11 +66,19 @@ def main() -> None:
             for dtype, integer in (("f16", False), ("q4_k", False), ("q4_k", True), ("q6_k", False), ("q6_k", True),
                                    ("q5_k", True)):
                 # K-quants: matmul.cu's f16 MMAs (wide batches: the dispatch's pick, then the 64-row tiled
-                # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation included)
+                # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation
+                # included): the dispatch's pick, the streaming int8 kernel (mmq_tc), the tiled one forced
                 plan.KQ_INTEGER = integer
-                for tiled in ((True, "tile") if m >= 128 and dtype != "f16" and not integer else (True,)):
-                    ops.tiled = tiled
+                variants = [(True, *pick)]
+                if m >= 128 and dtype != "f16" and not integer:
+                    variants.append(("tile", *pick))
+                if integer and m > 1:
+                    variants += [(True, 10**9, pick[1]), (True, 2, 0.0)]  # mmq_tc, the tiled kernel
+                for tiled, tile_rows, fill in variants:
+                    ops.tiled, plan.KQ_TILE_ROWS, plan.KQ_TILE_FILL = tiled, tile_rows, fill
                     family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
+                    if integer and m > 1 and (tile_rows, fill) == pick:
+                        family = "pick:" + family
                     guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name,
                             family=family, integer=integer)
                     r = results[-1]
@@ -77,7 +86,7 @@ def main() -> None:
                         r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
                         print(f"{name:8} m={m:3} {dtype:5} {family:13} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
                               f"{r['bandwidth_fraction']:.2f} {r['TFLOPs']:6.1f} TFLOP/s", flush=True)
-            ops.tiled = True
+            ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_FILL) = True, pick
     plan.KQ_INTEGER = True
     for k in (4096, 14336):  # the integer kernels' activation quantisation alone (32 launches a graph)
         for m in (int(r) for r in args.rows.split(",")):

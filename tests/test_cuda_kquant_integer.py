@@ -20,8 +20,17 @@ RNG = np.random.default_rng()
 @pytest.fixture(autouse=True)
 def integer_kernels(monkeypatch):
     monkeypatch.setattr(plan, "KQ_INTEGER", True)
+
+
+@pytest.fixture(params=[False, True], ids=["dispatch", "tiled"])
+def tiled(request, monkeypatch):
+    """The dispatch's kernels, or the tiled kernel forced at every batch of 2 rows or more."""
+    if request.param:
+        monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2)
+        monkeypatch.setattr(plan, "KQ_TILE_FILL", 0.0)
+    return request.param
 KQUANTS = ["q4_k", "q5_k", "q6_k"]
-ROWS = (1, 2, 8, 9, 17, 33, 64, 100)
+ROWS = (1, 2, 8, 9, 17, 33, 64, 100, 300)  # the tiled kernel where it fills the SMs (plan.kq_tile_grid)
 
 
 def _raw(n, k, dtype):
@@ -48,7 +57,9 @@ def test_activation_records_are_the_reference_bytes(gpu, dtype):
 
 @pytest.mark.parametrize("dtype", KQUANTS)
 @pytest.mark.parametrize("shape", [(40, 512), (256, 1024), (1000, 2048), (4096, 256)], ids=str)
-def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, dtype, shape):
+def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkeypatch, dtype, shape):
+    """The dispatch's kernel at each row count, then the tiled kernel forced from 2 rows on (its
+    partial row blocks, partial token blocks, dead warps past N)."""
     n, k = shape
     raw = _raw(n, k, dtype)
     split = plan.split_k(n, k, gpu.sm_count, dtype)
@@ -56,14 +67,20 @@ def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, dtype,
     for m in ROWS:
         x = _acts(m, k)
         want = kquant_ref.matmul(raw, dtype, x, split)
-        for ops in (gpu, gpu_off):
-            got = cp.asnumpy(ops.matmul(cp.asarray(x), dw))
-            diff = np.count_nonzero(got != want)
-            assert got.tobytes() == want.tobytes(), f"m={m} exact={ops.exact}: {diff} of {got.size} differ"
+        for forced in (False, True):
+            monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2 if forced else 17)
+            monkeypatch.setattr(plan, "KQ_TILE_FILL", 0.0 if forced else 0.5)
+            for ops in (gpu, gpu_off):
+                if forced and m > 1:
+                    assert ops.matmul_family(m, dw) == "mmq_tile"
+                got = cp.asnumpy(ops.matmul(cp.asarray(x), dw))
+                diff = np.count_nonzero(got != want)
+                assert got.tobytes() == want.tobytes(), (f"m={m} tiled={forced} exact={ops.exact}: {diff} of "
+                                                         f"{got.size} differ")
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)
-def test_norm_matmul_quantises_rms_norm_rows(gpu, dtype):
+def test_norm_matmul_quantises_rms_norm_rows(gpu, tiled, dtype):
     n, k = 512, 2048
     raw = _raw(n, k, dtype)
     dw, nw = gpu.upload(Weight(raw, dtype)), gpu.tensor(RNG.standard_normal(k).astype(np.float32))
@@ -74,7 +91,7 @@ def test_norm_matmul_quantises_rms_norm_rows(gpu, dtype):
         assert cp.asnumpy(gpu.norm_matmul(x, nw, 1e-5, dw)).tobytes() == want.tobytes()
 
 
-def test_mixed_qkv_stays_blocks_and_gives_each_runs_bits(gpu, gpu_off):
+def test_mixed_qkv_stays_blocks_and_gives_each_runs_bits(gpu, gpu_off, tiled):
     """Q4_K_M's q|k (Q4_K) with v (Q6_K): a CudaStack of the two runs' planes, sized as stack_bytes
     says; norm_matmul gives each run's own product in its columns, and norm_qkv_rope_write (the runs
     in rope tiles, heads from each run's first on) the bits of that product rotated and stored."""

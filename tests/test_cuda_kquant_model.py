@@ -16,6 +16,7 @@ if not _OK:
 from engine.kv_cache import pages_for  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.runner import Runner, StepEntry, make_ops, prompt_logits  # noqa: E402
+from kernels.cuda import plan  # noqa: E402
 from kernels.cuda import weights as cuda_weights  # noqa: E402
 from tests.tiny_models import make_q4_k_m_gguf  # noqa: E402
 
@@ -52,9 +53,14 @@ def test_q4_k_m_logits_follow_the_cpu_backend(q4km, exact, blocks, monkeypatch):
     assert err <= 1e-3, f"relative L2 {err:.2e}"
 
 
-def test_q4_k_m_prompt_bits_do_not_depend_on_chunks(q4km):
+@pytest.mark.parametrize("tiled", [False, True], ids=["dispatch", "integer-tiled"])
+def test_q4_k_m_prompt_bits_do_not_depend_on_chunks(q4km, tiled, monkeypatch):
     """Exact mode: one prompt whole, in chunks down to one row at a time (decode's kernels): the same
-    bits for every position."""
+    bits for every position; `tiled`: on the integer kernels, the tiled one at every batch of 2 rows or more."""
+    if tiled:
+        monkeypatch.setattr(plan, "KQ_INTEGER", True)
+        monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2)
+        monkeypatch.setattr(plan, "KQ_TILE_FILL", 0.0)
     ids = list(np.random.default_rng(6).integers(0, q4km.config.vocab_size, 70))
     whole = _gpu_logits(q4km, ids, True)
     pieces = [ids[:40], ids[40:41], ids[41:58], *([x] for x in ids[58:])]

@@ -57,7 +57,9 @@ def matmul_family(dev: Any, t: int, w: Any) -> str:
     if w.dtype == "f32":
         return "mm_f32"
     if kq_integer(w):
-        return "mmq_one" if t == 1 else "mmq_tc"
+        if t == 1:
+            return "mmq_one"
+        return "mmq_tile" if plan.kq_tile_grid(t, w.shape[0], dev.sm_count) else "mmq_tc"
     kind, _ = shared_memory_launch(dev, t, w)
     if kind is None and matvec_launch(dev, t, w):
         return "mv"

@@ -335,6 +335,139 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
 }
 
+// ---- wide batches, tiled: block = KQT_ROWS row tiles (warp & 3) x 2 token groups of TN token tiles
+// (warp >> 2); no K slices among warps: a warp walks all of K and closes plan.split_k's S slices as
+// mmq_one and mmq_tc do (a slice's chunks summed from 0 in order; slices added in order: p0, then
+// total + p1, ...), so an element gets their bits. The activation records of KQT_BK chunks x the
+// block's tokens are staged in shared memory (cp.async, two stages), read by every row-tile warp; a
+// warp's weights stream to registers a stage ahead. Tokens past M read row M - 1 (never stored).
+#define KQT_BK 4
+#define KQT_ROWS 4
+#define KQT_THREADS (64 * KQT_ROWS)
+
+template <int WT, int TN>
+__device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
+                                         const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
+                                         const float* __restrict__ bias, const float* __restrict__ res,
+                                         float* __restrict__ out, int M, int N, int Kp, int flags, const QkvOut& qkv,
+                                         int kv, int ldo, int h0, int S) {
+    constexpr bool Q6 = WT == WT_Q6K, TOP = WT != WT_Q4K;
+    constexpr int BM = 16 * TN;  // the block's tokens
+    // A token's 16-byte pieces j sit at j ^ 4 on odd tokens (tokens g, g + 1 of a warp's read in
+    // distinct banks); xs rows padded to 80 bytes (tokens 2t: distinct banks).
+    __shared__ __align__(16) unsigned char xq_s[2][BM][KQT_BK * 64];
+    __shared__ __align__(16) float4 xs_s[2][BM][KQT_BK + 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int C = Kp >> 5, tiles = (N + 15) >> 4, m_block = blockIdx.y * BM;
+    const int tile_at = blockIdx.x * KQT_ROWS + (warp & (KQT_ROWS - 1));
+    const i64 tile = tile_at < tiles ? tile_at : tiles - 1;
+    const int tok0 = (warp / KQT_ROWS) * 8 * TN;  // the warp's first token in the block
+    const KqPlanes kq = kq_planes(w, aux, TOP, tiles, C);
+
+    // A stage: each token's KQT_BK records (contiguous in xq and xs), 16 bytes a copy.
+    auto stage_acts = [&](int st, int c0) {
+        constexpr int NQ = BM * KQT_BK * 4, NS = BM * KQT_BK;
+        for (int p = threadIdx.x; p < NQ + NS; p += KQT_THREADS) {
+            const int q = p < NQ ? p : p - NQ, per = p < NQ ? 4 * KQT_BK : KQT_BK;
+            const int tok = q / per, j = q % per, cc = p < NQ ? j >> 2 : j;
+            const i64 m = imin(m_block + tok, M - 1), c = imin(c0 + cc, C - 1);
+            if (p < NQ)
+                cp_async16(&xq_s[st][tok][16 * (j ^ ((tok & 1) << 2))], xq + (m * C + c) * 64 + 16 * (j & 3), 16);
+            else
+                cp_async16(&xs_s[st][tok][j], xs + m * C + c, 16);
+        }
+        cp_async_commit();
+    };
+    KqTcBatch<KQT_BK> cur, next;
+    auto load_weights = [&](KqTcBatch<KQT_BK>& b, int c0) {
+#pragma unroll
+        for (int u = 0; u < KQT_BK; ++u) {
+            const int c = imin(c0 + u, C - 1);
+            const i64 lane_at = (tile * C + c) * 32 + lane;
+            b.q[u] = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
+            b.tb[u] = TOP ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
+            kq_scale_words(kq, Q6, tile, C, c, g, b.sw[u], b.dw[u]);
+        }
+    };
+    load_weights(cur, 0);
+    pdl_start();
+    stage_acts(0, 0);
+
+    float acc[TN][4], total[TN][4];
+#pragma unroll
+    for (int i = 0; i < TN; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.f;
+    int slice = 0, bound = (int)((i64)C / S);  // the chunk that ends slice `slice`
+    const unsigned k0 = t < 2 ? 0xffffffffu : 0u, k1 = ~k0;
+    const int stages = (C + KQT_BK - 1) / KQT_BK;
+    for (int it = 0; it < stages; ++it) {
+        const int c0 = it * KQT_BK, st = it & 1;
+        const bool more = it + 1 < stages;
+        if (more) {
+            stage_acts(st ^ 1, c0 + KQT_BK);
+            load_weights(next, c0 + KQT_BK);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < KQT_BK; ++u) {
+            const int c = c0 + u;
+            if (c >= C) break;
+            unsigned a[4];
+            kq_bytes<TOP>(cur.q[u].x, cur.tb[u], a[0], a[2]);
+            kq_bytes<TOP>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
+            float2 sa, sb;
+            kq_row_scales<Q6>(cur.sw[u], cur.dw[u], sa, sb);
+#pragma unroll
+            for (int tm = 0; tm < TN; ++tm) {
+                const int tb = tok0 + tm * 8;
+                const int piece = (4 * u + t) ^ ((g & 1) << 2);
+                const uint4 x = *reinterpret_cast<const uint4*>(&xq_s[st][tb + g][16 * piece]);
+                const float4 r0 = xs_s[st][tb + 2 * t][u], r1 = xs_s[st][tb + 2 * t + 1][u];
+                if (Q6) {
+                    int hi0[4] = {0, 0, 0, 0}, lo0[4] = {0, 0, 0, 0}, hi1[4] = {0, 0, 0, 0}, lo1[4] = {0, 0, 0, 0};
+                    mma_s8(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
+                    mma_s8(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
+                    mma_s8(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
+                    mma_s8(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const float4 r = (i & 1) ? r1 : r0;
+                        const int p0 = hi0[i] * 128 + lo0[i] - __float_as_int(r.z) * 32;
+                        const int p1 = hi1[i] * 128 + lo1[i] - __float_as_int(r.w) * 32;
+                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
+                    }
+                } else {
+                    int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+                    mma_s8(hi, a[0], a[1], a[2], a[3], x.x, x.y);
+                    mma_s8(lo, a[0], a[1], a[2], a[3], x.z, x.w);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q4((i & 2) ? sb : sa, hi[i] * 128 + lo[i], (i & 1) ? r1 : r0));
+                }
+            }
+            if (c + 1 == bound) {  // the slice ends: as combine_slices adds it
+#pragma unroll
+                for (int tm = 0; tm < TN; ++tm)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        total[tm][i] = slice == 0 ? acc[tm][i] : __fadd_rn(total[tm][i], acc[tm][i]);
+                        acc[tm][i] = 0.f;
+                    }
+                ++slice;
+                bound = (int)(((i64)(slice + 1) * C) / S);
+            }
+        }
+        __syncthreads();  // the next stage's copies overwrite this one
+        if (more) cur = next;
+    }
+    if (tile_at < tiles)
+        kqi_store<TN>(total, tile_at * 16, m_block + tok0, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
+}
+
 // Block size 32 * S (plan.split_k, at most plan.KQ_MAX_SPLIT warps; 8 at TM = 8); U chunks a batch.
 #define KQI_THREADS(TM) ((TM) > 4 ? 256 : 512)
 #ifndef KQI_U_TM12
@@ -356,8 +489,15 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
         mmq_tc<WT, TM, KQI_U(TM)>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0,    \
                        blockIdx.y * (8 * TM));                                                                \
     }
+#define MMQ_TILE(NAME, WT, TN)                                                                               \
+    extern "C" __global__ void __launch_bounds__(KQT_THREADS, 2) NAME(KQI_ARGS, int S) {                    \
+        mmq_tile<WT, TN>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, S);           \
+    }
 #define MMQ_SET(T, WT)         \
     MMQ_ONE(mmq_##T##_one, WT) \
+    MMQ_TILE(mmq_##T##_tile1, WT, 1) \
+    MMQ_TILE(mmq_##T##_tile2, WT, 2) \
+    MMQ_TILE(mmq_##T##_tile4, WT, 4) \
     MMQ_TC(mmq_##T##_tm1, WT, 1) \
     MMQ_TC(mmq_##T##_tm2, WT, 2) \
     MMQ_TC(mmq_##T##_tm4, WT, 4) \

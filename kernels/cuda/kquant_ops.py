@@ -83,7 +83,8 @@ class KquantOps:
         d = self._dummy
         launch(kernel(SOURCE, mm.kernel), mm.grid, mm.block,
                (w.data, w.scales, *act, bias, res, out, i32(t), i32(n), i32(w.kp), i32(flags))
-               + (qkv_out or (d,) * 6 + (i32(0),) * 4) + (i32(ldo), i32(h0)), shared=mm.shared)
+               + (qkv_out or (d,) * 6 + (i32(0),) * 4) + (i32(ldo), i32(h0))
+               + ((i32(mm.split),) if "_tile" in mm.kernel else ()), shared=mm.shared)
         return out
 
     def _kq_norm_matmul(self, x, norm_weight, eps: float, w, bias=None):
