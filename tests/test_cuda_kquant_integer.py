@@ -48,11 +48,12 @@ def _acts(m, k):
 @pytest.mark.parametrize("dtype", KQUANTS)
 def test_activation_records_are_the_reference_bytes(gpu, dtype):
     dw = gpu.upload(Weight(_raw(16, 1024, dtype), dtype))
-    x = _acts(37, 1024)
-    xq, xs = gpu._kq_act(cp.asarray(x), dw)
-    rec, want = kquant_ref.records(x)
-    assert cp.asnumpy(xq).tobytes() == rec.tobytes()
-    assert cp.asnumpy(xs).tobytes() == want.tobytes()
+    for m in (37, 100):  # a warp a chunk; 8 chunks a warp (wide batches)
+        x = _acts(m, 1024)
+        xq, xs = gpu._kq_act(cp.asarray(x), dw)
+        rec, want = kquant_ref.records(x)
+        assert cp.asnumpy(xq).tobytes() == rec.tobytes()
+        assert cp.asnumpy(xs).tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)
@@ -84,7 +85,7 @@ def test_norm_matmul_quantises_rms_norm_rows(gpu, tiled, dtype):
     n, k = 512, 2048
     raw = _raw(n, k, dtype)
     dw, nw = gpu.upload(Weight(raw, dtype)), gpu.tensor(RNG.standard_normal(k).astype(np.float32))
-    for m in (1, 16, 64):
+    for m in (1, 16, 64, 130):
         x = cp.asarray(_acts(m, k) * 3)
         normed = cp.asnumpy(gpu.rms_norm(x, nw, 1e-5))
         want = kquant_ref.matmul(raw, dtype, normed, plan.split_k(n, k, gpu.sm_count, dtype))

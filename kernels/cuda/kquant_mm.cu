@@ -51,34 +51,36 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], unsigned a0, unsigned a1, un
 // the kernels read. Chunk c of row m: 64 bytes at xq + (m * C + c) * 64, four 16-byte groups, group j
 // for k = 32c + 8j + i: xh at byte pos(i), xl at 8 + pos(i), pos = 0 2 4 6 1 3 5 7 (the order of a
 // plane word's low nibbles, then its high nibbles: kquant.py's _NIB_SHIFT); xs[m * C + c] = (dx,
-// dx * (S0 + S1), S0, S1), the integers as their bits. Grid (ceil(C / 8), M), 256 threads: a warp a chunk.
+// dx * (S0 + S1), S0, S1), the integers as their bits. Grid (G, M), 256 threads: warp w of block b
+// takes chunks 8b + w, then 8 G on (wide batches: few blocks a row, so that rms_inv runs fewer times).
 extern "C" __global__ void __launch_bounds__(256)
 kq_quant_x(const float* __restrict__ x, const float* __restrict__ nw, unsigned char* __restrict__ xq,
            float4* __restrict__ xs, int M, int K, int C, int ldx, float eps, int norm) {
     pdl_start();
     __shared__ float scratch[8];
-    const int m = blockIdx.y, lane = threadIdx.x & 31, c = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int m = blockIdx.y, lane = threadIdx.x & 31;
     const float* xr = x + (i64)m * ldx;
     float inv = 0.f;
     if (norm) inv = rms_inv(xr, K, eps, scratch);  // a barrier: every thread of the block
-    if (c >= C) return;
-    const int k = c * 32 + lane;
-    float v = k < K ? xr[k] : 0.f;
-    if (norm && k < K) v = __fmul_rn(__fmul_rn(v, inv), nw[k]);
-    const float amax = __uint_as_float(redux_max(__float_as_uint(fabsf(v))));
-    const float id = amax > 0.f ? __fdiv_rn((float)KQX_MAX, amax) : 0.f;
-    int q;
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(q) : "f"(__fmul_rn(v, id)));  // rint, ties to even
-    q = q > KQX_MAX ? KQX_MAX : (q < -KQX_MAX ? -KQX_MAX : q);
-    const int hi = (q + 64) >> 7, lo = q - hi * 128;
-    const int s0 = redux_add(lane < 16 ? q : 0), s1 = redux_add(lane < 16 ? 0 : q);
-    const int i = lane & 7, pos = ((i & 1) << 1 | (i >> 2)) + 4 * ((i >> 1) & 1);
-    unsigned char* dst = xq + ((i64)m * C + c) * 64 + 16 * (lane >> 3);
-    dst[pos] = (unsigned char)(hi & 0xff);
-    dst[8 + pos] = (unsigned char)(lo & 0xff);
-    if (lane == 0) {
-        const float dx = __fdiv_rn(amax, (float)KQX_MAX);
-        xs[(i64)m * C + c] = make_float4(dx, __fmul_rn(dx, (float)(s0 + s1)), __int_as_float(s0), __int_as_float(s1));
+    for (int c = blockIdx.x * 8 + (threadIdx.x >> 5); c < C; c += gridDim.x * 8) {
+        const int k = c * 32 + lane;
+        float v = k < K ? xr[k] : 0.f;
+        if (norm && k < K) v = __fmul_rn(__fmul_rn(v, inv), nw[k]);
+        const float amax = __uint_as_float(redux_max(__float_as_uint(fabsf(v))));
+        const float id = amax > 0.f ? __fdiv_rn((float)KQX_MAX, amax) : 0.f;
+        int q;
+        asm("cvt.rni.s32.f32 %0, %1;" : "=r"(q) : "f"(__fmul_rn(v, id)));  // rint, ties to even
+        q = q > KQX_MAX ? KQX_MAX : (q < -KQX_MAX ? -KQX_MAX : q);
+        const int hi = (q + 64) >> 7, lo = q - hi * 128;
+        const int s0 = redux_add(lane < 16 ? q : 0), s1 = redux_add(lane < 16 ? 0 : q);
+        const int i = lane & 7, pos = ((i & 1) << 1 | (i >> 2)) + 4 * ((i >> 1) & 1);
+        unsigned char* dst = xq + ((i64)m * C + c) * 64 + 16 * (lane >> 3);
+        dst[pos] = (unsigned char)(hi & 0xff);
+        dst[8 + pos] = (unsigned char)(lo & 0xff);
+        if (lane == 0) {
+            const float dx = __fdiv_rn(amax, (float)KQX_MAX);
+            xs[(i64)m * C + c] = make_float4(dx, __fmul_rn(dx, (float)(s0 + s1)), __int_as_float(s0), __int_as_float(s1));
+        }
     }
 }
 

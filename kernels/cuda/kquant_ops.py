@@ -51,7 +51,8 @@ class KquantOps:
         xs = cp.empty((t, c * 4), dtype=cp.float32)
         if t:
             nw = self._dummy if norm_weight is None else norm_weight
-            launch(kernel(SOURCE, "kq_quant_x"), (plan.ceil_div(c, 8), t), (256,),
+            # a warp a chunk; wide batches 8 a warp (rms_inv's pass over the row once per 64 chunks)
+            launch(kernel(SOURCE, "kq_quant_x"), (plan.ceil_div(c, 8 if t < 64 else 64), t), (256,),
                    (x, nw, xq, xs, i32(t), i32(k), i32(c), i32(x.shape[1]), np.float32(eps),
                     i32(norm_weight is not None)))
         return xq, xs
