@@ -55,7 +55,7 @@ def main() -> None:
     ops = CudaOps(exact=True)
     bw = copy_bandwidth()
     results: list = []
-    pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_FILL)  # the dispatch's thresholds for the tiled integer kernel
+    pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT)  # the dispatch's choice of the tiled integer kernel
     if args.probe:
         probe(ops, bw, results)
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
@@ -69,24 +69,25 @@ def main() -> None:
                 # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation
                 # included): the dispatch's pick, the streaming int8 kernel (mmq_tc), the tiled one forced
                 plan.KQ_INTEGER = integer
-                variants = [(True, *pick)]
+                variants = [("pick", True, *pick)]
                 if m >= 128 and dtype != "f16" and not integer:
-                    variants.append(("tile", *pick))
-                if integer and m > 1:
-                    variants += [(True, 10**9, pick[1]), (True, 2, 0.0)]  # mmq_tc, the tiled kernel
-                for tiled, tile_rows, fill in variants:
-                    ops.tiled, plan.KQ_TILE_ROWS, plan.KQ_TILE_FILL = tiled, tile_rows, fill
+                    variants.append(("tile", "tile", *pick))
+                if integer and m > 1:  # the tiled kernel's rule from 2 rows on
+                    variants.append(("tile-from-2", True, 2, None))
+                if integer and m > 1 and dtype == "q4_k":  # mmq_tc; tiled walking all of K; a block per slice
+                    variants += [("tc", True, 10**9, None), ("tile-z1", True, 2, False), ("tile-zS", True, 2, True)]
+                for variant, tiled, tile_rows, by_slice in variants:
+                    ops.tiled, plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT = tiled, tile_rows, by_slice
                     family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
-                    if integer and m > 1 and (tile_rows, fill) == pick:
-                        family = "pick:" + family
                     guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name,
-                            family=family, integer=integer)
+                            family=family, integer=integer, variant=variant)
                     r = results[-1]
                     if "us" in r:
                         r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
-                        print(f"{name:8} m={m:3} {dtype:5} {family:13} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
+                        print(f"{name:8} m={m:3} {dtype:5} {variant:11} {family:13} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
                               f"{r['bandwidth_fraction']:.2f} {r['TFLOPs']:6.1f} TFLOP/s", flush=True)
-            ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_FILL) = True, pick
+            ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT) = True, pick
+        Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))  # so far
     plan.KQ_INTEGER = True
     for k in (4096, 14336):  # the integer kernels' activation quantisation alone (32 launches a graph)
         for m in (int(r) for r in args.rows.split(",")):

@@ -22,12 +22,13 @@ def integer_kernels(monkeypatch):
     monkeypatch.setattr(plan, "KQ_INTEGER", True)
 
 
-@pytest.fixture(params=[False, True], ids=["dispatch", "tiled"])
+@pytest.fixture(params=[None, False, True], ids=["dispatch", "tiled", "tiled-split"])
 def tiled(request, monkeypatch):
-    """The dispatch's kernels, or the tiled kernel forced at every batch of 2 rows or more."""
-    if request.param:
+    """The dispatch's kernels, or the tiled kernel forced at every batch of 2 rows or more (a block
+    walking all of K, or a block per K slice where split_k > 1)."""
+    if request.param is not None:
         monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2)
-        monkeypatch.setattr(plan, "KQ_TILE_FILL", 0.0)
+        monkeypatch.setattr(plan, "KQ_TILE_SPLIT", request.param)
     return request.param
 KQUANTS = ["q4_k", "q5_k", "q6_k"]
 ROWS = (1, 2, 8, 9, 17, 33, 64, 100, 300)  # the tiled kernel where it fills the SMs (plan.kq_tile_grid)
@@ -60,7 +61,8 @@ def test_activation_records_are_the_reference_bytes(gpu, dtype):
 @pytest.mark.parametrize("shape", [(40, 512), (256, 1024), (1000, 2048), (4096, 256)], ids=str)
 def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkeypatch, dtype, shape):
     """The dispatch's kernel at each row count, then the tiled kernel forced from 2 rows on (its
-    partial row blocks, partial token blocks, dead warps past N)."""
+    partial row blocks, partial token blocks, dead warps past N), a block walking all of K and (where
+    split_k > 1) a block per K slice."""
     n, k = shape
     raw = _raw(n, k, dtype)
     split = plan.split_k(n, k, gpu.sm_count, dtype)
@@ -68,16 +70,16 @@ def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkey
     for m in ROWS:
         x = _acts(m, k)
         want = kquant_ref.matmul(raw, dtype, x, split)
-        for forced in (False, True):
+        for forced, by_slice in ((False, None), (True, False), (True, True)):
             monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2 if forced else 17)
-            monkeypatch.setattr(plan, "KQ_TILE_FILL", 0.0 if forced else 0.5)
+            monkeypatch.setattr(plan, "KQ_TILE_SPLIT", by_slice)
             for ops in (gpu, gpu_off):
-                if forced and m > 1:
-                    assert ops.matmul_family(m, dw) == "mmq_tile"
+                if forced and m > 1:  # a block per slice needs slices
+                    assert ops.matmul_family(m, dw) == ("mmq_tile" if not by_slice or split > 1 else "mmq_tc")
                 got = cp.asnumpy(ops.matmul(cp.asarray(x), dw))
                 diff = np.count_nonzero(got != want)
-                assert got.tobytes() == want.tobytes(), (f"m={m} tiled={forced} exact={ops.exact}: {diff} of "
-                                                         f"{got.size} differ")
+                assert got.tobytes() == want.tobytes(), (f"m={m} tiled={forced} by_slice={by_slice} exact={ops.exact}: "
+                                                         f"{diff} of {got.size} differ")
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)

@@ -60,7 +60,7 @@ def test_q4_k_m_prompt_bits_do_not_depend_on_chunks(q4km, tiled, monkeypatch):
     if tiled:
         monkeypatch.setattr(plan, "KQ_INTEGER", True)
         monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2)
-        monkeypatch.setattr(plan, "KQ_TILE_FILL", 0.0)
+        monkeypatch.setattr(plan, "KQ_TILE_SPLIT", False)
     ids = list(np.random.default_rng(6).integers(0, q4km.config.vocab_size, 70))
     whole = _gpu_logits(q4km, ids, True)
     pieces = [ids[:40], ids[40:41], ids[41:58], *([x] for x in ids[58:])]

@@ -59,7 +59,7 @@ def matmul_family(dev: Any, t: int, w: Any) -> str:
     if kq_integer(w):
         if t == 1:
             return "mmq_one"
-        return "mmq_tile" if plan.kq_tile_grid(t, w.shape[0], dev.sm_count) else "mmq_tc"
+        return "mmq_tile" if plan.kq_tile_grid(t, *w.shape, dev.sm_count, w.dtype) else "mmq_tc"
     kind, _ = shared_memory_launch(dev, t, w)
     if kind is None and matvec_launch(dev, t, w):
         return "mv"

@@ -337,12 +337,14 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
 }
 
-// ---- wide batches, tiled: block = KQT_ROWS row tiles (warp & 3) x 2 token groups of TN token tiles
-// (warp >> 2); no K slices among warps: a warp walks all of K and closes plan.split_k's S slices as
+// ---- batches, tiled: block = KQT_ROWS row tiles (warp & 3) x 2 token groups of TN token tiles
+// (warp >> 2); no K slices among warps: a warp walks its K and closes plan.split_k's S slices as
 // mmq_one and mmq_tc do (a slice's chunks summed from 0 in order; slices added in order: p0, then
-// total + p1, ...), so an element gets their bits. The activation records of KQT_BK chunks x the
-// block's tokens are staged in shared memory (cp.async, two stages), read by every row-tile warp; a
-// warp's weights stream to registers a stage ahead. Tokens past M read row M - 1 (never stored).
+// total + p1, ...), so an element gets their bits. Grid z = 1: a block walks all of K; z = S: block
+// z takes slice z, writes it to `part` and the last of a tile's S blocks (the counter `count`, left
+// at 0) adds the S slices in order and stores. The activation records of KQT_BK chunks x the block's
+// tokens are staged in shared memory (cp.async, two stages), read by every row-tile warp; a warp's
+// weights stream to registers a stage ahead. Tokens past M read row M - 1 (never stored).
 #define KQT_BK 4
 #define KQT_ROWS 4
 #define KQT_THREADS (64 * KQT_ROWS)
@@ -352,7 +354,8 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                                          const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
                                          const float* __restrict__ bias, const float* __restrict__ res,
                                          float* __restrict__ out, int M, int N, int Kp, int flags, const QkvOut& qkv,
-                                         int kv, int ldo, int h0, int S) {
+                                         int kv, int ldo, int h0, float* __restrict__ part,
+                                         int* __restrict__ count, int S) {
     constexpr bool Q6 = WT == WT_Q6K, TOP = WT != WT_Q4K;
     constexpr int BM = 16 * TN;  // the block's tokens
     // A token's 16-byte pieces j sit at j ^ 4 on odd tokens (tokens g, g + 1 of a warp's read in
@@ -364,6 +367,8 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     const int tile_at = blockIdx.x * KQT_ROWS + (warp & (KQT_ROWS - 1));
     const i64 tile = tile_at < tiles ? tile_at : tiles - 1;
     const int tok0 = (warp / KQT_ROWS) * 8 * TN;  // the warp's first token in the block
+    const int SZ = gridDim.z, z = blockIdx.z, first = SZ > 1 ? z : 0;  // the block's first slice
+    const int c_first = SZ > 1 ? (int)((i64)z * C / S) : 0, c_last = SZ > 1 ? (int)((i64)(z + 1) * C / S) : C;
     const KqPlanes kq = kq_planes(w, aux, TOP, tiles, C);
 
     // A stage: each token's KQT_BK records (contiguous in xq and xs), 16 bytes a copy.
@@ -391,20 +396,20 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
             kq_scale_words(kq, Q6, tile, C, c, g, b.sw[u], b.dw[u]);
         }
     };
-    load_weights(cur, 0);
+    load_weights(cur, c_first);
     pdl_start();
-    stage_acts(0, 0);
+    stage_acts(0, c_first);
 
     float acc[TN][4], total[TN][4];
 #pragma unroll
     for (int i = 0; i < TN; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.f;
-    int slice = 0, bound = (int)((i64)C / S);  // the chunk that ends slice `slice`
+    int slice = first, bound = (int)(((i64)(first + 1) * C) / S);  // the chunk that ends slice `slice`
     const unsigned k0 = t < 2 ? 0xffffffffu : 0u, k1 = ~k0;
-    const int stages = (C + KQT_BK - 1) / KQT_BK;
+    const int stages = (c_last - c_first + KQT_BK - 1) / KQT_BK;
     for (int it = 0; it < stages; ++it) {
-        const int c0 = it * KQT_BK, st = it & 1;
+        const int c0 = c_first + it * KQT_BK, st = it & 1;
         const bool more = it + 1 < stages;
         if (more) {
             stage_acts(st ^ 1, c0 + KQT_BK);
@@ -417,7 +422,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
 #pragma unroll
         for (int u = 0; u < KQT_BK; ++u) {
             const int c = c0 + u;
-            if (c >= C) break;
+            if (c >= c_last) break;
             unsigned a[4];
             kq_bytes<TOP>(cur.q[u].x, cur.tb[u], a[0], a[2]);
             kq_bytes<TOP>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
@@ -456,7 +461,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                 for (int tm = 0; tm < TN; ++tm)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
-                        total[tm][i] = slice == 0 ? acc[tm][i] : __fadd_rn(total[tm][i], acc[tm][i]);
+                        total[tm][i] = slice == first ? acc[tm][i] : __fadd_rn(total[tm][i], acc[tm][i]);
                         acc[tm][i] = 0.f;
                     }
                 ++slice;
@@ -465,6 +470,38 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
         }
         __syncthreads();  // the next stage's copies overwrite this one
         if (more) cur = next;
+    }
+    if (SZ > 1) {  // slice z to part[z][m][n]; the tile's last block adds p0 + p1 + ... in order
+        __shared__ int last;
+        const i64 np = (i64)gridDim.x * KQT_ROWS * 16, plane = (i64)gridDim.y * BM * np;
+        const int n = tile_at * 16 + g, m = m_block + tok0 + 2 * t;
+#pragma unroll
+        for (int tm = 0; tm < TN; ++tm)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                part[z * plane + (i64)(m + tm * 8 + (i & 1)) * np + n + ((i & 2) ? 8 : 0)] = total[tm][i];
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int id = blockIdx.y * gridDim.x + blockIdx.x;
+            last = atomicAdd(count + id, 1) == SZ - 1;
+            if (last) count[id] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int tm = 0; tm < TN; ++tm)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const i64 at = (i64)(m + tm * 8 + (i & 1)) * np + n + ((i & 2) ? 8 : 0);
+                float sum = 0.f;
+                for (int p = 0; p < SZ; ++p) {
+                    const float v = p == z ? total[tm][i] : __ldcg(part + p * plane + at);
+                    sum = p == 0 ? v : __fadd_rn(sum, v);
+                }
+                total[tm][i] = sum;
+            }
     }
     if (tile_at < tiles)
         kqi_store<TN>(total, tile_at * 16, m_block + tok0, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
@@ -492,8 +529,8 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                        blockIdx.y * (8 * TM));                                                                \
     }
 #define MMQ_TILE(NAME, WT, TN)                                                                               \
-    extern "C" __global__ void __launch_bounds__(KQT_THREADS, 2) NAME(KQI_ARGS, int S) {                    \
-        mmq_tile<WT, TN>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, S);           \
+    extern "C" __global__ void __launch_bounds__(KQT_THREADS, 2) NAME(KQI_ARGS, float* part, int* count, int S) { \
+        mmq_tile<WT, TN>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, part, count, S); \
     }
 #define MMQ_SET(T, WT)         \
     MMQ_ONE(mmq_##T##_one, WT) \

@@ -84,9 +84,24 @@ class KquantOps:
         d = self._dummy
         launch(kernel(SOURCE, mm.kernel), mm.grid, mm.block,
                (w.data, w.scales, *act, bias, res, out, i32(t), i32(n), i32(w.kp), i32(flags))
-               + (qkv_out or (d,) * 6 + (i32(0),) * 4) + (i32(ldo), i32(h0))
-               + ((i32(mm.split),) if "_tile" in mm.kernel else ()), shared=mm.shared)
+               + (qkv_out or (d,) * 6 + (i32(0),) * 4) + (i32(ldo), i32(h0)) + self._kq_tile_args(mm),
+               shared=mm.shared)
         return out
+
+    def _kq_tile_args(self, mm: plan.MatmulLaunch) -> tuple:
+        """The tiled kernel's slice buffers (grid z > 1: each slice's sums, a counter per tile, left at
+        0 by the kernel) and its split; none for the other kernels."""
+        if "_tile" not in mm.kernel:
+            return ()
+        gx, gy, gz = mm.grid
+        if gz == 1:
+            return self._dummy, self._dummy, i32(mm.split)
+        tiles = gx * gy
+        counts = getattr(self, "_kq_counts", None)
+        if counts is None or counts.size < tiles:
+            counts = self._kq_counts = cp.zeros(max(tiles, 1 << 16), dtype=cp.int32)
+        part = cp.empty(gz * gy * 16 * (mm.token_tiles // 2) * gx * plan.KQT_ROWS * 16, dtype=cp.float32)
+        return part, counts, i32(mm.split)
 
     def _kq_norm_matmul(self, x, norm_weight, eps: float, w, bias=None):
         """norm_matmul on the integer kernels: rms_norm fused into the quantisation."""

@@ -24,6 +24,7 @@ KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each ma
 KQ_INTEGER = False
 KQ_TILE_ROWS = 17  # batches of at least this many rows may take kquant_mm.cu's tiled kernel (same bits)
 KQ_TILE_FILL = 0.5  # ... where its blocks (2 an SM fit) number at least this many times the SMs
+KQ_TILE_SPLIT: bool | None = None  # its K slices in blocks of their own: where needed to fill (None)
 KQT_ROWS = 4  # its row tiles a block (kquant_mm.cu's KQT_ROWS)
 
 
@@ -115,24 +116,32 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
-def kq_tile_grid(m: int, n: int, sm_count: int) -> tuple[tuple[int, int, int], int] | None:
+def kq_tile_grid(m: int, n: int, k: int, sm_count: int, dtype: str) -> tuple[tuple[int, int, int], int] | None:
     """The tiled integer kernel's grid and token tiles a warp for m rows, if it takes them: from
-    KQ_TILE_ROWS rows, when its blocks (KQT_ROWS row tiles x 16 tn tokens, no K split) fill the SMs;
-    else the streaming kernels' K slices keep more warps in flight. Which kernel never changes a bit."""
+    KQ_TILE_ROWS rows, when its blocks (KQT_ROWS row tiles x 16 tn tokens) fill KQ_TILE_FILL of the
+    SMs walking all of K, else with a block per K slice (grid z = split_k) when those do; else the
+    streaming kernels (mmq_tc) keep more warps in flight. Which kernel never changes a bit.
+    KQ_TILE_SPLIT True / False forces grid z = split_k / 1 (tests)."""
     if m < KQ_TILE_ROWS:
         return None
     tn = 1
     while 16 * tn < m and tn < 4:
         tn *= 2
-    grid = (ceil_div(ceil_div(n, ROW_TILE), KQT_ROWS), ceil_div(m, 16 * tn), 1)
-    return (grid, tn) if grid[0] * grid[1] >= KQ_TILE_FILL * sm_count else None
+    gx, gy = ceil_div(ceil_div(n, ROW_TILE), KQT_ROWS), ceil_div(m, 16 * tn)
+    s = split_k(n, k, sm_count, dtype)
+    fill = KQ_TILE_FILL * sm_count
+    if KQ_TILE_SPLIT is False or (KQ_TILE_SPLIT is None and gx * gy >= fill):
+        return (gx, gy, 1), tn
+    if s > 1 and (KQ_TILE_SPLIT or gx * gy * s >= fill):
+        return (gx, gy, s), tn
+    return None
 
 
 def kq_integer_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch:
     """The launch of kquant_mm.cu's kernels for m rows: matmul_launch's split, grid and combine, the
     one-row dp4a kernel (mmq_*_one) or the int8-MMA one of its token tiles (mmq_*_tm*)."""
     mm = matmul_launch(dtype, m, n, k, sm_count)
-    tiled = kq_tile_grid(m, n, sm_count)
+    tiled = kq_tile_grid(m, n, k, sm_count, dtype)
     if tiled is not None:  # the tiled kernel (mmq_*_tileN): whole K a warp, the same S slices
         grid, tn = tiled
         return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_tile{tn}", grid, (64 * KQT_ROWS, 1, 1), 0, mm.split, 2 * tn)
