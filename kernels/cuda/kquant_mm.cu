@@ -245,16 +245,69 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
     kqi_store<1>(acc, (int)tile * 16, 0, bias, res, out, 1, N, flags, qkv, kv, ldo, h0);
 }
 
+// One chunk of a 16-row tile against one token tile on int8 MMAs (A = the rows' bytes, x = the
+// tokens' xh|xl words, r0, r1 = tokens 2t, 2t + 1's records), each element's value added to `acc`.
+// Q6_K: one MMA per half (lanes t < 2 hold k 0 .. 15).
+template <bool Q6>
+__device__ __forceinline__ void kqi_mma_chunk(float (&acc)[4], const unsigned (&a)[4], uint4 x, float4 r0, float4 r1,
+                                              float2 sa, float2 sb) {
+    if (Q6) {
+        const unsigned k0 = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, k1 = ~k0;
+        int hi0[4] = {0, 0, 0, 0}, lo0[4] = {0, 0, 0, 0}, hi1[4] = {0, 0, 0, 0}, lo1[4] = {0, 0, 0, 0};
+        mma_s8(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
+        mma_s8(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
+        mma_s8(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
+        mma_s8(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 r = (i & 1) ? r1 : r0;
+            const int p0 = hi0[i] * 128 + lo0[i] - __float_as_int(r.z) * 32;
+            const int p1 = hi1[i] * 128 + lo1[i] - __float_as_int(r.w) * 32;
+            acc[i] = __fadd_rn(acc[i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
+        }
+    } else {
+        int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+        mma_s8(hi, a[0], a[1], a[2], a[3], x.x, x.y);
+        mma_s8(lo, a[0], a[1], a[2], a[3], x.z, x.w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            acc[i] = __fadd_rn(acc[i], kqi_q4((i & 2) ? sb : sa, hi[i] * 128 + lo[i], (i & 1) ? r1 : r0));
+    }
+}
+
 // ---- batches (int8 MMA m16n8k32): block = one 16-row tile x TM token tiles of 8, S warps = the K
 // slices. A = the tile's chunk (a0, a2: row g's lo, hi words; a1, a3: row g + 8's), B = a token's
 // xh (then xl) words of group t, so MMA k 4t + b is k 8t + (0, 4, 1, 5)[b] and 16 + 4t + b is
-// 8t + (2, 6, 3, 7)[b] on both sides. Q6_K: one MMA per half (lanes t < 2 hold k 0 .. 15).
+// 8t + (2, 6, 3, 7)[b] on both sides (kqi_mma_chunk).
 template <int U>
 struct KqTcBatch {  // a lane's plane words of U chunks (rows g, g + 8; Q6_K's top word) and scale words
     uint2 q[U];
     unsigned tb[U], sw[U];
     uint2 dw[U];
 };
+
+// A lane's words of chunks c0 .. c0 + U - 1 of the tile (past `last`: chunk `last`, never added).
+template <bool TOP, bool Q6, int U>
+__device__ __forceinline__ void kq_tc_load(KqTcBatch<U>& b, const KqPlanes& kq, i64 tile, int C, int c0, int last) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = imin(c0 + u, last);
+        const i64 lane_at = (tile * C + c) * 32 + lane;
+        b.q[u] = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
+        b.tb[u] = TOP ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
+        kq_scale_words(kq, Q6, tile, C, c, lane >> 2, b.sw[u], b.dw[u]);
+    }
+}
+
+// Chunk u of a batch as the MMA's A fragment (a0, a2: row g's lo, hi words; a1, a3: row g + 8's) and
+// the rows' scales.
+template <bool TOP, bool Q6, int U>
+__device__ __forceinline__ void kq_tc_chunk(const KqTcBatch<U>& b, int u, unsigned (&a)[4], float2& sa, float2& sb) {
+    kq_bytes<TOP>(b.q[u].x, b.tb[u], a[0], a[2]);
+    kq_bytes<TOP>(b.q[u].y, b.tb[u] >> 8, a[1], a[3]);
+    kq_row_scales<Q6>(b.sw[u], b.dw[u], sa, sb);
+}
 
 template <int WT, int TM, int U>
 __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
@@ -277,18 +330,9 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     // Batches of U chunks, the next batch's weights in flight over this one's MMAs; chunks past the
     // slice load its last (one basic block of loads) and are skipped.
     KqTcBatch<U> cur, next;
-    auto load_weights = [&](KqTcBatch<U>& b, int c0) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const i64 lane_at = (tile * C + imin(c0 + u, c_end - 1)) * 32 + lane;
-            b.q[u] = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
-            b.tb[u] = TOP ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
-            kq_scale_words(kq, Q6, tile, C, imin(c0 + u, c_end - 1), g, b.sw[u], b.dw[u]);
-        }
-    };
+    auto load_weights = [&](KqTcBatch<U>& b, int c0) { kq_tc_load<TOP, Q6>(b, kq, tile, C, c0, c_end - 1); };
     if (c_begin < c_end) load_weights(cur, c_begin);
     pdl_start();
-    const unsigned k0 = t < 2 ? 0xffffffffu : 0u, k1 = ~k0;  // Q6_K: lanes of k 0 .. 15, of k 16 .. 31
     for (int c0 = c_begin; c0 < c_end; c0 += U) {
         const bool more = c0 + U < c_end;
         if (more) load_weights(next, c0 + U);
@@ -297,10 +341,8 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
             const int c = c0 + u;
             if (c >= c_end) break;
             unsigned a[4];
-            kq_bytes<TOP>(cur.q[u].x, cur.tb[u], a[0], a[2]);
-            kq_bytes<TOP>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
             float2 sa, sb;
-            kq_row_scales<Q6>(cur.sw[u], cur.dw[u], sa, sb);
+            kq_tc_chunk<TOP, Q6>(cur, u, a, sa, sb);
 #pragma unroll
             for (int tm = 0; tm < TM; ++tm) {
                 const int mg = m_base + tm * 8 + g, m0 = m_base + tm * 8 + 2 * t;
@@ -308,27 +350,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
                 const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
                 const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
                 const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
-                if (Q6) {
-                    int hi0[4] = {0, 0, 0, 0}, lo0[4] = {0, 0, 0, 0}, hi1[4] = {0, 0, 0, 0}, lo1[4] = {0, 0, 0, 0};
-                    mma_s8(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
-                    mma_s8(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
-                    mma_s8(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
-                    mma_s8(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float4 r = (i & 1) ? r1 : r0;
-                        const int p0 = hi0[i] * 128 + lo0[i] - __float_as_int(r.z) * 32;
-                        const int p1 = hi1[i] * 128 + lo1[i] - __float_as_int(r.w) * 32;
-                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
-                    }
-                } else {
-                    int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
-                    mma_s8(hi, a[0], a[1], a[2], a[3], x.x, x.y);
-                    mma_s8(lo, a[0], a[1], a[2], a[3], x.z, x.w);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q4((i & 2) ? sb : sa, hi[i] * 128 + lo[i], (i & 1) ? r1 : r0));
-                }
+                kqi_mma_chunk<Q6>(acc[tm], a, x, r0, r1, sa, sb);
             }
         }
         if (more) cur = next;
@@ -386,16 +408,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
         cp_async_commit();
     };
     KqTcBatch<KQT_BK> cur, next;
-    auto load_weights = [&](KqTcBatch<KQT_BK>& b, int c0) {
-#pragma unroll
-        for (int u = 0; u < KQT_BK; ++u) {
-            const int c = imin(c0 + u, C - 1);
-            const i64 lane_at = (tile * C + c) * 32 + lane;
-            b.q[u] = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
-            b.tb[u] = TOP ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
-            kq_scale_words(kq, Q6, tile, C, c, g, b.sw[u], b.dw[u]);
-        }
-    };
+    auto load_weights = [&](KqTcBatch<KQT_BK>& b, int c0) { kq_tc_load<TOP, Q6>(b, kq, tile, C, c0, C - 1); };
     load_weights(cur, c_first);
     pdl_start();
     stage_acts(0, c_first);
@@ -406,7 +419,6 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.f;
     int slice = first, bound = (int)(((i64)(first + 1) * C) / S);  // the chunk that ends slice `slice`
-    const unsigned k0 = t < 2 ? 0xffffffffu : 0u, k1 = ~k0;
     const int stages = (c_last - c_first + KQT_BK - 1) / KQT_BK;
     for (int it = 0; it < stages; ++it) {
         const int c0 = c_first + it * KQT_BK, st = it & 1;
@@ -424,37 +436,15 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
             const int c = c0 + u;
             if (c >= c_last) break;
             unsigned a[4];
-            kq_bytes<TOP>(cur.q[u].x, cur.tb[u], a[0], a[2]);
-            kq_bytes<TOP>(cur.q[u].y, cur.tb[u] >> 8, a[1], a[3]);
             float2 sa, sb;
-            kq_row_scales<Q6>(cur.sw[u], cur.dw[u], sa, sb);
+            kq_tc_chunk<TOP, Q6>(cur, u, a, sa, sb);
 #pragma unroll
             for (int tm = 0; tm < TN; ++tm) {
                 const int tb = tok0 + tm * 8;
                 const int piece = (4 * u + t) ^ ((g & 1) << 2);
                 const uint4 x = *reinterpret_cast<const uint4*>(&xq_s[st][tb + g][16 * piece]);
                 const float4 r0 = xs_s[st][tb + 2 * t][u], r1 = xs_s[st][tb + 2 * t + 1][u];
-                if (Q6) {
-                    int hi0[4] = {0, 0, 0, 0}, lo0[4] = {0, 0, 0, 0}, hi1[4] = {0, 0, 0, 0}, lo1[4] = {0, 0, 0, 0};
-                    mma_s8(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
-                    mma_s8(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
-                    mma_s8(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
-                    mma_s8(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float4 r = (i & 1) ? r1 : r0;
-                        const int p0 = hi0[i] * 128 + lo0[i] - __float_as_int(r.z) * 32;
-                        const int p1 = hi1[i] * 128 + lo1[i] - __float_as_int(r.w) * 32;
-                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
-                    }
-                } else {
-                    int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
-                    mma_s8(hi, a[0], a[1], a[2], a[3], x.x, x.y);
-                    mma_s8(lo, a[0], a[1], a[2], a[3], x.z, x.w);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        acc[tm][i] = __fadd_rn(acc[tm][i], kqi_q4((i & 2) ? sb : sa, hi[i] * 128 + lo[i], (i & 1) ? r1 : r0));
-                }
+                kqi_mma_chunk<Q6>(acc[tm], a, x, r0, r1, sa, sb);
             }
             if (c + 1 == bound) {  // the slice ends: as combine_slices adds it
 #pragma unroll
