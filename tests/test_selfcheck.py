@@ -273,11 +273,11 @@ def test_matmul_families_of_8b_weights_on_an_h200(monkeypatch):
     # 64 x 2 tiles from 65 rows fill 0.75 of 132 SMs; 32 x 2 wgmma tiles from 129 rows fill 0.45
     assert family_rows(ops, FakeCudaWeight("f16", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
                                                                           "mm_wgmma_tma": 129}
-    # K-quants: the integer kernels, one row (dp4a), the int8-MMA batches (2-16 rows), then the tiled
-    # one (a block per K slice up to 64 rows: 64 x 8 blocks); on matmul.cu's f16 MMAs the tiled and
-    # wide kernels read their planes (no wgmma)
+    # K-quants: the integer kernels, one row (dp4a), the int8-MMA batches, from 65 rows (2 x 64 blocks
+    # of 64 x 64: half the SMs) the tiled one; on matmul.cu's f16 MMAs the tiled and wide kernels read
+    # their planes (no wgmma)
     monkeypatch.setattr(plan, "KQ_INTEGER", True)
-    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mmq_one": 1, "mmq_tc": 2, "mmq_tile": 17}
+    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mmq_one": 1, "mmq_tc": 2, "mmq_tile": 65}
     monkeypatch.setattr(plan, "KQ_INTEGER", False)
     assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
                                                                            "mm_wide": 512}
