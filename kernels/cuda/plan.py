@@ -20,7 +20,7 @@ KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each ma
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
 # matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: on the H200
 # the integer kernels win one row (8B Q4_K_M solo 345 against 284 tok/s) but lose batches (16 chats
-# 2171 against 3060, 512-token prefill 3.0k against 4.8k); bench/evidence/kquant-cuda-h200.md.
+# 2098 against 3060, 512-token prefill 4.5k with the tiled kernel against 4.8k); bench/evidence/kquant-cuda-h200.md.
 KQ_INTEGER = False
 KQ_TILE_ROWS = 17  # batches of at least this many rows may take kquant_mm.cu's tiled kernel (same bits)
 KQ_TILE_FILL = 0.5  # ... where its blocks (2 an SM fit) number at least this many times the SMs
