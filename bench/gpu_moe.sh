@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Mixture-of-experts on CUDA in one go on a GPU machine, within a time budget, stages in the order given:
 #   tests     the MoE GPU tests (tests/test_cuda_moe.py), then the fused q/k norm test and the Qwen3 graph tests
+#   moetests  the MoE GPU tests only
 #   decode    bench/moe_decode.py on the 30B-A3B shape built in memory (48 layers; exact on, off; kernel
-#             profile; 16 rows with the mean tile rule too)
+#             profile with PDL and without; each expert projection's split halved and doubled)
 #   decodeN   the same at N layers, exact on only (the in-memory side of the engine comparison)
 #   engineN   bench/throughput.py through the HTTP engine (exact on and off, solo and 16 chats) on an
 #             N-layer 30B-A3B GGUF written here (48 layers at F16 would be 60 GB)
@@ -20,22 +21,23 @@ lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 
 for stage in ${stages//,/ }; do
   case $stage in
-  tests)
+  tests|moetests)
     timeout "$(left 200)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
       --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
     grep -E "relative L2|passed|failed|Error|error|assert|^E  " "$work/moe-tests.txt" | tail -n 60
+    python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
+      "$work/moe-tests.xml" "$OUT/moe-tests.json" || cp "$work/moe-tests.txt" "$OUT/"
+    [ "$stage" = moetests ] && { lap "$stage"; continue; }
     # the fused Qwen3 q/k norm + rope + cache write, and the dense graphs it and the grouped kernels touch
     timeout "$(left 100)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
       --junitxml="$work/dense-tests.xml" tests/test_cuda_ops.py tests/test_cuda_graphs.py \
       -k "qk_norm_rope_write or (replay_equals_uncaptured_step and qwen3) or follow_cpu or early_launched" 2>&1 | tail -n 6
     python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
       "$work/dense-tests.xml" "$OUT/dense-tests.json"
-    python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
-      "$work/moe-tests.xml" "$OUT/moe-tests.json" || cp "$work/moe-tests.txt" "$OUT/"
     ;;
   decode)
     timeout "$(left 150)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
-      --tile-rule mean --split-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v '^{' | tail -n 12
+      --profile-pdl-off --split-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v '^{' | tail -n 24
     ;;
   decode[0-9]*)
     n=${stage#decode}

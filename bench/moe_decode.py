@@ -36,6 +36,10 @@ from engine.models.moe import expert_views  # noqa: E402
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
+# split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
+SPLIT_VARIANTS = {"half-split": (0.5, 0.5), "double-split": (2, 2), "gate-up-half": (0.5, 1), "gate-up-double": (2, 1),
+                  "down-half": (1, 0.5), "down-double": (1, 2)}
+
 
 def build(ops, shape: str, layers: int, seed: int, max_pages: int):
     s = SHAPES[shape]
@@ -66,6 +70,38 @@ def build(ops, shape: str, layers: int, seed: int, max_pages: int):
     return cfg, LlamaModel(cfg, w, ops, max_pages * PAGE_SIZE)
 
 
+def exposed(runs) -> dict:
+    """What each kernel adds to the step where neighbours overlap (PDL): its end minus the previous
+    kernel's end (median over the runs), summed by name, and the expert matmuls' share."""
+    from collections import defaultdict
+
+    names = [k[0] for k in runs[0]]
+    ends = np.array([[k[1] + k[2] for k in r] for r in runs])
+    add = np.median(np.diff(ends, axis=1, prepend=np.array([[r[0][1]] for r in runs])), axis=0)
+    by: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for n, a in zip(names, add, strict=True):
+        by[n][0] += float(a)
+        by[n][1] += 1
+    return {"exposed_by_name": sorted(([n, round(t, 2), c] for n, (t, c) in by.items()), key=lambda r: -r[1])}
+
+
+def pdl_off_profile(ops, forward, max_pages: int, rows: int, inputs, layers: int) -> dict:
+    import cupy as cp
+    from gpu_profile import kernel_times, summarize
+
+    from kernels.cuda import launch as kernel_launch
+
+    supported = kernel_launch.pdl_supported
+    kernel_launch.pdl_supported = lambda: False
+    try:
+        g = ops.decode_graphs(forward, max_pages=max_pages, buckets=(rows,))
+        g(*inputs)  # captured here, without PDL
+        cp.cuda.Device().synchronize()
+        return summarize(kernel_times(functools.partial(g, *inputs), 5), {"rows": rows, "pdl": False}, layers)
+    finally:
+        kernel_launch.pdl_supported = supported
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="30b-a3b", choices=[k for k, s in SHAPES.items() if "experts" in s])
@@ -79,6 +115,7 @@ def main(argv=None) -> int:
                     help="then exact on again with the experts split as one dense weight each (the split before "
                          "upload_experts took the active count)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-pdl-off", action="store_true", help="with --profile: also the step captured without PDL")
     ap.add_argument("--tile-rule", choices=("all", "mean"), default="all")
     ap.add_argument("--split-variants", action="store_true",
                     help="then exact on again with every expert weight's split halved, then doubled (other sums: "
@@ -121,13 +158,15 @@ def main(argv=None) -> int:
                 sw.split = plan.split_k(*sw.shape, ops.sm_count, sw.dtype)
             ex.token_tiles_cap = min(plan.max_token_tiles(ex.gate_up.split), plan.max_token_tiles(ex.down.split))
 
-    def rescale_split(factor: float) -> None:
+    base_splits = [(ex.gate_up.split, ex.down.split) for ex in (layer.moe.experts for layer in model.layers)]
+
+    def rescale_split(gu: float, down: float) -> None:  # from the uploads' splits, per projection
         from kernels.cuda import plan
 
-        for layer in model.layers:
+        for layer, (s_gu, s_down) in zip(model.layers, base_splits, strict=True):
             ex = layer.moe.experts
-            for sw in (ex.gate_up, ex.down):
-                sw.split = max(1, min(plan.MAX_SPLIT, int(sw.split * factor)))
+            for sw, s0, f in ((ex.gate_up, s_gu, gu), (ex.down, s_down, down)):
+                sw.split = max(1, min(plan.MAX_SPLIT, int(s0 * f)))
             ex.token_tiles_cap = min(plan.max_token_tiles(ex.gate_up.split), plan.max_token_tiles(ex.down.split))
 
     from kernels.cuda import plan
@@ -136,15 +175,15 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(1)
     runs = [(m == "on", "active") for m in args.modes.split(",")] + ([(True, "dense")] if args.dense_split else [])
     runs += [(True, "mean-tiles")] if args.tile_rule == "mean" else []
-    runs += [(True, "half-split"), (True, "double-split")] if args.split_variants else []
+    runs += [(True, v) for v in SPLIT_VARIANTS] if args.split_variants else []
     for exact, split in runs:
         if split == "dense":
             dense_split()
         from kernels.cuda import plan
 
         plan.ALL_ROWS_TOKENS = 0 if split == "mean-tiles" else all_rows
-        if split.endswith("-split"):
-            rescale_split(0.5 if split == "half-split" else 4.0)  # doubled from the halved
+        if split in SPLIT_VARIANTS:
+            rescale_split(*SPLIT_VARIANTS[split])
         ops.exact = exact
         n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
         pos = np.arange(n, dtype=np.int32)
@@ -183,8 +222,14 @@ def main(argv=None) -> int:
             if args.profile and exact and split == "active":
                 from gpu_profile import kernel_times, summarize
 
-                prof = summarize(kernel_times(functools.partial(graphs, toks, p, tables, sl), 5), {"rows": b, "pdl": True}, layers)
+                runs_k = kernel_times(functools.partial(graphs, toks, p, tables, sl), 5)
+                prof = summarize(runs_k, {"rows": b, "pdl": True}, layers) | exposed(runs_k)
                 report.setdefault("profile", []).append(prof)
+                if args.profile_pdl_off:  # the same step captured without PDL: each kernel's own duration
+                    prof_off = pdl_off_profile(ops, forward, max_pages, b, (toks, p, tables, sl), layers)
+                    report["profile"].append(prof_off)
+                    print("  profile without PDL: span {:.0f} us; ".format(prof_off.get("span_us", 0))
+                          + " | ".join(f"{n} {t:.0f}us x{c}" for n, t, c in prof_off.get("by_name", [])[:8]), flush=True)
                 print(f"  profile: {prof.get('kernels')} kernels, span {prof.get('span_us', 0):.0f} us; "
                       + " | ".join(f"{n} {t:.0f}us x{c}" for n, t, c in prof.get("by_name", [])[:8]), flush=True)
                 save()
