@@ -13,7 +13,7 @@ groups=(
   "ops:tests/test_cuda_ops.py tests/test_cuda_kquant_integer.py"
   "attention:tests/test_cuda_attention.py tests/test_cuda_attention_wgmma.py tests/test_cuda_selfcheck.py"
   "models:tests/test_cuda_graphs.py tests/test_cuda_kquant_pack.py tests/test_cuda_kquant_model.py tests/test_cuda_matvec.py"
-  "moe_hybrid:tests/test_cuda_moe.py tests/test_cuda_deltanet.py"
+  "moe_hybrid:tests/test_cuda_moe.py tests/test_cuda_deltanet.py tests/test_cuda_hybrid_ahead.py"
 )
 for g in "${groups[@]}"; do
   name=${g%%:*}
