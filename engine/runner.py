@@ -106,12 +106,11 @@ class Runner:
         the previous step); a synchronous one runs steps in collect() anyway. The scheduler parks no
         recurrent state while such a step is in flight (it would keep the dropped row's token:
         engine/scheduler/loop.py admits and restores only between steps with none). A replay
-        updates the recurrent states in stream order, after the tokens it takes on the device; a
-        recurrent model's steps go ahead one row only, the case a device run has compared bit for
-        bit with plain steps (tests/test_cuda_hybrid_ahead.py; its several-row case is unrun)."""
+        updates the recurrent states in stream order, after the tokens it takes on the device
+        (tests/test_cuda_hybrid_ahead.py compares 1 and 3 rows bit for bit with plain steps)."""
         if not getattr(self.ops, "asynchronous", False):
             return True
-        return self._graphable(entries) and (not self.recurrent or len(entries) == 1)
+        return self._graphable(entries)
 
     def launch_ahead(self, prev: Pending, entries: list[StepEntry]) -> Pending:
         """Starts a decode step whose entry i takes as its token the argmax of `prev`'s row i (the
