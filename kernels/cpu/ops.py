@@ -26,8 +26,7 @@ BLOCK_N = 4096  # rows of a 16-bit weight converted to float32 at a time for BLA
 F32_COPY_LIMIT = 0
 # Exact mode off multiplies up to this many rows with the compiled row kernel (it reads each weight row
 # once for all of them); BLAS gemm is faster for more. A 16-bit weight goes to BLAS as float32 copies made
-# on every call, which cost more than the row kernel's products up to about 64 rows (at 17-32 rows BLAS
-# took 2-3x the CPU time: bench/evidence/cpu-decode-speed5.md).
+# on every call, which cost more than the row kernel's products up to about 64 rows.
 KERNEL_ROWS = 16
 KERNEL_ROWS_16 = 64
 PARALLEL_VALUES = 1 << 16  # weights of at least this many values are split across threads

@@ -18,9 +18,8 @@ KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")  # blocks the kernels read as planes (ke
 F16_MMA_KQUANTS = ("q4_k", "q6_k")  # of them, those matmul.cu's f16 MMA family reads too
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
-# matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: on the H200
-# the integer kernels win one row (8B Q4_K_M solo 345 against 284 tok/s) but lose batches (16 chats
-# 2098 against 3060, 512-token prefill 4.5k with the tiled kernel against 4.8k); bench/evidence/kquant-cuda-h200.md.
+# matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: the integer
+# kernels win one row but lose batches and prefill (DECISIONS.md).
 KQ_INTEGER = False
 KQ_TILE_ROWS = 17  # batches of at least this many rows may take kquant_mm.cu's tiled kernel (same bits)
 KQ_TILE_FILL = 0.5  # ... where its blocks (2 an SM fit) number at least this many times the SMs
