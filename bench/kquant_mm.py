@@ -24,6 +24,16 @@ from kernels.cuda.weights import CudaWeight  # noqa: E402
 PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
 
 
+def measure(results: list, bw: float, run, label: str, **tags) -> None:
+    """One benchmark into `results` (tagged), with its fraction of the copy bandwidth, printed after `label`."""
+    guarded(results, run, **tags)
+    r = results[-1]
+    if "us" in r:
+        r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
+        print(f"{label} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s {r['bandwidth_fraction']:.2f} "
+              f"{r['TFLOPs']:6.1f} TFLOP/s", flush=True)
+
+
 def probe(ops: CudaOps, bw: float, results: list) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
     benchmark of speed only)."""
@@ -36,14 +46,9 @@ def probe(ops: CudaOps, bw: float, results: list) -> None:
                     if s * 32 > bound or 2 * s > k // 32:
                         continue
                     defines = (("KQ_BOUND", bound), ("KQ_U_ONE", u))
-                    guarded(results, lambda n=n, k=k, dtype=dtype, s=s, defines=defines:
+                    measure(results, bw, lambda n=n, k=k, dtype=dtype, s=s, defines=defines:
                             bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
-                            shape=name, bound=bound, u=u)
-                    r = results[-1]
-                    if "us" in r:
-                        r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
-                        print(f"{name:8} {dtype} bound={bound:4} U={u:2} S={s:2} {r['us']:8.1f} us "
-                              f"{r['bandwidth_fraction']:.2f}", flush=True)
+                            f"{name:8} {dtype} bound={bound:4} U={u:2} S={s:2}", shape=name, bound=bound, u=u)
 
 
 def main() -> None:
@@ -79,13 +84,9 @@ def main() -> None:
                 for variant, tiled, tile_rows, by_slice in variants:
                     ops.tiled, plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT = tiled, tile_rows, by_slice
                     family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
-                    guarded(results, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype), shape=name,
-                            family=family, integer=integer, variant=variant)
-                    r = results[-1]
-                    if "us" in r:
-                        r["bandwidth_fraction"] = r["weight_GBps"] * 1e9 / bw
-                        print(f"{name:8} m={m:3} {dtype:5} {variant:11} {family:13} {r['us']:8.1f} us {r['weight_GBps']:7.0f} GB/s "
-                              f"{r['bandwidth_fraction']:.2f} {r['TFLOPs']:6.1f} TFLOP/s", flush=True)
+                    measure(results, bw, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype),
+                            f"{name:8} m={m:3} {dtype:5} {variant:11} {family:13}", shape=name, family=family,
+                            integer=integer, variant=variant)
             ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT) = True, pick
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))  # so far
     plan.KQ_INTEGER = True
