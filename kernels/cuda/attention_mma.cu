@@ -33,20 +33,8 @@
 #include "common.cuh"
 #include "attention_tc.cuh"
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef GP
-#define GP 4
-#endif
 #ifndef RB
 #define RB 16
-#endif
-#ifndef KV_T
-#define KV_T 1
-#endif
-#ifndef OUT16
-#define OUT16 0
 #endif
 #ifndef DW
 #define DW 1  // warps that share 16 MMA rows, each keeping DT / DW of O's dim tiles (S computed by each)
@@ -95,10 +83,6 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
 
-#ifndef EX2
-#define EX2 1
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
          const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
@@ -112,10 +96,8 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     float* Os = reinterpret_cast<float*>(Vs + 2 * STAGE);
     __shared__ int s_pos[RB], s_seq[RB];
 
-    const int G = n_heads / n_kv;
-    const int sgs = (G + GP - 1) / GP;
-    const int h = blockIdx.y / sgs, g0 = (blockIdx.y % sgs) * GP;
-    const int ng = imin(GP, G - g0);
+    int G, h, g0, ng;
+    head_group<GP>(n_heads, n_kv, G, h, g0, ng);
     const int r0 = blockIdx.x * RB;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wr = warp / DW, n0 = (warp % DW) * DTW;  // the warp's 16 rows, its first dim tile of O
@@ -123,12 +105,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     const bool split = gridDim.z > 1;
 
     // step inputs (positions, seq, tables) are copied in before a captured step's first kernel
-    for (int j = tid; j < RB; j += THREADS) {
-        const int r = r0 + j;
-        s_pos[j] = r < T ? positions[r] : -1;
-        s_seq[j] = r < T ? seq[r] : -1;
-    }
-    __syncthreads();
+    stage_rows<RB>(s_pos, s_seq, positions, seq, r0, T, tid, THREADS);
     int maxlast = -1;
     for (int j = 0; j < RB; ++j) maxlast = max(maxlast, s_pos[j] < 0 ? -1 : s_pos[j] / PAGE);
     // blocks sized for a longer context than these rows reach leave at once
@@ -153,34 +130,16 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     if (early) load(tables + (i64)s_seq[0] * W, s_pos[0], blockIdx.z, 0, 0);
     pdl_start();
 
-    for (int i = tid; i < RW * 16 * (D / 2); i += THREADS) {
-        const int mrow = i / (D / 2), d = (i % (D / 2)) * 2, j = mrow / GP, hh = mrow % GP;
-        float a = 0.f, b = 0.f;
-        if (mrow < MR && s_pos[j] >= 0 && hh < ng) {
-            const float* qp = q + ((i64)(r0 + j) * n_heads + h * G + g0 + hh) * D + d;
-            a = __fmul_rn(qp[0], scale);
-            b = __fmul_rn(qp[1], scale);
-        }
-        *reinterpret_cast<unsigned*>(Qs + mrow * LD + d) = pack16(a, b);
-    }
-    __syncthreads();
+    stage_q<D, GP, RW * 16, MR, true, KV_T>(Qs, LD, q, scale, s_pos, r0, n_heads, h, G, g0, ng, tid, THREADS);
     unsigned qa[D / 16][4];  // the warp's q as MMA A fragments, for every sub-tile of every pass
     q_fragments<D>(qa, Qs, LD, wr * 16, lane);
 
     // this thread's two MMA rows (g and g + 8 of its warp's 16): query row, head, validity
     int jr[2], qh[2];
     bool ok[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int mrow = wr * 16 + g + 8 * e;
-        jr[e] = imin(mrow / GP, RB - 1);
-        qh[e] = h * G + g0 + mrow % GP;
-        ok[e] = mrow < MR && mrow % GP < ng && s_pos[jr[e]] >= 0;
-    }
+    row_slots<GP, RB, MR, true>(jr, qh, ok, wr * 16, g, h, G, g0, ng, s_pos);
 
-    unsigned todo = 0;
-    for (int j = 0; j < RB; ++j)
-        if (s_pos[j] >= 0) todo |= 1u << j;
+    unsigned todo = live_rows(s_pos, RB);
     while (todo) {
         int sq, pmax;
         const unsigned act = pass_rows(todo, s_seq, s_pos, RB, sq, pmax);
@@ -196,12 +155,9 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
 
         float oc[DTW][4], M[2], L[2], mc[2], lc[2];
         bool have[2] = {false, false};
+        clear_chunk(oc, mc, lc);
 #pragma unroll
-        for (int n = 0; n < DTW; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f, mc[e] = NEG_INF, lc[e] = 0.f;
+        for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f;
 
         int c = blockIdx.z, sub = 0, st = 0;
         __syncthreads();  // q read (first pass), the stages free
@@ -269,23 +225,11 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                         fold_chunk(e, oc, mc[e], lc[e], have[e], M[e], L[e], Os, tid, THREADS);
                     }
                 }
-#pragma unroll
-                for (int n = 0; n < DTW; ++n)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;
+                clear_chunk(oc, mc, lc);
             }
             if (!more) break;
             c = nc, sub = ns, st ^= 1;
         }
-        if (!split) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                if (p[e] < 0) continue;
-                const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D + 2 * t;
-                store_row<OUT16, DTW>(out, at, n0, e, Os, tid, THREADS, L[e]);
-            }
-        }
+        if (!split) store_rows<OUT16, D, DTW>(out, p, jr, qh, r0, n_heads, t, n0, Os, tid, THREADS, L);
     }
 }

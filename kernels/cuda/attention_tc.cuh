@@ -3,6 +3,24 @@
 // tile: rows g, g + 8 of its warp's 16 as index bit 1, neighbouring columns as bit 0). Pasted after
 // common.cuh (kernels/cuda/modules.py).
 
+// The defines both kernels take, with their defaults: head dim, query heads per KV head a block serves
+// (GP), the cache's 16-bit type and out's (KV_T, OUT16: 2 bf16), EX2 (0: expf for the softmax)
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef GP
+#define GP 4
+#endif
+#ifndef KV_T
+#define KV_T 1
+#endif
+#ifndef OUT16
+#define OUT16 0
+#endif
+#ifndef EX2
+#define EX2 1
+#endif
+
 #define LOG2E 1.4426950408889634f
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const u16* p) {
@@ -135,4 +153,91 @@ __device__ __forceinline__ void store_row(float* out, i64 at, int n0, int e, con
 #pragma unroll
         for (int x = 0; x < 2; ++x)
             store_attn<OUT16_>(out, at + (n0 + n) * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * threads + tid], l));
+}
+
+// The KV head of block row blockIdx.y and its sub-group of query heads: G heads a KV head, the group's
+// heads g0.. (ng of them, GP_ at most)
+template <int GP_>
+__device__ __forceinline__ void head_group(int n_heads, int n_kv, int& G, int& h, int& g0, int& ng) {
+    G = n_heads / n_kv;
+    const int sgs = (G + GP_ - 1) / GP_;
+    h = blockIdx.y / sgs, g0 = (blockIdx.y % sgs) * GP_;
+    ng = imin(GP_, G - g0);
+}
+
+// The block's launch rows r0.. into shared memory (position and sequence, -1 past T), then a barrier
+template <int RB_>
+__device__ __forceinline__ void stage_rows(int* s_pos, int* s_seq, const int* positions, const int* seq, int r0, int T,
+                                           int tid, int threads) {
+    for (int j = tid; j < RB_; j += threads) {
+        const int r = r0 + j;
+        s_pos[j] = r < T ? positions[r] : -1;
+        s_seq[j] = r < T ? seq[r] : -1;
+    }
+    __syncthreads();
+}
+
+// q * scale rounded to the cache's type into Qs, [ROWS_][ld]: MMA row mrow is query row mrow / GP_ of the
+// block, head g0 + mrow % GP_ of KV head h's group; a row past the group or of no launch row zero, and
+// with CLAMP_ every row from MR_ on (the padding of a block of fewer than 16 MMA rows a warp)
+template <int D_, int GP_, int ROWS_, int MR_, bool CLAMP_, int KVT>
+__device__ __forceinline__ void stage_q(u16* Qs, int ld, const float* q, float scale, const int* s_pos, int r0,
+                                        int n_heads, int h, int G, int g0, int ng, int tid, int threads) {
+    for (int i = tid; i < ROWS_ * (D_ / 2); i += threads) {
+        const int mrow = i / (D_ / 2), d = (i % (D_ / 2)) * 2, j = mrow / GP_, hh = mrow % GP_;
+        float a = 0.f, b = 0.f;
+        if ((!CLAMP_ || mrow < MR_) && s_pos[j] >= 0 && hh < ng) {
+            const float* qp = q + ((i64)(r0 + j) * n_heads + h * G + g0 + hh) * D_ + d;
+            a = __fmul_rn(qp[0], scale);
+            b = __fmul_rn(qp[1], scale);
+        }
+        *reinterpret_cast<unsigned*>(Qs + mrow * ld + d) = pack16_kv<KVT>(a, b);
+    }
+    __syncthreads();
+}
+
+// This thread's two MMA rows (g and g + 8 of the 16 from row16): query row, query head, validity (with
+// CLAMP_ the padding rows from MR_ on invalid, their query row clamped into the block's RB_)
+template <int GP_, int RB_, int MR_, bool CLAMP_>
+__device__ __forceinline__ void row_slots(int (&jr)[2], int (&qh)[2], bool (&ok)[2], int row16, int g, int h, int G, int g0,
+                                          int ng, const int* s_pos) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int mrow = row16 + g + 8 * e;
+        jr[e] = CLAMP_ ? imin(mrow / GP_, RB_ - 1) : mrow / GP_;
+        qh[e] = h * G + g0 + mrow % GP_;
+        ok[e] = (!CLAMP_ || mrow < MR_) && mrow % GP_ < ng && s_pos[jr[e]] >= 0;
+    }
+}
+
+// The rows with a position, a bit each: what the passes serve
+__device__ __forceinline__ unsigned live_rows(const int* s_pos, int rb) {
+    unsigned todo = 0;
+    for (int j = 0; j < rb; ++j)
+        if (s_pos[j] >= 0) todo |= 1u << j;
+    return todo;
+}
+
+// A chunk's state before its first sub-tile: O zero, running max -inf, sum zero
+template <int NO_>
+__device__ __forceinline__ void clear_chunk(float (&oc)[NO_][4], float (&mc)[2], float (&lc)[2]) {
+#pragma unroll
+    for (int n = 0; n < NO_; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;
+}
+
+// The pass's folded rows, O / l, to out (row e's dims from tile n0: NO_ tiles of 8)
+template <int OUT16_, int D_, int NO_>
+__device__ __forceinline__ void store_rows(float* out, const int (&p)[2], const int (&jr)[2], const int (&qh)[2], int r0,
+                                           int n_heads, int t, int n0, const float* Os, int tid, int threads,
+                                           const float (&L)[2]) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        if (p[e] < 0) continue;
+        const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D_ + 2 * t;
+        store_row<OUT16_, NO_>(out, at, n0, e, Os, tid, threads, L[e]);
+    }
 }

@@ -26,26 +26,11 @@
 typedef unsigned u32;
 typedef unsigned long long u64;
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef GP
-#define GP 4
-#endif
 #ifndef WQ
 #define WQ 2  // consumer warpgroups a block (plan.wgmma_attention_launch)
 #endif
 #ifndef NS
 #define NS 3  // K/V stages in shared memory (plan.WGMMA_ATTN_STAGES)
-#endif
-#ifndef KV_T
-#define KV_T 1
-#endif
-#ifndef OUT16
-#define OUT16 0
-#endif
-#ifndef EX2
-#define EX2 1
 #endif
 
 #define D HEAD_DIM
@@ -126,20 +111,13 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     float* Os = reinterpret_cast<float*>(smem + 2 * NS * TILE);  // folded O, [D / 2][THREADS]
     u16* Qs = reinterpret_cast<u16*>(Os);                          // q staged there first, [MR][LD]
 
-    const int G = n_heads / n_kv;
-    const int sgs = (G + GP - 1) / GP;
-    const int h = blockIdx.y / sgs, g0 = (blockIdx.y % sgs) * GP;
-    const int ng = imin(GP, G - g0);
+    int G, h, g0, ng;
+    head_group<GP>(n_heads, n_kv, G, h, g0, ng);
     const int r0 = blockIdx.x * RB;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const i64 cell = (i64)n_kv * D;
 
-    for (int j = tid; j < RB; j += THREADS) {
-        const int r = r0 + j;
-        s_pos[j] = r < T ? positions[r] : -1;
-        s_seq[j] = r < T ? seq[r] : -1;
-    }
-    __syncthreads();
+    stage_rows<RB>(s_pos, s_seq, positions, seq, r0, T, tid, THREADS);
     // sub-tile i of a sequence (table) into stage i % NS; keys past pmax zero-filled
     auto load = [&](const int* table, int pmax, int i) {
         const i64 page = table[i / (PAGE / KT)];
@@ -155,33 +133,15 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     };
     pdl_start();
 
-    for (int i = tid; i < MR * (D / 2); i += THREADS) {
-        const int mrow = i / (D / 2), d = (i % (D / 2)) * 2, j = mrow / GP, hh = mrow % GP;
-        float a = 0.f, b = 0.f;
-        if (s_pos[j] >= 0 && hh < ng) {
-            const float* qp = q + ((i64)(r0 + j) * n_heads + h * G + g0 + hh) * D + d;
-            a = __fmul_rn(qp[0], scale);
-            b = __fmul_rn(qp[1], scale);
-        }
-        *reinterpret_cast<u32*>(Qs + mrow * LD + d) = pack16(a, b);
-    }
-    __syncthreads();
+    stage_q<D, GP, MR, MR, false, KV_T>(Qs, LD, q, scale, s_pos, r0, n_heads, h, G, g0, ng, tid, THREADS);
     u32 qa[D / 16][4];  // the warp's 16 rows of q as A fragments (attn_mma's)
     q_fragments<D>(qa, Qs, LD, warp * 16, lane);
 
     int jr[2], qh[2];
     bool ok[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int mrow = warp * 16 + g + 8 * e;
-        jr[e] = mrow / GP;
-        qh[e] = h * G + g0 + mrow % GP;
-        ok[e] = mrow % GP < ng && s_pos[jr[e]] >= 0;
-    }
+    row_slots<GP, RB, MR, false>(jr, qh, ok, warp * 16, g, h, G, g0, ng, s_pos);
 
-    unsigned todo = 0;
-    for (int j = 0; j < RB; ++j)
-        if (s_pos[j] >= 0) todo |= 1u << j;
+    unsigned todo = live_rows(s_pos, RB);
     bool first = true;
     while (todo) {
         int sq, pmax;
@@ -195,12 +155,9 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
 
         float oc[D / 8][4], M[2], L[2], mc[2], lc[2];
         bool have[2] = {false, false};
+        clear_chunk(oc, mc, lc);
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) oc[n][i] = 0.f;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f, mc[e] = NEG_INF, lc[e] = 0.f;
+        for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f;
 
         if (!first) __syncthreads();  // the last pass's stages read by every warpgroup
         first = false;
@@ -250,19 +207,9 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
                     if (p[e] < 0 || c > p[e] / PAGE) continue;
                     fold_chunk(e, oc, mc[e], lc[e], have[e], M[e], L[e], Os, tid, THREADS);
                 }
-#pragma unroll
-                for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) oc[n][x] = 0.f;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;
+                clear_chunk(oc, mc, lc);
             }
         }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            if (p[e] < 0) continue;
-            const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D + 2 * t;
-            store_row<OUT16, D / 8>(out, at, 0, e, Os, tid, THREADS, L[e]);
-        }
+        store_rows<OUT16, D, D / 8>(out, p, jr, qh, r0, n_heads, t, 0, Os, tid, THREADS, L);
     }
 }
