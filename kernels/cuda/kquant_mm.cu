@@ -309,6 +309,37 @@ __device__ __forceinline__ void kq_tc_chunk(const KqTcBatch<U>& b, int u, unsign
     kq_row_scales<Q6>(b.sw[u], b.dw[u], sa, sb);
 }
 
+// The batch's chunks c0 + u before c_end in order, each handed to mma(u, c, a, sa, sb) as kq_tc_chunk gives it
+template <bool TOP, bool Q6, int U, class F>
+__device__ __forceinline__ void kq_tc_chunks(const KqTcBatch<U>& b, int c0, int c_end, F&& mma) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + u;
+        if (c >= c_end) break;
+        unsigned a[4];
+        float2 sa, sb;
+        kq_tc_chunk<TOP, Q6>(b, u, a, sa, sb);
+        mma(u, c, a, sa, sb);
+    }
+}
+
+// Chunk c's MMAs for mmq_tc's TM token tiles from m_base, tokens past M read as zeros (xq and xs
+// restrict here: read through the lambda that calls this, they would lose their read-only loads)
+template <bool Q6, int TM>
+__device__ __forceinline__ void mmq_tc_tiles(float (&acc)[TM][4], const unsigned (&a)[4], float2 sa, float2 sb,
+                                             const unsigned char* __restrict__ xq, const float4* __restrict__ xs, int M,
+                                             int C, int c, int m_base, int g, int t) {
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+        const int mg = m_base + tm * 8 + g, m0 = m_base + tm * 8 + 2 * t;
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
+        const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
+        kqi_mma_chunk<Q6>(acc[tm], a, x, r0, r1, sa, sb);
+    }
+}
+
 template <int WT, int TM, int U>
 __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
                                        const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
@@ -336,23 +367,9 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     for (int c0 = c_begin; c0 < c_end; c0 += U) {
         const bool more = c0 + U < c_end;
         if (more) load_weights(next, c0 + U);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int c = c0 + u;
-            if (c >= c_end) break;
-            unsigned a[4];
-            float2 sa, sb;
-            kq_tc_chunk<TOP, Q6>(cur, u, a, sa, sb);
-#pragma unroll
-            for (int tm = 0; tm < TM; ++tm) {
-                const int mg = m_base + tm * 8 + g, m0 = m_base + tm * 8 + 2 * t;
-                const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-                const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
-                const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
-                const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
-                kqi_mma_chunk<Q6>(acc[tm], a, x, r0, r1, sa, sb);
-            }
-        }
+        kq_tc_chunks<TOP, Q6>(cur, c0, c_end, [&](int, int c, const unsigned (&a)[4], float2 sa, float2 sb) {
+            mmq_tc_tiles<Q6, TM>(acc, a, sa, sb, xq, xs, M, C, c, m_base, g, t);
+        });
         if (more) cur = next;
     }
     if (!combine_slices<TM>(acc, red)) return;
@@ -431,13 +448,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
             asm volatile("cp.async.wait_group 0;\n" ::);
         }
         __syncthreads();
-#pragma unroll
-        for (int u = 0; u < KQT_BK; ++u) {
-            const int c = c0 + u;
-            if (c >= c_last) break;
-            unsigned a[4];
-            float2 sa, sb;
-            kq_tc_chunk<TOP, Q6>(cur, u, a, sa, sb);
+        kq_tc_chunks<TOP, Q6>(cur, c0, c_last, [&](int u, int c, const unsigned (&a)[4], float2 sa, float2 sb) {
 #pragma unroll
             for (int tm = 0; tm < TN; ++tm) {
                 const int tb = tok0 + tm * 8;
@@ -457,7 +468,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                 ++slice;
                 bound = (int)(((i64)(slice + 1) * C) / S);
             }
-        }
+        });
         __syncthreads();  // the next stage's copies overwrite this one
         if (more) cur = next;
     }
