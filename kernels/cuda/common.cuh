@@ -205,7 +205,7 @@ __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
-// ---- matmul epilogues (matmul.cu, wgmma.cu)
+// ---- matmul epilogues (matmul.cu, wgmma.cu, kquant_mm.cu)
 // Bias, then the residual stream: the same two roundings as add(x, matmul(h, w, bias)).
 #define EPI_BIAS 1
 #define EPI_RESIDUAL 2
@@ -291,6 +291,40 @@ __device__ __forceinline__ void store_quad(const float (&c)[4], int n0, int m, c
         const int n = n0 + g + ((i & 2) ? 8 : 0);
         const int mm = m + (i & 1);
         if (n < N && mm < M) out[(i64)mm * ldo + n] = epilogue(c[i], bias, res, mm, n, N, flags);
+    }
+}
+
+// The streaming kernels' epilogue of a warp's accumulators (c0, c1: row n0 + g, tokens 2t, 2t + 1 from
+// m_base; c2, c3: row n0 + g + 8): EPI_ROPE's stores (heads from h0), the gated products (with EPI_OUT16
+// and OUT16_ 1 or 2 as f16 or bf16 values; OUT16_ 0: never), or store_quad's, rows of `out` ldo apart.
+// g, t (lane >> 2, lane & 3) come from the caller: computed here, they moved mm_tc's one-row K-quant
+// SASS. The pointers carry the caller's __restrict__.
+template <int TM, int OUT16_>
+__device__ __forceinline__ void stream_stores(const float (&acc)[TM][4], int n0, int h0, int m_base, int g, int t,
+                                              const float* bias, const float* res, float* out, int M, int N, int ldo,
+                                              int flags, const QkvOut& qkv, int kv) {
+    if (flags & EPI_ROPE) {
+        rope_stores<TM>(acc, n0, h0, m_base, bias, res, M, N, flags, qkv, kv);
+        return;
+    }
+#pragma unroll
+    for (int tm = 0; tm < TM; ++tm) {
+        const int m = m_base + tm * 8 + 2 * t;
+        if (flags & EPI_SILU) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                if (m + j >= M) continue;
+                const float v = silu_times(acc[tm][j], acc[tm][2 + j]);
+                const i64 at = (i64)(m + j) * (N >> 1) + (n0 >> 1) + g;
+                if (OUT16_ && (flags & EPI_OUT16))
+                    reinterpret_cast<u16*>(out)[at] =
+                        (u16)((OUT16_ == 2 ? pack_bf16x2(v, 0.f) : pack_f16x2(v, 0.f)) & 0xffffu);
+                else
+                    out[at] = v;
+            }
+            continue;
+        }
+        store_quad(acc[tm], n0, m, bias, res, out, M, N, ldo, flags);
     }
 }
 

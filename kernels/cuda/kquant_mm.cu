@@ -114,30 +114,14 @@ __device__ __forceinline__ void kq_row_scales(unsigned s, uint2 d, float2& sa, f
     sb = kq_scale_pair(s >> 16, Q6 ? d.x >> 16 : d.y, Q6);
 }
 
-// ---- epilogue of a warp's accumulators (the streaming kernels' layout: c0, c1 row g, tokens 2t,
-// 2t + 1; c2, c3 row g + 8): mm_tc's stores (bias, residual, gated product, rope and cache writes).
-// A part of a stack (kquant_ops.py) writes its columns of a wider output: rows ldo apart, heads
-// from h0 on (EPI_ROPE).
+// ---- epilogue: stream_stores of a part of a stack (kquant_ops.py), which writes its columns of a wider
+// output (rows ldo apart, heads from h0 on); the pointers restrict as they were when the kernels were measured
 template <int TM>
 __device__ __forceinline__ void kqi_store(const float (&acc)[TM][4], int n0, int m_base, const float* __restrict__ bias,
                                           const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                           int flags, const QkvOut& qkv, int kv, int ldo, int h0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    if (flags & EPI_ROPE) {
-        rope_stores<TM>(acc, n0, h0, m_base, bias, res, M, N, flags, qkv, kv);
-        return;
-    }
-#pragma unroll
-    for (int tm = 0; tm < TM; ++tm) {
-        const int m = m_base + tm * 8 + 2 * t;
-        if (flags & EPI_SILU) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                if (m + j < M) out[(i64)(m + j) * (N >> 1) + (n0 >> 1) + g] = silu_times(acc[tm][j], acc[tm][2 + j]);
-            continue;
-        }
-        store_quad(acc[tm], n0, m, bias, res, out, M, N, ldo, flags);
-    }
+    stream_stores<TM, 0>(acc, n0, h0, m_base, g, t, bias, res, out, M, N, ldo, flags, qkv, kv);
 }
 
 template <int V>

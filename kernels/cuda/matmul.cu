@@ -506,29 +506,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // The fixed combine: warp 0 adds the S partial sums in slice order (combine_slices).
     if (!combine_slices<TM>(acc, red)) return;
 
-    // c0, c1: feature n0+g, tokens 2t, 2t+1; c2, c3: feature n0+g+8.
-    if (flags & EPI_ROPE) {
-        rope_stores<TM>(acc, n0, 0, m_base, bias, res, M, N, flags, qkv, kv);
-        return;
-    }
-#pragma unroll
-    for (int tm = 0; tm < TM; ++tm) {
-        const int m = m_base + tm * 8 + 2 * t;
-        if (flags & EPI_SILU) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                if (m + j >= M) continue;
-                const float v = silu_times(acc[tm][j], acc[tm][2 + j]);
-                const i64 at = (i64)(m + j) * (N >> 1) + (n0 >> 1) + g;
-                if (flags & EPI_OUT16)
-                    reinterpret_cast<u16*>(out)[at] = (u16)(pack_act<WT>(v, 0.f) & 0xffffu);
-                else
-                    out[at] = v;
-            }
-            continue;
-        }
-        store_quad(acc[tm], n0, m, bias, res, out, M, N, N, flags);
-    }
+    stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc, n0, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
 }
 
 // Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) (K-quants: 16, 8 at
