@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU test file in one device call, in four parallel pytest groups: kernel builds (NVRTC, CPU
+# Every GPU test file in one device call, in five parallel pytest groups: kernel builds (NVRTC, CPU
 # bound) dominate a fresh machine's time, and the device has 16 cores. Each group has its own time
 # limit and writes its junit XML as JSON under $OUT as soon as it ends; logs stay in /tmp/gpu-tests-work
 # (a call brings back 8 files), $OUT/summary.txt has each group's last line and a failing group's tail.
@@ -10,7 +10,8 @@ OUT=${OUT:-/tmp/gpu-tests}
 source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 groups=(
-  "ops:tests/test_cuda_ops.py tests/test_cuda_kquant_integer.py"
+  "ops:tests/test_cuda_ops.py"
+  "kquant:tests/test_cuda_kquant_integer.py"
   "attention:tests/test_cuda_attention.py tests/test_cuda_attention_wgmma.py tests/test_cuda_selfcheck.py"
   "models:tests/test_cuda_graphs.py tests/test_cuda_kquant_pack.py tests/test_cuda_kquant_model.py tests/test_cuda_matvec.py"
   "moe_hybrid:tests/test_cuda_moe.py tests/test_cuda_deltanet.py tests/test_cuda_hybrid_ahead.py"
