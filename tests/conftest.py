@@ -6,10 +6,12 @@ import os
 
 import pytest
 
+from contract.env import THREADS
+
 # The engine's default is one thread per physical core: the suite's many engine children (started
 # directly or by the studio, which pass the environment on) would each take every core. One thread
 # each, unless a test sets -t or this variable itself (tests/test_engine_threads.py).
-os.environ.setdefault("LLAMA_ARG_THREADS", "1")
+os.environ.setdefault(THREADS, "1")
 
 
 @pytest.fixture(scope="session")

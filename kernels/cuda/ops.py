@@ -105,7 +105,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
         # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off until measured on a device
         self.matvec = switch(os.environ, MATVEC, default=False)
-        # prefill attention on attention_wgmma.cu (attn_mma's bits); off until measured on a device
+        # prefill attention on attention_wgmma.cu (attn_mma's bits); off until its speed is measured
         self.wgmma_attention = self.wgmma and switch(os.environ, WGMMA_ATTN, default=False)
 
     # --- data movement

@@ -457,8 +457,8 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
 
 
 # --- prefill attention on Hopper's wgmma (attention_wgmma.cu): attn_mma's arithmetic, 64 MMA rows a
-# warpgroup. Off by default (LOCKSTEP_WGMMA_ATTN): its bits against attn_mma's and its speed are not yet
-# measured on a device; the engine's self-check compares a row's bits under it with the row alone.
+# warpgroup. Off by default (LOCKSTEP_WGMMA_ATTN): attn_mma's bits on the H200, its speed not yet measured;
+# the engine's self-check compares a row's bits under it with the row alone.
 WGMMA_ATTN_HEAD_DIMS = (64, 128)  # the swizzled K/V tiles are 64-dim halves
 WGMMA_ATTN_FILL = 0.9  # two warpgroups a block (sharing K/V tiles) while their blocks fill this share of the SMs
 WGMMA_ATTN_STAGES = {1: 2, 2: 3}  # K/V stages by warpgroups: one-warpgroup blocks fit two an SM
