@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# attention_wgmma.cu (issue 32: prefill attention on wgmma, LOCKSTEP_WGMMA_ATTN, off by default) on an
-# sm_90 GPU in one device call (< 400 s), JSON under $OUT, summary last. Stages, each under its own limit
-# (WG_T_<stage> seconds):
-#   tests   its GPU tests, and the attention and self-check GPU tests with the switch on (every prefill
-#           launch of those on attention_wgmma.cu: their bit-for-bit row checks then hold for it)   [150]
-#   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma against attn_wgmma as planned
-#           and with one and two warpgroups a block (bits, ms, TFLOP/s)                               [45]
-#   engine  bench/longctx.py on the 8B shape, prompts 8192 and 30000, exact on, the switch off and on
-#           (two engines, cells interleaved; an engine whose self-check finds other bits refuses)    [190]
+# attention_wgmma.cu as the sm_90 default (issue 32) on the H200 in one device call (< 215 s), JSON under
+# $OUT as each stage ends, summary last. Stages, each under its own limit (WG_T_<stage> seconds):
+#   default which attention build a 512-row prefill of the 8B shape takes with no variable set       [20]
+#   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma against attn_wgmma as planned,
+#           with one and two warpgroups a block and with PIPE (P V beside the next S): bits, ms        [30]
+#   tests   its GPU tests (each as planned and with PIPE) and the attention GPU tests with the default
+#           (every prefill launch of those on attention_wgmma.cu: their bit-for-bit row checks then hold
+#           for it; test_cuda_attention_wgmma compares it with attn_mma on the same launches)           [90]
+#   engine  bench/longctx.py on the 8B shape, prompts 8192 and 30000, exact on: the default, the default
+#           with LOCKSTEP_WGMMA_ATTN=0 (attn_mma) and with -ub 2048 (a quarter of the prefill steps, each
+#           four times as wide), cells interleaved; each length's JSON as it ends                       [80]
 # The 8B shape file is written in the background meanwhile.   OUT=/tmp/x bench/gpu_longctx_wgmma.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,21 +21,33 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
 ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
   > "$work/shape.log" 2>&1 &
 shape=$!
+stage "default"
+timeout "$(lim default 20)" python3 -c '
+from kernels.cuda.ops import CudaOps
+o = CudaOps(exact=True)
+print("default", {"cc": o.device.compute_capability, "wgmma_attention": o.wgmma_attention,
+      "build_512_rows": o.attention_build(512, 32, 8, 128, 128), "build_1_row": o.attention_build(1, 32, 8, 128, 128)})
+' 2>&1 | tee "$work/default.txt" | tail -n 3
+stage "probe"
+timeout "$(lim probe 30)" python3 bench/probes/attn_wgmma_ab.py --out "$OUT/attn-wgmma-ab-default-h200.json" > "$work/probe.log" 2>&1
+echo "probe rc $?"; cut -c1-400 "$work/probe.log"
 stage "tests"
-LOCKSTEP_WGMMA_ATTN=1 timeout "$(lim tests 150)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE -n 8 \
-  --junitxml="$work/tests.xml" tests/test_cuda_attention_wgmma.py tests/test_cuda_attention.py tests/test_cuda_selfcheck.py \
+timeout "$(lim tests 90)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 12 \
+  --junitxml="$work/tests.xml" tests/test_cuda_attention_wgmma.py tests/test_cuda_attention.py \
   > "$work/tests.txt" 2>&1
 echo "tests rc $?"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests.txt" | head -n 30; tail -n 2 "$work/tests.txt"
-[ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/gpu-tests-wgmma-attn.json"
-stage "probe"
-timeout "$(lim probe 45)" python3 bench/probes/attn_wgmma_ab.py --out "$OUT/attn-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
-echo "probe rc $?"; cat "$work/probe.log" | cut -c1-600
+[ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/gpu-tests-wgmma-default.json"
+tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "engine"
-wait "$shape"; echo "shape rc $?"
-timeout "$(lim engine 190)" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${WG_PROMPTS:-8192,30000}" \
-  --modes on --env-variant wgmma:LOCKSTEP_WGMMA_ATTN=1 --out "$OUT/longctx-wgmma-h200" > "$work/longctx.log" 2>&1
-echo "engine rc $?"; grep -E "prompt|ready|Error|refus" "$work/longctx.log" | head -n 20
+wait "$shape"; echo "shape rc $?"; stage "shape written"
+timeout "$(lim engine 80)" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${WG_PROMPTS:-8192,30000}" \
+  --modes on --env-variant mma:LOCKSTEP_WGMMA_ATTN=0 --arg-variant "ub2048:-ub 2048" \
+  --out "$OUT/longctx-wgmma-default-h200" > "$work/longctx.log" 2>&1
+echo "engine rc $?"; grep -E "ready|Error|refus" "$work/longctx.log" | head -n 10
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "done"
-{ echo "== summary"; tail -n 2 "$work/tests.txt"; grep -o '"same_bits_as_mma": [a-z]*' "$OUT/attn-wgmma-ab-h200.json" 2>/dev/null | sort | uniq -c
-  [ -f "$OUT/longctx-wgmma-h200.md" ] && tail -n +1 "$OUT/longctx-wgmma-h200.md" | grep -E '^\| [0-9]'; } | tee -a "$OUT/summary.txt"
+{ echo "== summary"; grep default "$work/default.txt"; tail -n 1 "$work/tests.txt"
+  grep -o '"same_bits_as_mma": [a-z]*' "$OUT/attn-wgmma-ab-default-h200.json" 2>/dev/null | sort | uniq -c
+  python3 -c 'import json, sys; [print(c["context"], {k: (v.get("ms"), v.get("same_bits_as_mma")) for k, v in c.items() if isinstance(v, dict)}) for c in json.load(open(sys.argv[1]))["cells"]]' "$OUT/attn-wgmma-ab-default-h200.json" 2>/dev/null
+  grep -E '^prompt' "$work/longctx.log"
+  [ -f "$OUT/longctx-wgmma-default-h200.md" ] && grep -E '^\| [0-9]' "$OUT/longctx-wgmma-default-h200.md"; } | tee -a "$OUT/summary.txt"

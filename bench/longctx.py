@@ -56,6 +56,11 @@ async def run(args) -> dict:
         name, value = assign.split("=", 1)
         for m in args.modes.split(","):
             servers[f"{m}+{label}"] = EngineServer(model, [*base, "--exact-concurrency", m], {name: value})
+    flagged = dict(v.split(":", 1) for v in args.arg_variant)  # label -> engine flags
+    for label, flags in flagged.items():
+        for m in args.modes.split(","):
+            servers[f"{m}+{label}"] = EngineServer(model, [*base, "--exact-concurrency", m, *flags.split()])
+    variants.update(flagged)
     rng = random.Random(args.seed)
     out: dict = {"shape": args.shape, "ctx": args.ctx, "gen": args.gen, "repeats": args.repeats,
                  "peak_tflops": args.peak_tflops, "copy_bandwidth": COPY_BANDWIDTH, "first_request": {},
@@ -105,6 +110,8 @@ async def run(args) -> dict:
                     row["on_over_off_prefill"] = round(row["on"]["prefill_tps"] / row["off"]["prefill_tps"], 3)
                     row["on_over_off_decode"] = round(row["on"]["decode_tps"] / row["off"]["decode_tps"], 3)
                 out["cells"].append(row)
+                if args.out:  # each length's cells as it ends: a run cut short keeps what it measured
+                    Path(args.out).with_suffix(".json").write_text(json.dumps(out, indent=2) + "\n")
     finally:
         await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
     return out
@@ -150,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="dense 16-bit matrix peak (H200: ~790)")
     ap.add_argument("--env-variant", action="append", default=[], metavar="LABEL:NAME=VALUE",
                     help="beside each mode's engine one with NAME=VALUE in its environment (mode+LABEL), cells interleaved")
+    ap.add_argument("--arg-variant", action="append", default=[], metavar="LABEL:FLAGS",
+                    help="beside each mode's engine one started with these extra flags, e.g. 'ub2048:-ub 2048' (mode+LABEL)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tmp", default="/tmp")
     ap.add_argument("--out", default=str(ROOT / "bench" / "evidence" / "longctx"))

@@ -52,7 +52,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel, the "
            "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
-           "(attn_mma's arithmetic on wgmma, its bits on the H200; default off: its speed not yet measured)"),
+           "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
+           "keep attn_mma)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

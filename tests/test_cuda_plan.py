@@ -237,15 +237,31 @@ def test_routed_experts_are_planned_at_their_f16_size():
     assert got == 64 * 256 * 2 + device_bytes(w)
 
 
-def test_the_wgmma_attention_switch_takes_prefills_only():
-    """LOCKSTEP_WGMMA_ATTN (off by default) moves prefill-sized launches of 16-bit caches to
-    attention_wgmma.cu; decode-sized ones, f32 caches and groups of 1 stay where they were."""
-    from types import SimpleNamespace
-
-    from contract.env import WGMMA_ATTN, switch
+def test_wgmma_attention_is_on_by_default_on_sm_90_only():
+    """attention_wgmma.cu is the default on sm_90 (LOCKSTEP_WGMMA_ATTN=0 turns it off there); every other
+    GPU keeps attn_mma whatever the variable says."""
+    from contract.env import WGMMA_ATTN
     from kernels.cuda import dispatch
 
-    assert switch({}, WGMMA_ATTN) is False and switch({WGMMA_ATTN: "1"}, WGMMA_ATTN) is True
+    assert dispatch.wgmma_attention_on("90", {}) is True
+    assert dispatch.wgmma_attention_on("90", {WGMMA_ATTN: ""}) is True
+    assert dispatch.wgmma_attention_on("90", {WGMMA_ATTN: "1"}) is True
+    for off in ("0", "off", "false", "no"):
+        assert dispatch.wgmma_attention_on("90", {WGMMA_ATTN: off}) is False
+    for cc in ("80", "86", "89", "100", "120"):
+        for env in ({}, {WGMMA_ATTN: "1"}, {WGMMA_ATTN: "0"}):
+            assert dispatch.wgmma_attention_on(cc, env) is False
+    with pytest.raises(ValueError):
+        dispatch.wgmma_attention_on("90", {WGMMA_ATTN: "maybe"})
+
+
+def test_the_wgmma_attention_switch_takes_prefills_only():
+    """Where attention_wgmma.cu is on, prefill-sized launches of 16-bit caches take it; decode-sized
+    ones, f32 caches and groups of 1 stay where they were."""
+    from types import SimpleNamespace
+
+    from kernels.cuda import dispatch
+
     off, on = SimpleNamespace(sm_count=132), SimpleNamespace(sm_count=132, wgmma_attention=True)
     for t in (1, 16, 64, 65, 512, 4096):
         default = dispatch.attention_build(off, t, 32, 8, 128, 128)
@@ -258,8 +274,10 @@ def test_the_wgmma_attention_switch_takes_prefills_only():
         assert dispatch.attention_build(on, t, 32, 8, 32, 128) == dispatch.attention_build(off, t, 32, 8, 32, 128)
 
 
+@pytest.mark.parametrize("pipe", [False, True])
 @pytest.mark.parametrize("t", [65, 100, 512, 4096])
-def test_wgmma_attention_blocks_fit_an_sm(t):
+def test_wgmma_attention_blocks_fit_an_sm(t, pipe, monkeypatch):
+    monkeypatch.setattr(plan, "WGMMA_ATTN_PIPE", pipe)
     for heads, kv, d in ((32, 8, 128), (28, 4, 128), (32, 2, 64), (16, 8, 64)):
         wt = plan.wgmma_attention_launch(t, heads, kv, d, 128, 132)
         assert wt.rb * wt.gp == 64 * wt.groups and wt.rb <= plan.MMA_MAX_RB and wt.threads == 128 * wt.groups

@@ -1,6 +1,7 @@
 """One layer's prefill attention (8B shape: 32 heads, 8 KV, 128, f16 cache): attn_mma against
-attention_wgmma.cu as planned and with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced),
-512 rows ending at each context length, bits compared with attn_mma's.
+attention_wgmma.cu as planned, with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced) and with
+P V issued beside the next S (plan.WGMMA_ATTN_PIPE), 512 rows ending at each context length, bits
+compared with attn_mma's.
 
     python3 bench/probes/attn_wgmma_ab.py --out /tmp/attn-wgmma.json      # on an sm_90 GPU
 """
@@ -22,34 +23,9 @@ from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 H, HKV, D, ROWS = 32, 8, 128, 512
-VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
-
-
-def swapped_v_descriptor(ops, q, layer, rows, want, width) -> dict:
-    """A diagnosis for wrong wgmma values only: the kernel with V's leading and stride offsets
-    exchanged (the N-major descriptor is the part the matmul's wgmma never exercised)."""
-    from kernels.cuda.launch import launch
-    from kernels.cuda.modules import ARCH, OPTIONS, source
-
-    call = "desc128(vbase + st * TILE + kk * 16 * 128, HALF)"
-    text = source("attention_wgmma.cu")
-    if call not in text:
-        return {"error": "V's descriptor call not found"}
-    swap = ("__device__ __forceinline__ u64 desc_swapped(u32 a) { return (u64)((a >> 4) & 0x3fff) | "
-            "((u64)(1024 >> 4) << 16) | ((u64)((HALF >> 4) & 0x3fff) << 32) | (1ull << 62); }\n")
-    text = text.replace(call, "desc_swapped(vbase + st * TILE + kk * 16 * 128)").replace(
-        "__device__ __forceinline__ void wg_fence()", swap + "__device__ __forceinline__ void wg_fence()")
-    wt = plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count)
-    defines = {"HEAD_DIM": D, "GP": wt.gp, "WQ": wt.groups, "NS": wt.stages, "KV_T": 1, "OUT16": 0, "EX2": plan.MMA_EX2}
-    opts = OPTIONS + tuple(f"-D{k}={v}" for k, v in defines.items()) + (f"-arch={ARCH['attention_wgmma.cu']}",)
-    fn = cp.RawModule(code=text, options=opts).get_function("attn_wgmma")
-    fn.max_dynamic_shared_size_bytes = wt.shared
-    out = cp.empty((ROWS, H * D), cp.float32)
-    launch(fn, (plan.ceil_div(ROWS, wt.rb), HKV * wt.subgroups, 1), (wt.threads,),
-           (q, layer.k.view(cp.uint16), layer.v.view(cp.uint16), rows.positions, rows.seq, rows.block_tables,
-            np.int32(ROWS), np.int32(H), np.int32(HKV), np.int32(width), np.float32(D**-0.5), out), shared=wt.shared)
-    got = cp.asnumpy(out)
-    return {"max_abs_diff": float(np.abs(got - want).max()), "same_bits_as_mma": got.tobytes() == want.tobytes()}
+# name: (plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE), None for attn_mma
+VARIANTS = {"mma": None, "wgmma": (plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE), "wgmma_1wg": (1e9, False),
+            "wgmma_2wg": (0.0, False), "wgmma_pipe": (0.0, True)}
 
 
 def main() -> int:
@@ -73,35 +49,29 @@ def main() -> int:
         flops = 4 * H * D * float((pos.astype(np.int64) + 1).sum())
         cell: dict = {"context": ctx, "rows": ROWS}
         outs = {}
-        for name, fill in VARIANTS.items():
-            ops.wgmma_attention = fill is not None
-            saved = plan.WGMMA_ATTN_FILL
-            plan.WGMMA_ATTN_FILL = fill if fill is not None else saved
+        for name, knobs in VARIANTS.items():
+            ops.wgmma_attention = knobs is not None
+            saved = plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE
+            plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE = knobs or saved
             try:
                 build = ops.attention_build(ROWS, H, HKV, D, width)
-                wt = plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count) if fill is not None else None
+                wt = plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count) if knobs else None
                 ms = back_to_back_ms(lambda q=q, rows=rows: ops.attention(q, layer, rows, D**-0.5), 20)
                 outs[name] = cp.asnumpy(ops.attention(q, layer, rows, D**-0.5))
             except Exception as e:  # a failing build is a result too: the others still run
                 cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 continue
             finally:
-                plan.WGMMA_ATTN_FILL = saved
+                plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE = saved
                 ops.wgmma_attention = False
-            cell[name] = {"build": build, "groups": wt.groups if wt else None, "ms": round(ms, 4),
-                          "tflops": round(flops / ms / 1e9, 1)}
+            cell[name] = {"build": build, "groups": wt.groups if wt else None, "pipe": wt.pipe if wt else None,
+                          "stages": wt.stages if wt else None, "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
             if name != "mma" and "mma" in outs:
                 a, b = outs[name], outs["mma"]
                 cell[name]["same_bits_as_mma"] = a.tobytes() == b.tobytes()
                 cell[name]["values_differing"] = int((a.view(np.uint32) != b.view(np.uint32)).sum())
                 cell[name]["max_abs_diff"] = float(np.abs(a - b).max())
                 cell[name]["finite"] = bool(np.isfinite(a).all())
-        w = cell.get("wgmma", {})
-        if "mma" in outs and not (w.get("max_abs_diff", 1.0) < 1e-2):  # wrong values: is it V's descriptor?
-            try:
-                cell["wgmma_v_desc_swapped"] = swapped_v_descriptor(ops, q, layer, rows, outs["mma"], width)
-            except Exception as e:  # the diagnosis is best effort
-                cell["wgmma_v_desc_swapped"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         cells.append(cell)
         print(cell, flush=True)
         write_json(args.out, {"shape": [H, HKV, D, "f16"], "cells": cells})

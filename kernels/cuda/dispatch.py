@@ -9,8 +9,10 @@ kernels wide batches may take) and `wgmma` (sm_90a code runs); `w` anything with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
+from contract.env import WGMMA_ATTN, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -123,7 +125,7 @@ BUILD_NAMES = {plan.LATENCY_BUILD: "latency", plan.THROUGHPUT_BUILD: "throughput
 
 def attention_build(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
                     kv_type: str = "f16") -> str:
-    """The kernel and build attention runs t rows on: with the switch on, prefills on attention_wgmma.cu;
+    """The kernel and build attention runs t rows on: prefills on attention_wgmma.cu where it is on;
     the tensor-core kernel's one row or 64 MMA rows a block, chunks over workers or not
     (plan.mma_attention_launch); else the attn_partial build (plan.attention_launch)."""
     if plan.mma_attention(kv_type, head_dim):
@@ -134,10 +136,16 @@ def attention_build(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, wi
     return BUILD_NAMES[plan.attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count).build]
 
 
+def wgmma_attention_on(compute_capability: str, env: Mapping[str, str]) -> bool:
+    """Whether prefills may take attention_wgmma.cu: on sm_90 (sm_90a code), where it was measured
+    faster with attn_mma's bits, unless LOCKSTEP_WGMMA_ATTN turns it off; every other GPU keeps attn_mma."""
+    return compute_capability == "90" and switch(env, WGMMA_ATTN, default=True)
+
+
 def wgmma_attention(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
                     kv_type: str) -> plan.WgmmaAttentionLaunch | None:
-    """attention_wgmma.cu's launch where the switch (LOCKSTEP_WGMMA_ATTN, read into dev.wgmma_attention,
-    only on sm_90) is on and the rows are a prefill's; else None (attn_mma)."""
+    """attention_wgmma.cu's launch where dev.wgmma_attention (wgmma_attention_on) holds and the rows are
+    a prefill's; else None (attn_mma)."""
     if not getattr(dev, "wgmma_attention", False):
         return None
     return plan.wgmma_attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count, kv_type)

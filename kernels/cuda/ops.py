@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import MATVEC, WGMMA_ATTN, switch
+from contract.env import MATVEC, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -105,8 +105,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
         # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off until measured on a device
         self.matvec = switch(os.environ, MATVEC, default=False)
-        # prefill attention on attention_wgmma.cu (attn_mma's bits); off until its speed is measured
-        self.wgmma_attention = self.wgmma and switch(os.environ, WGMMA_ATTN, default=False)
+        # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
+        self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
 
     # --- data movement
     def plan_weights(self, weights: list[Weight]) -> None:
@@ -625,7 +625,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         if wt is not None:
             fn = big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
                                  (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages),
-                                  ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2)))
+                                  ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
+                                 + ((("PIPE", 1),) if wt.pipe else ()))
             launch(fn, (plan.ceil_div(t, wt.rb), n_kv * wt.subgroups, 1), (wt.threads,),
                    (q, k16, v16, positions, seq, tables, _i32(t), _i32(n_heads), _i32(n_kv), _i32(width),
                     np.float32(scale), out), shared=wt.shared)

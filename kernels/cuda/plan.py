@@ -457,11 +457,16 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
 
 
 # --- prefill attention on Hopper's wgmma (attention_wgmma.cu): attn_mma's arithmetic, 64 MMA rows a
-# warpgroup. Off by default (LOCKSTEP_WGMMA_ATTN): attn_mma's bits on the H200, its speed not yet measured;
-# the engine's self-check compares a row's bits under it with the row alone.
+# warpgroup. On by default on sm_90 (dispatch.wgmma_attention_on; LOCKSTEP_WGMMA_ATTN=0 turns it off): attn_mma's
+# bits on the H200 and 1.4x its speed on a 512-row prefill (bench/evidence/attn-wgmma-ab-h200.json); the
+# engine's self-check compares a row's bits under it with the row alone.
 WGMMA_ATTN_HEAD_DIMS = (64, 128)  # the swizzled K/V tiles are 64-dim halves
 WGMMA_ATTN_FILL = 0.9  # two warpgroups a block (sharing K/V tiles) while their blocks fill this share of the SMs
 WGMMA_ATTN_STAGES = {1: 2, 2: 3}  # K/V stages by warpgroups: one-warpgroup blocks fit two an SM
+# P V of a sub-tile issued with the next sub-tile's S (PIPE: one wait for both, the same bits), two-warpgroup
+# blocks only, with a fourth stage (two sub-tiles stay resident); off until measured on a device
+WGMMA_ATTN_PIPE = False
+WGMMA_ATTN_PIPE_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -473,6 +478,7 @@ class WgmmaAttentionLaunch:
     stages: int  # NS
     threads: int
     shared: int
+    pipe: bool = False  # PIPE (bits do not depend on it)
 
 
 def wgmma_attention_smem(head_dim: int, groups: int, stages: int) -> int:
@@ -495,6 +501,7 @@ def wgmma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width
         return None
     two = 128 // gp <= MMA_MAX_RB and ceil_div(t, 128 // gp) * n_kv * sub >= WGMMA_ATTN_FILL * sm_count
     groups = 2 if two else 1
-    stages = WGMMA_ATTN_STAGES[groups]
+    pipe = WGMMA_ATTN_PIPE and groups == 2
+    stages = WGMMA_ATTN_PIPE_STAGES if pipe else WGMMA_ATTN_STAGES[groups]
     return WgmmaAttentionLaunch(gp, groups, 64 * groups // gp, sub, stages, 128 * groups,
-                                wgmma_attention_smem(head_dim, groups, stages))
+                                wgmma_attention_smem(head_dim, groups, stages), pipe)
