@@ -2,9 +2,9 @@
 # attention_wgmma.cu as the sm_90 default (issue 32) on the H200 in one device call (< 215 s), JSON under
 # $OUT as each stage ends, summary last. Stages, each under its own limit (WG_T_<stage> seconds):
 #   default which attention build a 512-row prefill of the 8B shape takes with no variable set       [20]
-#   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma against attn_wgmma as planned,
-#           with one and two warpgroups a block and with PIPE (P V beside the next S): bits, ms        [30]
-#   tests   its GPU tests (each as planned and with PIPE) and the attention GPU tests with the default
+#   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma against attn_wgmma as planned
+#           and with one and two warpgroups a block: bits, ms                                        [30]
+#   tests   its GPU tests and the attention GPU tests with the default
 #           (every prefill launch of those on attention_wgmma.cu: their bit-for-bit row checks then hold
 #           for it; test_cuda_attention_wgmma compares it with attn_mma on the same launches)           [90]
 #   engine  bench/longctx.py on the 8B shape, prompts 8192 and 30000, exact on: the default, the default

@@ -5,7 +5,6 @@ prefill must agree, so every prefill output is compared bit for bit with attn_mm
 same launch. Beside that: against the float32 CPU reference (relative error < 2e-3 for f16 caches,
 < 1e-2 for bf16: both kernels round q and the softmax weights to 16 bits), and a row's bits whatever
 chunking of its prompt or batch it is launched in, and whatever garbage lies past its sequence's end.
-Each test runs as planned and with plan.WGMMA_ATTN_PIPE (P V beside the next sub-tile's S).
 """
 
 import numpy as np
@@ -17,7 +16,6 @@ pytestmark = pytest.mark.gpu
 
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
 from tests.test_cuda_attention import RNG, Cache, _attend, _kv, _tolerance  # noqa: E402
 
 CONFIGS = [  # head dim, query heads, KV heads, KV type: the 8B shape, bf16, groups of 7, 16 and 2
@@ -26,12 +24,10 @@ CONFIGS = [  # head dim, query heads, KV heads, KV type: the 8B shape, bf16, gro
 LENGTHS = [1, 255, 256, 257, 700, 1300, 3000]
 
 
-@pytest.fixture(params=[False, True], ids=["", "pipe"])
-def wgmma(gpu, monkeypatch, request):
-    """Switches attention_wgmma.cu on and off; every test once with P V issued beside the next S (PIPE)."""
+@pytest.fixture
+def wgmma(gpu, monkeypatch):
     if not gpu.wgmma:
         pytest.skip("attention_wgmma.cu is sm_90a code")
-    monkeypatch.setattr(plan, "WGMMA_ATTN_PIPE", request.param)
     return lambda on: monkeypatch.setattr(gpu, "wgmma_attention", on)
 
 

@@ -112,17 +112,15 @@ def test_wgmma_kernel_keeps_its_mmas_in_flight(job, compiled):
     assert "C7513" not in done.stderr and "C7517" not in done.stderr, done.stderr
 
 
-# attention_wgmma.cu per (head dim, MMA rows per query row, warpgroups, stages, KV type, PIPE); its plan's builds
-WGMMA_ATTENTION_VARIANTS = [(128, 4, 2, 3, 1, 0), (128, 4, 1, 2, 2, 0), (128, 8, 2, 3, 1, 0), (64, 16, 2, 3, 2, 0),
-                            (64, 2, 1, 2, 1, 0), (128, 4, 2, 4, 1, 1), (128, 8, 2, 4, 2, 1), (64, 16, 2, 4, 2, 1)]
+# attention_wgmma.cu per (head dim, MMA rows per query row, warpgroups, stages, KV type); its plan's builds
+WGMMA_ATTENTION_VARIANTS = [(128, 4, 2, 3, 1), (128, 4, 1, 2, 2), (128, 8, 2, 3, 1), (64, 16, 2, 3, 2), (64, 2, 1, 2, 1)]
 
 
 WGMMA_ATTENTION = [Job("attention_wgmma.cu", (("HEAD_DIM", d), ("GP", gp), ("WQ", wq), ("NS", ns), ("KV_T", kv),
-                                               ("OUT16", kv)) + ((("PIPE", 1),) if pipe else ()))
-                   for d, gp, wq, ns, kv, pipe in WGMMA_ATTENTION_VARIANTS]
+                                               ("OUT16", kv))) for d, gp, wq, ns, kv in WGMMA_ATTENTION_VARIANTS]
 
 
-@pytest.mark.parametrize("job", WGMMA_ATTENTION, ids=lambda j: "-".join(str(v) for k, v in j.defines if k != "OUT16"))
+@pytest.mark.parametrize("job", WGMMA_ATTENTION, ids=lambda j: "-".join(str(v) for _, v in j.defines[:5]))
 def test_wgmma_attention_keeps_its_mmas_in_flight(job, compiled):
     """Every build compiles without ptxas serialising its warpgroup MMAs (C75xx: a wgmma in a divergent
     branch, or registers an MMA in flight uses touched by other instructions)."""
@@ -131,12 +129,9 @@ def test_wgmma_attention_keeps_its_mmas_in_flight(job, compiled):
     assert "C75" not in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("pipe", [False, True])
-def test_the_wgmma_attention_plan_builds_only_compiled_variants(pipe, monkeypatch):
-    monkeypatch.setattr(plan, "WGMMA_ATTN_PIPE", pipe)
+def test_the_wgmma_attention_plan_builds_only_compiled_variants():
     for t, heads, kv, d in ((512, 32, 8, 128), (4096, 32, 8, 128), (100, 32, 8, 128), (512, 28, 4, 128),
                             (512, 32, 2, 64), (512, 16, 8, 64)):
         wt = plan.wgmma_attention_launch(t, heads, kv, d, 64, 132)
-        assert wt is not None and wt.pipe == (pipe and wt.groups == 2)
-        assert any((v[:4], v[5]) == ((d, wt.gp, wt.groups, wt.stages), wt.pipe) for v in WGMMA_ATTENTION_VARIANTS), \
-            (t, heads, kv, d)
+        assert wt is not None
+        assert any(v[:4] == (d, wt.gp, wt.groups, wt.stages) for v in WGMMA_ATTENTION_VARIANTS), (t, heads, kv, d)

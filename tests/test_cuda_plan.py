@@ -274,10 +274,8 @@ def test_the_wgmma_attention_switch_takes_prefills_only():
         assert dispatch.attention_build(on, t, 32, 8, 32, 128) == dispatch.attention_build(off, t, 32, 8, 32, 128)
 
 
-@pytest.mark.parametrize("pipe", [False, True])
 @pytest.mark.parametrize("t", [65, 100, 512, 4096])
-def test_wgmma_attention_blocks_fit_an_sm(t, pipe, monkeypatch):
-    monkeypatch.setattr(plan, "WGMMA_ATTN_PIPE", pipe)
+def test_wgmma_attention_blocks_fit_an_sm(t):
     for heads, kv, d in ((32, 8, 128), (28, 4, 128), (32, 2, 64), (16, 8, 64)):
         wt = plan.wgmma_attention_launch(t, heads, kv, d, 128, 132)
         assert wt.rb * wt.gp == 64 * wt.groups and wt.rb <= plan.MMA_MAX_RB and wt.threads == 128 * wt.groups

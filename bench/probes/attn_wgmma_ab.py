@@ -1,7 +1,7 @@
 """One layer's prefill attention (8B shape: 32 heads, 8 KV, 128, f16 cache): attn_mma against
-attention_wgmma.cu as planned, with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced) and with
-P V issued beside the next S (plan.WGMMA_ATTN_PIPE), 512 rows ending at each context length, bits
-compared with attn_mma's.
+attention_wgmma.cu as planned and with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced),
+512 rows ending at each context length, bits compared with attn_mma's; each variant's ms the median of
+three 20-call runs.
 
     python3 bench/probes/attn_wgmma_ab.py --out /tmp/attn-wgmma.json      # on an sm_90 GPU
 """
@@ -23,9 +23,7 @@ from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
 
 H, HKV, D, ROWS = 32, 8, 128, 512
-# name: (plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE), None for attn_mma
-VARIANTS = {"mma": None, "wgmma": (plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE), "wgmma_1wg": (1e9, False),
-            "wgmma_2wg": (0.0, False), "wgmma_pipe": (0.0, True)}
+VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
 
 
 def main() -> int:
@@ -49,13 +47,13 @@ def main() -> int:
         flops = 4 * H * D * float((pos.astype(np.int64) + 1).sum())
         cell: dict = {"context": ctx, "rows": ROWS}
         outs = {}
-        for name, knobs in VARIANTS.items():
-            ops.wgmma_attention = knobs is not None
-            saved = plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE
-            plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE = knobs or saved
+        for name, fill in VARIANTS.items():
+            ops.wgmma_attention = fill is not None
+            saved = plan.WGMMA_ATTN_FILL
+            plan.WGMMA_ATTN_FILL = fill if fill is not None else saved
             try:
                 build = ops.attention_build(ROWS, H, HKV, D, width)
-                wt = plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count) if knobs else None
+                wt = plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count) if fill is not None else None
                 runs = sorted(back_to_back_ms(lambda q=q, rows=rows: ops.attention(q, layer, rows, D**-0.5), 20)
                               for _ in range(3))
                 ms = runs[1]  # the median of three
@@ -64,11 +62,10 @@ def main() -> int:
                 cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 continue
             finally:
-                plan.WGMMA_ATTN_FILL, plan.WGMMA_ATTN_PIPE = saved
+                plan.WGMMA_ATTN_FILL = saved
                 ops.wgmma_attention = False
-            cell[name] = {"build": build, "groups": wt.groups if wt else None, "pipe": wt.pipe if wt else None,
-                          "stages": wt.stages if wt else None, "ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs],
-                          "tflops": round(flops / ms / 1e9, 1)}
+            cell[name] = {"build": build, "groups": wt.groups if wt else None, "stages": wt.stages if wt else None,
+                          "ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs], "tflops": round(flops / ms / 1e9, 1)}
             if name != "mma" and "mma" in outs:
                 a, b = outs[name], outs["mma"]
                 cell[name]["same_bits_as_mma"] = a.tobytes() == b.tobytes()

@@ -19,7 +19,6 @@
 // 128 bytes with the hardware's 128-byte swizzle (16-byte unit u of row r at unit u ^ (r & 7)): K is
 // S's B operand K-major, V is P V's B operand N-major (transposed), from the same layout. No split
 // over blocks (grid.z 1): the chunks are folded in registers, the folded O kept in shared memory.
-// PIPE 1 only reorders the issue (P V of sub-tile i and S of i + 1 in one group); the MMAs are the same.
 // Shared memory: plan.wgmma_attention_smem.
 #include "common.cuh"
 #include "attention_tc.cuh"
@@ -32,12 +31,6 @@ typedef unsigned long long u64;
 #endif
 #ifndef NS
 #define NS 3  // K/V stages in shared memory (plan.WGMMA_ATTN_STAGES)
-#endif
-#ifndef PIPE
-#define PIPE 0  // 1: a sub-tile's P V issued with the next sub-tile's S, one wait for both (plan.WGMMA_ATTN_PIPE)
-#endif
-#if PIPE && NS < 3
-#error "PIPE keeps two sub-tiles resident: at least 3 stages"
 #endif
 
 #define D HEAD_DIM
@@ -106,36 +99,6 @@ __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync
 
 __device__ __forceinline__ u32 pack16(float lo, float hi) { return pack16_kv<KV_T>(lo, hi); }
 
-__device__ __forceinline__ void zero_scores(float (&s)[KT / 8][4]) {
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) s[j][x] = 0.f;
-}
-
-// S += q K^T of the sub-tile in K stage `at`, issued (after a wg_fence); the caller commits and waits
-__device__ __forceinline__ void issue_scores(float (&s)[KT / 8][4], const u32 (&qa)[D / 16][4], u32 at) {
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) wgmma_rs<KT, 0>(s, qa[ks], desc128(at + (ks >> 2) * HALF + (ks & 3) * 32, 0));
-}
-
-// P as A fragments (attn_mma's), all packed before the first MMA reads any
-__device__ __forceinline__ void p_fragments(u32 (&pa)[KT / 16][4], const float (&s)[KT / 8][4]) {
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-        pa[kk][0] = pack16(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack16(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-}
-
-// O += P V of the sub-tile in V stage `at`, issued
-__device__ __forceinline__ void issue_values(float (&oc)[D / 8][4], const u32 (&pa)[KT / 16][4], u32 at) {
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) wgmma_rs<D, 1>(oc, pa[kk], desc128(at + kk * 16 * 128, HALF));
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
            const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables, int T,
@@ -203,48 +166,6 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
             if (i < n) load(table, pmax, i);
             cp_async_commit();
         }
-        // every warpgroup issues every MMA, in the pass or not: wgmma in a divergent branch is serialised
-#if PIPE
-        // Sub-tile i's P V and sub-tile i + 1's S go out together, one wait for both, the softmax between:
-        // the same MMAs on the same operands in the same order a row sees (the bits are the loop's below).
-        // Tiles i and i + 1 stay resident while i + NS - 1 loads; past the pass's last sub-tile S reads a
-        // stage nothing writes then and is discarded. fold(c): chunk c into each row's state, then cleared.
-        auto fold = [&](int c) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                if (p[e] < 0 || c > p[e] / PAGE) continue;
-                fold_chunk(e, oc, mc[e], lc[e], have[e], M[e], L[e], Os, tid, THREADS);
-            }
-            clear_chunk(oc, mc, lc);
-        };
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));  // tile 0
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        float s[KT / 8][4];
-        zero_scores(s);
-        wg_fence();
-        issue_scores(s, qa, kbase);
-        wg_commit();
-        wg_wait0();
-        for (int i = 0; i < n; ++i) {  // sub-tile i's S and sub-tile i - 1's P V are done
-            if (i > 0 && i % (PAGE / KT) == 0) fold(i / (PAGE / KT) - 1);
-            online_softmax<EX2>(s, oc, mc, lc, p, i * KT + 2 * t);
-            u32 pa[KT / 16][4];
-            p_fragments(pa, s);
-            zero_scores(s);
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 3));  // tile i + 1
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads();  // tile i + 1 is in; every warpgroup is done with tile i - 1, whose stage is refilled
-            if (i + NS - 1 < n) load(table, pmax, i + NS - 1);
-            cp_async_commit();
-            wg_fence();
-            issue_values(oc, pa, vbase + (i % NS) * TILE);
-            issue_scores(s, qa, kbase + ((i + 1) % NS) * TILE);
-            wg_commit();
-            wg_wait0();  // here, not at the loop's head: the loop carries no register an MMA in flight writes
-        }
-        fold((n - 1) / (PAGE / KT));
-#else
         for (int i = 0; i < n; ++i) {
             asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async wrote it, wgmma reads it
@@ -252,19 +173,34 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
             if (i + NS - 1 < n) load(table, pmax, i + NS - 1);
             cp_async_commit();
             const int c = i / (PAGE / KT), st = i % NS;
-            float s[KT / 8][4];
-            zero_scores(s);
-            wg_fence();
-            issue_scores(s, qa, kbase + st * TILE);
-            wg_commit();
-            wg_wait0();
-            online_softmax<EX2>(s, oc, mc, lc, p, i * KT + 2 * t);
-            u32 pa[KT / 16][4];
-            p_fragments(pa, s);
-            wg_fence();
-            issue_values(oc, pa, vbase + st * TILE);
-            wg_commit();
-            wg_wait0();
+            {  // every warpgroup, in the pass or not: wgmma in a divergent branch is serialised
+                float s[KT / 8][4];
+#pragma unroll
+                for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) s[j][x] = 0.f;
+                wg_fence();
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ++ks)
+                    wgmma_rs<KT, 0>(s, qa[ks], desc128(kbase + st * TILE + (ks >> 2) * HALF + (ks & 3) * 32, 0));
+                wg_commit();
+                wg_wait0();
+                online_softmax<EX2>(s, oc, mc, lc, p, i * KT + 2 * t);
+                u32 pa[KT / 16][4];  // P as A fragments (attn_mma's), all packed before the first MMA reads any
+#pragma unroll
+                for (int kk = 0; kk < KT / 16; ++kk) {
+                    pa[kk][0] = pack16(s[2 * kk][0], s[2 * kk][1]);
+                    pa[kk][1] = pack16(s[2 * kk][2], s[2 * kk][3]);
+                    pa[kk][2] = pack16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[kk][3] = pack16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                }
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < KT / 16; ++kk)
+                    wgmma_rs<D, 1>(oc, pa[kk], desc128(vbase + st * TILE + kk * 16 * 128, HALF));
+                wg_commit();
+                wg_wait0();
+            }
             if ((i + 1) % (PAGE / KT) == 0 || i + 1 == n) {  // chunk c done: folded into the row's state
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
@@ -274,7 +210,6 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
                 clear_chunk(oc, mc, lc);
             }
         }
-#endif
         store_rows<OUT16, D, D / 8>(out, p, jr, qh, r0, n_heads, t, 0, Os, tid, THREADS, L);
     }
 }

@@ -625,8 +625,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         if wt is not None:
             fn = big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
                                  (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages),
-                                  ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
-                                 + ((("PIPE", 1),) if wt.pipe else ()))
+                                  ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2)))
             launch(fn, (plan.ceil_div(t, wt.rb), n_kv * wt.subgroups, 1), (wt.threads,),
                    (q, k16, v16, positions, seq, tables, _i32(t), _i32(n_heads), _i32(n_kv), _i32(width),
                     np.float32(scale), out), shared=wt.shared)

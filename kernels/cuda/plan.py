@@ -463,10 +463,6 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
 WGMMA_ATTN_HEAD_DIMS = (64, 128)  # the swizzled K/V tiles are 64-dim halves
 WGMMA_ATTN_FILL = 0.9  # two warpgroups a block (sharing K/V tiles) while their blocks fill this share of the SMs
 WGMMA_ATTN_STAGES = {1: 2, 2: 3}  # K/V stages by warpgroups: one-warpgroup blocks fit two an SM
-# P V of a sub-tile issued with the next sub-tile's S (PIPE: one wait for both, the same bits), two-warpgroup
-# blocks only, with a fourth stage (two sub-tiles stay resident); off until measured on a device
-WGMMA_ATTN_PIPE = False
-WGMMA_ATTN_PIPE_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -478,7 +474,6 @@ class WgmmaAttentionLaunch:
     stages: int  # NS
     threads: int
     shared: int
-    pipe: bool = False  # PIPE (bits do not depend on it)
 
 
 def wgmma_attention_smem(head_dim: int, groups: int, stages: int) -> int:
@@ -501,7 +496,6 @@ def wgmma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width
         return None
     two = 128 // gp <= MMA_MAX_RB and ceil_div(t, 128 // gp) * n_kv * sub >= WGMMA_ATTN_FILL * sm_count
     groups = 2 if two else 1
-    pipe = WGMMA_ATTN_PIPE and groups == 2
-    stages = WGMMA_ATTN_PIPE_STAGES if pipe else WGMMA_ATTN_STAGES[groups]
+    stages = WGMMA_ATTN_STAGES[groups]
     return WgmmaAttentionLaunch(gp, groups, 64 * groups // gp, sub, stages, 128 * groups,
-                                wgmma_attention_smem(head_dim, groups, stages), pipe)
+                                wgmma_attention_smem(head_dim, groups, stages))
