@@ -123,9 +123,10 @@ def test_the_engines_ops_give_the_same_bits_on_one_thread_and_two():
 
 
 def test_the_files_that_cache_copies_of_the_kernel_change_with_it():
-    from kernels.cpu import compiled, fused, layer
+    from kernels.cpu import compiled, fused, jobs, layer
 
-    assert compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == layer.MATVEC_EPOCH == workers.MATVEC_EPOCH == matvec.EPOCH
+    assert (compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == layer.MATVEC_EPOCH == workers.MATVEC_EPOCH
+            == jobs.MATVEC_EPOCH == matvec.EPOCH)
 
 
 def test_two_threads_computing_at_once_share_the_workers_in_turn():

@@ -5,14 +5,85 @@ reduced in one fixed order and the chunks are merged in ascending order, so a ro
 its own query and keys only (not on the other rows of the call, nor on where its pages sit).
 A chunk's keys and values are widened to float32 once, into scratch, before the dot products:
 the reductions then run over contiguous float32 rows whatever the KV cache stores.
+
+No fastmath here: every addition and fused multiply-add is in the order the code writes (a score's
+dot product in LANES partial sums by explicit vector IR, as matvec.py does), so a row's bits are the
+same in every function this code is compiled into: the calling thread's and a worker's (jobs.py).
+With reassociation allowed, LLVM vectorised the same loops differently in different callers.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-from kernels.cpu.compiled import _FLAGS, _bf16, _dot, _f16
+from kernels.cpu.compiled import _bf16, _f16
+
+_FLAGS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
+LANES = 16
+_F32 = ir.FloatType()
+_VF = ir.VectorType(_F32, LANES)
+_I64 = ir.IntType(64)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma), whether or not LLVM vectorises the loop around it."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+        return builder.call(fn, args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def _dot_lanes(typingctx, x_addr, w_addr, n):
+    """x . w over n float32 (n a positive multiple of LANES, by address): element i into partial sum
+    i % LANES by fused multiply-adds in ascending i, then the lanes halved in a fixed tree."""
+    def codegen(context, builder, sig, args):
+        xa, wa, n = args
+        xp = builder.inttoptr(xa, _F32.as_pointer())
+        wp = builder.inttoptr(wa, _F32.as_pointer())
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+        entry = builder.block
+        loop = builder.append_basic_block("dot.loop")
+        done = builder.append_basic_block("dot.done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        i = builder.phi(_I64)
+        i.add_incoming(ir.Constant(_I64, 0), entry)
+        acc = builder.phi(_VF)
+        acc.add_incoming(ir.Constant(_VF, [0.0] * LANES), entry)
+        xv = builder.load(builder.bitcast(builder.gep(xp, [i]), _VF.as_pointer()), align=4)
+        wv = builder.load(builder.bitcast(builder.gep(wp, [i]), _VF.as_pointer()), align=4)
+        new = builder.call(fma, [xv, wv, acc])
+        nxt = builder.add(i, ir.Constant(_I64, LANES))
+        i.add_incoming(nxt, loop)
+        acc.add_incoming(new, loop)
+        builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
+        builder.position_at_end(done)
+        s, width = new, LANES
+        while width > 1:
+            width //= 2
+            idx = ir.VectorType(ir.IntType(32), width)
+            lo = builder.shuffle_vector(s, s, ir.Constant(idx, list(range(width))))
+            hi = builder.shuffle_vector(s, s, ir.Constant(idx, list(range(width, 2 * width))))
+            s = builder.fadd(lo, hi)
+        return builder.extract_element(s, ir.Constant(ir.IntType(32), 0))
+    return types.float32(types.uintp, types.uintp, types.intp), codegen
+
+
+@njit(inline="always", **_FLAGS)
+def _dot(x, w, n):
+    """x . w for two contiguous float32 rows: _dot_lanes, or one chain in ascending order for other n."""
+    if n % LANES == 0:
+        return _dot_lanes(x.ctypes.data, w.ctypes.data, n)
+    acc = np.float32(0.0)
+    for i in range(n):
+        acc = _fma(x[i], w[i], acc)
+    return acc
 
 
 @njit(inline="always", **_FLAGS)
@@ -61,7 +132,7 @@ def _chunk(q, k, v, n, s, m, lsum, out):
                 e = s[g, p]
                 vp = v[p, h]
                 for i in range(hd):
-                    o[i] += e * vp[i]
+                    o[i] = _fma(e, vp[i], o[i])
 
 
 @njit(**_FLAGS)
@@ -80,11 +151,45 @@ def attend_chunk(q, k, v, kind, out):
     return m, lsum
 
 
+@njit(inline="always", **_FLAGS)
+def _attend_row(q, k_pages, v_pages, kind, pos, table, page_size, acc, kw, vw, s, m, lsum, m_c, l_c, o_c):
+    """One query row q [kv, group, hd] over keys 0..pos of its page table into acc; the rest is scratch."""
+    n_kv, group, hd = q.shape
+    last = pos // page_size
+    for c in range(last + 1):
+        n = page_size if c < last else pos % page_size + 1
+        _widen_page(k_pages[table[c]], kind, n, kw)
+        _widen_page(v_pages[table[c]], kind, n, vw)
+        if c == 0:
+            _chunk(q, kw, vw, n, s, m, lsum, acc)
+            continue
+        _chunk(q, kw, vw, n, s, m_c, l_c, o_c)
+        for h in range(n_kv):
+            for g in range(group):
+                m_new = max(m[h, g], m_c[h, g])
+                a, b = np.exp(m[h, g] - m_new), np.exp(m_c[h, g] - m_new)
+                lsum[h, g] = lsum[h, g] * a + l_c[h, g] * b
+                for i in range(hd):
+                    acc[h, g, i] = acc[h, g, i] * a + o_c[h, g, i] * b
+                m[h, g] = m_new
+    for h in range(n_kv):
+        for g in range(group):
+            for i in range(hd):
+                acc[h, g, i] = acc[h, g, i] / lsum[h, g]
+
+
 @njit(**_FLAGS)
 def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
     """Every query row over keys 0..its position, in page-size chunks in logical order, the chunks merged
     in ascending order (the page table gives each chunk's physical page, so placement cannot matter).
     q, out [T, kv, group, hd]; k_pages, v_pages [pages, page_size, kv, hd] as attend_chunk takes them."""
+    attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, 0, q.shape[0])
+
+
+@njit(**_FLAGS)
+def attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, r0, r1):
+    """attend_rows over rows r0..r1 only: a row's arithmetic is the same whichever rows share the call
+    (the worker threads take rows this way: kernels/cpu/jobs.py)."""
     n_kv, group, hd = q.shape[1:]
     kw = np.empty((page_size, n_kv, hd), np.float32)
     vw = np.empty((page_size, n_kv, hd), np.float32)
@@ -94,31 +199,9 @@ def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, o
     m_c = np.empty((n_kv, group), np.float32)
     l_c = np.empty((n_kv, group), np.float32)
     o_c = np.empty((n_kv, group, hd), np.float32)
-    for r in range(q.shape[0]):
-        pos = positions[r]
-        table = tables[seqs[r]]
-        last = pos // page_size
-        acc = out[r]
-        for c in range(last + 1):
-            n = page_size if c < last else pos % page_size + 1
-            _widen_page(k_pages[table[c]], kind, n, kw)
-            _widen_page(v_pages[table[c]], kind, n, vw)
-            if c == 0:
-                _chunk(q[r], kw, vw, n, s, m, lsum, acc)
-                continue
-            _chunk(q[r], kw, vw, n, s, m_c, l_c, o_c)
-            for h in range(n_kv):
-                for g in range(group):
-                    m_new = max(m[h, g], m_c[h, g])
-                    a, b = np.exp(m[h, g] - m_new), np.exp(m_c[h, g] - m_new)
-                    lsum[h, g] = lsum[h, g] * a + l_c[h, g] * b
-                    for i in range(hd):
-                        acc[h, g, i] = acc[h, g, i] * a + o_c[h, g, i] * b
-                    m[h, g] = m_new
-        for h in range(n_kv):
-            for g in range(group):
-                for i in range(hd):
-                    acc[h, g, i] = acc[h, g, i] / lsum[h, g]
+    for r in range(r0, r1):
+        _attend_row(q[r], k_pages, v_pages, kind, positions[r], tables[seqs[r]], page_size, out[r], kw, vw, s, m,
+                    lsum, m_c, l_c, o_c)
 
 
 def warm_up() -> None:

@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 from kernels.cpu import matvec
 from kernels.cpu.workers import CTL_WORDS, split_dots
 
-MATVEC_EPOCH = 3  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+MATVEC_EPOCH = 4  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
 # fastmath without nnan/ninf: attention starts its running max at -inf
 _FLAGS = {"cache": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}, "nogil": True,
           "error_model": "numpy", "boundscheck": False}

@@ -2,7 +2,8 @@
 ops are small, so the Python around each of them (argument checks, views, dispatch) costs as much as
 a product. The call runs the separate ops' compiled functions in their order (fused.norm_rows_16,
 rope_write.qkv_rope_write, attend.attend_rows, the residual product, fused.ffn_16, each product's
-weight rows shared with the worker threads when there are any), so a row gets the bits the ops give it.
+weight rows and the attention's rows shared with the worker threads when there are any: jobs.py), so a
+row gets the bits the ops give it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.cpu.attend import attend_rows
 from kernels.cpu.compiled import PLAIN, RESIDUAL, rows_16_parallel
 from kernels.cpu.fused import ffn_16_parallel, norm_rows_16_parallel
+from kernels.cpu.jobs import split_attend
 from kernels.cpu.matvec import _FLAGS  # no fastmath: the query scaling is NumPy's float32 product
 from kernels.cpu.rope_write import qkv_rope_write
 
 # numba caches a function keyed on its own file only, and this file's call holds copies of attend.py,
-# rope_write.py, fused.py and compiled.py too: edit this file when they change, or a stale copy runs
-MATVEC_EPOCH = 3  # and bump with matvec.EPOCH
+# jobs.py, rope_write.py, fused.py and compiled.py too: edit this file when they change, or a stale copy runs
+MATVEC_EPOCH = 4  # and bump with matvec.EPOCH
 
 
 @njit(**_FLAGS)
@@ -39,7 +40,7 @@ def dense_layer_16(x, attn_norm, ffn_norm, eps, w_qkv, w_o, w_gate_up, w_down, k
     for i in range(qf.shape[0]):
         qsf[i] = qf[i] * scale
     att = np.empty((t, n_kv, group, d), np.float32)
-    attend_rows(qs, k_pages, v_pages, kv_kind, positions, seqs, tables, k_pages.shape[1], att)
+    split_attend(ctl, qs, k_pages, v_pages, kv_kind, positions, seqs, tables, k_pages.shape[1], att)
     h = np.empty_like(x)
     rows_16_parallel(att.reshape(t, n_heads * d), w_o, kind, h, 0, x, RESIDUAL, ctl)
     ffn_16_parallel(h, ffn_norm, eps, w_gate_up, w_down, kind, out, ctl)

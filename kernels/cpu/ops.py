@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.cpu import compiled, deltanet, fused, layer, rope_write, workers
+from kernels.cpu import compiled, deltanet, fused, jobs, layer, rope_write, workers
 from kernels.cpu.blas_split import blas_matmul
 from kernels.cpu.moe import CpuMoeOps
 from kernels.cpu.paged import CpuKVLayer, PagedOps, as_index  # noqa: F401  (CpuKVLayer: imported from here)
@@ -86,6 +86,7 @@ class CpuOps(PagedOps, CpuMoeOps):
         self._layers: dict = {}  # dense_layer's fixed arguments per layer: _layer_args
         compiled.warm_up(self.threads > 1)
         fused.warm_up(self.threads > 1)
+        jobs.warm_up()
         PagedOps.warm_up_paged()
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from kernels.cpu.matvec import _FLAGS, dots_at
 
-MATVEC_EPOCH = 3  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+MATVEC_EPOCH = 4  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
 CHUNK = 32  # weight rows per claim
 SPINS = 64  # pauses before a waiting thread starts yielding its core
 IDLE_S = 0.0005  # a worker spins this long without work before it sleeps (a decode step's gaps are shorter)
@@ -35,8 +35,10 @@ BUSY = 0xFFFFFFFF
 LOW = 0xFFFFFFFF
 # ctl words, one cache line apart where threads write them
 WORD, DONE, AWAKE, STOP = 0, 8, 16, 24
-N_CHUNKS, XA, T, K, WA, KIND, OA, N_OUT, RA, RESIDUAL, N_ROWS = range(32, 43)
-CTL_WORDS = 48
+N_CHUNKS, XA, T, K, WA, KIND, OA, N_OUT, RA, RESIDUAL, N_ROWS, JOB = range(32, 44)
+ARGS = 44  # from here the words of a job other than a product (kernels/cpu/jobs.py)
+CTL_WORDS = 64
+DOTS = 0  # JOB: a split product
 _I64 = ir.IntType(64)
 
 
@@ -132,20 +134,17 @@ def _chunk(ctl, c):
 def _claim_all(ctl, n_chunks):
     """Claims and computes chunks of the published product until none is left."""
     while True:
-        word = _load(ctl, WORD)
-        c = word & LOW
-        if c >= n_chunks:
+        c = claim(ctl, n_chunks)
+        if c < 0:
             return
-        if _cas(ctl, WORD, word, word + 1):
-            _chunk(ctl, c)
-            _add(ctl, DONE, 1)
+        _chunk(ctl, c)
+        _add(ctl, DONE, 1)
 
 
 @njit(**_FLAGS)
 def split_dots(ctl, xa, t, k, wa, kind, oa, n_out, ra, residual, n):
     """matvec.dots_at over weight rows 0..n, shared with the workers that are awake."""
-    seq = (_load(ctl, WORD) >> 32) + 1
-    _store(ctl, WORD, (seq << 32) | BUSY)
+    seq = begin(ctl)
     n_chunks = (n + CHUNK - 1) // CHUNK
     _store(ctl, XA, xa)
     _store(ctl, T, t)
@@ -157,12 +156,45 @@ def split_dots(ctl, xa, t, k, wa, kind, oa, n_out, ra, residual, n):
     _store(ctl, RA, ra)
     _store(ctl, RESIDUAL, 1 if residual else 0)
     _store(ctl, N_ROWS, n)
+    _store(ctl, JOB, DOTS)
+    publish(ctl, seq, n_chunks)
+    _claim_all(ctl, n_chunks)
+    finish(ctl, n_chunks)
+
+
+@njit(**_FLAGS)
+def begin(ctl):
+    """Marks the control word busy for a new job's fields; returns the job's sequence number."""
+    seq = (_load(ctl, WORD) >> 32) + 1
+    _store(ctl, WORD, (seq << 32) | BUSY)
+    return seq
+
+
+@njit(**_FLAGS)
+def publish(ctl, seq, n_chunks):
+    """The job's fields are written: its chunks may be claimed."""
     _store(ctl, N_CHUNKS, n_chunks)
     _store(ctl, DONE, 0)
     _store(ctl, WORD, seq << 32)
-    _claim_all(ctl, n_chunks)
+
+
+@njit(**_FLAGS)
+def claim(ctl, n_chunks):
+    """The next chunk of the open job for this thread, or -1 when none is left."""
+    while True:
+        word = _load(ctl, WORD)
+        c = word & LOW
+        if c >= n_chunks:
+            return -1
+        if _cas(ctl, WORD, word, word + 1):
+            return c
+
+
+@njit(**_FLAGS)
+def finish(ctl, n_chunks):
+    """Waits until every claimed chunk is computed (a worker finishes a chunk it claimed)."""
     spins = 0
-    while _load(ctl, DONE) < n_chunks:  # a worker finishes a chunk it claimed
+    while _load(ctl, DONE) < n_chunks:
         spins += 1
         _wait(spins)
 
@@ -170,28 +202,6 @@ def split_dots(ctl, xa, t, k, wa, kind, oa, n_out, ra, residual, n):
 @njit(**_FLAGS)
 def _bump(ctl, i, v):
     _add(ctl, i, v)
-
-
-@njit(**_FLAGS)
-def _serve(ctl, idle_ticks):
-    """A worker's spin: claims chunks of each product published; returns after idle_ticks cycle-counter
-    ticks without one."""
-    spins = 0
-    since = _cycles()
-    while _load(ctl, STOP) == 0:
-        word = _load(ctl, WORD)
-        n_chunks = _load(ctl, N_CHUNKS)
-        c = word & LOW
-        if c < n_chunks and _cas(ctl, WORD, word, word + 1):
-            _chunk(ctl, c)
-            _add(ctl, DONE, 1)
-            spins = 0
-            since = _cycles()
-            continue
-        spins += 1
-        if spins & 255 == 0 and _cycles() - since >= idle_ticks:
-            return
-        _wait(spins)
 
 
 class Workers:
@@ -207,11 +217,13 @@ class Workers:
             threading.Thread(target=self._run, args=(ev,), daemon=True, name="lockstep-cpu-worker").start()
 
     def _run(self, ev: threading.Event) -> None:
+        from kernels.cpu import jobs  # it imports the kernels, which import this module
+
         while not self.ctl[STOP]:
             ev.wait()
             ev.clear()
             _bump(self.ctl, AWAKE, 1)
-            _serve(self.ctl, self._idle_ticks)
+            jobs.serve(self.ctl, self._idle_ticks)
             _bump(self.ctl, AWAKE, -1)
 
     def wake(self) -> None:
