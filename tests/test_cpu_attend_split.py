@@ -108,3 +108,9 @@ def test_products_and_attention_back_to_back_on_one_control_word(pool):
         jobs.split_attend(pool.ctl, q, k, v, kind, pos, seqs, tables, PAGE_SIZE, att)
         assert dots.tobytes() == want_dots.tobytes(), f"trial {trial}: product"
         assert att.tobytes() == _reference(q, k, v, kind, pos, seqs, tables).tobytes(), f"trial {trial}: attention"
+
+
+def test_the_files_that_cache_copies_of_the_attention_change_with_it():
+    from kernels.cpu import layer
+
+    assert jobs.ATTEND_EPOCH == layer.ATTEND_EPOCH == attend.EPOCH

@@ -39,6 +39,7 @@ from kernels.cpu.workers import (
 )
 
 MATVEC_EPOCH = 4  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+ATTEND_EPOCH = 1  # bump with attend.EPOCH
 ATTEND = 1  # JOB: attention rows
 # the attention job's words from ARGS on
 QA, KA, VA, KIND, PA, SA, TA, OA, T, N_KV, GROUP, HD, N_PAGES, PAGE, N_SEQS, WIDTH = range(ARGS, ARGS + 16)
