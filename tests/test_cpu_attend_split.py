@@ -1,4 +1,4 @@
-"""A layer's attention rows shared with the worker threads (kernels/cpu/jobs.py): the bits of
+"""A layer's attention, a (row, KV head) a task, shared with the worker threads (kernels/cpu/jobs.py): the bits of
 attend.attend_rows whichever thread computes a row, for every KV type, rows alone or among others,
 and with split products and split attention published back to back on one control word."""
 
@@ -64,13 +64,13 @@ def test_split_attention_gives_attend_rows_bits(pool, kv_type):
 
 
 def test_rows_the_workers_compute_alone_have_the_callers_bits(pool):
-    """The job published and left to the workers (the caller claims nothing): every row is a worker's."""
+    """The job published and left to the workers (the caller claims nothing): every task is a worker's."""
     (k, kind), (v, _) = _pages("f16"), _pages("f16")
     q, pos, seqs, tables = _batch(5)
     out = np.full_like(q, np.nan)
     _awake(pool)
-    t = jobs.publish_attend(pool.ctl, q, k, v, kind, pos, seqs, tables, PAGE_SIZE, out)
-    workers.finish(pool.ctl, t)
+    n = jobs.publish_attend(pool.ctl, q, k, v, kind, pos, seqs, tables, PAGE_SIZE, out)
+    workers.finish(pool.ctl, n)
     assert out.tobytes() == _reference(q, k, v, kind, pos, seqs, tables).tobytes()
 
 

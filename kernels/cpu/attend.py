@@ -24,7 +24,7 @@ from kernels.cpu.compiled import _bf16, _f16
 
 # jobs.py and layer.py hold numba-cached copies of this file's functions; numba checks only a function's
 # own file, so a change here bumps EPOCH and their ATTEND_EPOCH (tests check them)
-EPOCH = 1
+EPOCH = 2
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 LANES = 16
 _F32 = ir.FloatType()
@@ -119,11 +119,11 @@ def _dot(x, w, n):
 
 
 @njit(inline="always", **_FLAGS)
-def _widen_page(src, kind, n, dst):
-    """Rows 0..n of one KV page [page_size, kv, hd] into dst [>= n, kv, hd] as float32."""
-    n_kv, hd = src.shape[1], src.shape[2]
+def _widen_page(src, kind, n, dst, h0, h1):
+    """Rows 0..n, heads h0..h1 of one KV page [page_size, kv, hd] into dst [>= n, kv, hd] as float32."""
+    hd = src.shape[2]
     for p in range(n):
-        for h in range(n_kv):
+        for h in range(h0, h1):
             if kind == 0:
                 for i in range(hd):
                     dst[p, h, i] = src[p, h, i]
@@ -136,12 +136,12 @@ def _widen_page(src, kind, n, dst):
 
 
 @njit(inline="always", **_FLAGS)
-def _chunk(q, k, v, n, s, m, lsum, out):
-    """One query row q [kv, group, hd] (scaled) over the chunk's n float32 keys and values k, v
-    [>= n, kv, hd]: the unnormalised sum of values into out [kv, group, hd], the score max and
-    exp-sum per [kv, group] into m and lsum. s: scratch [group, >= n]."""
-    n_kv, group, hd = q.shape
-    for h in range(n_kv):
+def _chunk(q, k, v, n, s, m, lsum, out, h0, h1):
+    """One query row q [kv, group, hd] (scaled), its KV heads h0..h1, over the chunk's n float32 keys and
+    values k, v [>= n, kv, hd]: the unnormalised sum of values into out [kv, group, hd], the score max
+    and exp-sum per [kv, group] into m and lsum. s: scratch [group, >= n]."""
+    group, hd = q.shape[1], q.shape[2]
+    for h in range(h0, h1):
         for g in range(group):
             qg = q[h, g]
             for p in range(n):
@@ -175,39 +175,38 @@ def attend_chunk(q, k, v, kind, out):
     n = k.shape[0]
     kw = np.empty(k.shape, np.float32)
     vw = np.empty(v.shape, np.float32)
-    _widen_page(k, kind, n, kw)
-    _widen_page(v, kind, n, vw)
+    _widen_page(k, kind, n, kw, 0, q.shape[0])
+    _widen_page(v, kind, n, vw, 0, q.shape[0])
     m = np.empty(q.shape[:2], np.float32)
     lsum = np.empty(q.shape[:2], np.float32)
-    _chunk(q, kw, vw, n, np.empty((q.shape[1], n), np.float32), m, lsum, out)
+    _chunk(q, kw, vw, n, np.empty((q.shape[1], n), np.float32), m, lsum, out, 0, q.shape[0])
     return m, lsum
 
 
 @njit(inline="always", **_FLAGS)
-def _attend_row(q, k_pages, v_pages, kind, pos, table, page_size, acc, kw, vw, s, m, lsum, m_c, l_c, o_c):
-    """One query row q [kv, group, hd] over keys 0..pos of its page table into acc; the rest is scratch."""
-    n_kv, group, hd = q.shape
+def _attend_row(q, k_pages, v_pages, kind, pos, table, page_size, acc, h, kw, vw, s, m, lsum, m_c, l_c, o_c):
+    """One query row q [kv, group, hd], its KV head h, over keys 0..pos of its page table into acc; the
+    rest is scratch."""
+    group, hd = q.shape[1], q.shape[2]
     last = pos // page_size
     for c in range(last + 1):
         n = page_size if c < last else pos % page_size + 1
-        _widen_page(k_pages[table[c]], kind, n, kw)
-        _widen_page(v_pages[table[c]], kind, n, vw)
+        _widen_page(k_pages[table[c]], kind, n, kw, h, h + 1)
+        _widen_page(v_pages[table[c]], kind, n, vw, h, h + 1)
         if c == 0:
-            _chunk(q, kw, vw, n, s, m, lsum, acc)
+            _chunk(q, kw, vw, n, s, m, lsum, acc, h, h + 1)
             continue
-        _chunk(q, kw, vw, n, s, m_c, l_c, o_c)
-        for h in range(n_kv):
-            for g in range(group):
-                m_new = max(m[h, g], m_c[h, g])
-                a, b = np.exp(m[h, g] - m_new), np.exp(m_c[h, g] - m_new)
-                lsum[h, g] = lsum[h, g] * a + l_c[h, g] * b
-                for i in range(hd):
-                    acc[h, g, i] = acc[h, g, i] * a + o_c[h, g, i] * b
-                m[h, g] = m_new
-    for h in range(n_kv):
+        _chunk(q, kw, vw, n, s, m_c, l_c, o_c, h, h + 1)
         for g in range(group):
+            m_new = max(m[h, g], m_c[h, g])
+            a, b = np.exp(m[h, g] - m_new), np.exp(m_c[h, g] - m_new)
+            lsum[h, g] = lsum[h, g] * a + l_c[h, g] * b
             for i in range(hd):
-                acc[h, g, i] = acc[h, g, i] / lsum[h, g]
+                acc[h, g, i] = acc[h, g, i] * a + o_c[h, g, i] * b
+            m[h, g] = m_new
+    for g in range(group):
+        for i in range(hd):
+            acc[h, g, i] = acc[h, g, i] / lsum[h, g]
 
 
 @njit(**_FLAGS)
@@ -215,13 +214,13 @@ def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, o
     """Every query row over keys 0..its position, in page-size chunks in logical order, the chunks merged
     in ascending order (the page table gives each chunk's physical page, so placement cannot matter).
     q, out [T, kv, group, hd]; k_pages, v_pages [pages, page_size, kv, hd] as attend_chunk takes them."""
-    attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, 0, q.shape[0])
+    attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, 0, q.shape[0] * q.shape[1])
 
 
 @njit(**_FLAGS)
-def attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, r0, r1):
-    """attend_rows over rows r0..r1 only: a row's arithmetic is the same whichever rows share the call
-    (the worker threads take rows this way: kernels/cpu/jobs.py)."""
+def attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, c0, c1):
+    """attend_rows over tasks c0..c1 only, task c = row c // kv, KV head c % kv: a task's arithmetic is
+    the same whichever tasks share the call (the worker threads take tasks this way: kernels/cpu/jobs.py)."""
     n_kv, group, hd = q.shape[1:]
     kw = np.empty((page_size, n_kv, hd), np.float32)
     vw = np.empty((page_size, n_kv, hd), np.float32)
@@ -231,9 +230,10 @@ def attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, 
     m_c = np.empty((n_kv, group), np.float32)
     l_c = np.empty((n_kv, group), np.float32)
     o_c = np.empty((n_kv, group, hd), np.float32)
-    for r in range(r0, r1):
-        _attend_row(q[r], k_pages, v_pages, kind, positions[r], tables[seqs[r]], page_size, out[r], kw, vw, s, m,
-                    lsum, m_c, l_c, o_c)
+    for c in range(c0, c1):
+        r, h = c // n_kv, c % n_kv
+        _attend_row(q[r], k_pages, v_pages, kind, positions[r], tables[seqs[r]], page_size, out[r], h, kw, vw, s,
+                    m, lsum, m_c, l_c, o_c)
 
 
 def warm_up() -> None:

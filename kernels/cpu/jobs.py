@@ -1,10 +1,10 @@
 """What the worker threads of workers.py run: chunks of a split product (workers.split_dots) and rows of a
 layer's attention (split_attend), and the loop each worker spins in between.
 
-Attention rows are split one row a claim: a row's arithmetic is attend.attend_range's whichever thread
-claims it, so neither the split nor the thread count can change a bit (tests/test_cpu_attend_split.py).
-At decode each row is a sequence with its own keys, so a batch's attention no longer waits on one thread
-while the others spin.
+Attention is split one (row, KV head) a claim: a task's arithmetic is attend.attend_range's whichever
+thread claims it, so neither the split nor the thread count can change a bit (tests/test_cpu_attend_split.py).
+At decode each row is a sequence with its own keys, so a batch's attention (and a lone row's heads) no
+longer waits on one thread while the others spin.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from kernels.cpu.workers import (
 )
 
 MATVEC_EPOCH = 4  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
-ATTEND_EPOCH = 1  # bump with attend.EPOCH
+ATTEND_EPOCH = 2  # bump with attend.EPOCH
 ATTEND = 1  # JOB: attention rows
 # the attention job's words from ARGS on
 QA, KA, VA, KIND, PA, SA, TA, OA, T, N_KV, GROUP, HD, N_PAGES, PAGE, N_SEQS, WIDTH = range(ARGS, ARGS + 16)
@@ -54,8 +54,9 @@ def _at(typingctx, addr):
 
 
 @njit(**_FLAGS)
-def _attend_at(ctl, r):
-    """Row r of the published attention job, its arrays rebuilt from their addresses and shapes."""
+def _attend_at(ctl, c):
+    """Task c (row c // kv, KV head c % kv) of the published attention job, its arrays rebuilt from their
+    addresses and shapes."""
     t, n_kv, group, hd = _load(ctl, T), _load(ctl, N_KV), _load(ctl, GROUP), _load(ctl, HD)
     q = carray(_at(_load(ctl, QA)), (t, n_kv, group, hd), np.float32)
     out = carray(_at(_load(ctl, OA)), (t, n_kv, group, hd), np.float32)
@@ -66,29 +67,29 @@ def _attend_at(ctl, r):
     shape = (_load(ctl, N_PAGES), page, n_kv, hd)
     if kind == 0:
         k, v = carray(_at(_load(ctl, KA)), shape, np.float32), carray(_at(_load(ctl, VA)), shape, np.float32)
-        attend_range(q, k, v, kind, positions, seqs, tables, page, out, r, r + 1)
+        attend_range(q, k, v, kind, positions, seqs, tables, page, out, c, c + 1)
     else:
         k, v = carray(_at(_load(ctl, KA)), shape, np.uint16), carray(_at(_load(ctl, VA)), shape, np.uint16)
-        attend_range(q, k, v, kind, positions, seqs, tables, page, out, r, r + 1)
+        attend_range(q, k, v, kind, positions, seqs, tables, page, out, c, c + 1)
 
 
 @njit(**_FLAGS)
 def split_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
     """attend.attend_rows(q, k_pages, ..., out), its rows shared with the workers that are awake. Every
     array C-contiguous; positions, seqs, tables int64."""
-    t = publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out)
+    n = publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out)
     while True:
-        r = claim(ctl, t)
-        if r < 0:
+        c = claim(ctl, n)
+        if c < 0:
             break
-        _attend_at(ctl, r)
+        _attend_at(ctl, c)
         _add(ctl, DONE, 1)
-    finish(ctl, t)
+    finish(ctl, n)
 
 
 @njit(**_FLAGS)
 def publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
-    """Opens split_attend's job (its rows for the taking); returns the number of rows."""
+    """Opens split_attend's job (its tasks, a row's KV head each, for the taking); returns their number."""
     t, n_kv, group, hd = q.shape
     seq = begin(ctl)
     _store(ctl, QA, q.ctypes.data)
@@ -108,8 +109,8 @@ def publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page
     _store(ctl, N_SEQS, tables.shape[0])
     _store(ctl, WIDTH, tables.shape[1])
     _store(ctl, JOB, ATTEND)
-    publish(ctl, seq, t)
-    return t
+    publish(ctl, seq, t * n_kv)
+    return t * n_kv
 
 
 @njit(**_FLAGS)
