@@ -21,24 +21,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels.cpu.compiled import _bf16, _f16
+from kernels.cpu.expf import exp32
+from kernels.cpu.expf import fma as _fma
 
-# jobs.py and layer.py hold numba-cached copies of this file's functions; numba checks only a function's
+# jobs.py and layer.py hold numba-cached copies of this file's functions (and of expf.py's); numba checks only a function's
 # own file, so a change here bumps EPOCH and their ATTEND_EPOCH (tests check them)
-EPOCH = 2
+EPOCH = 3
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 LANES = 16
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
 _I64 = ir.IntType(64)
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma), whether or not LLVM vectorises the loop around it."""
-    def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
-        return builder.call(fn, args)
-    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 @intrinsic
@@ -76,35 +69,6 @@ def _dot_lanes(typingctx, x_addr, w_addr, n):
             s = builder.fadd(lo, hi)
         return builder.extract_element(s, ir.Constant(ir.IntType(32), 0))
     return types.float32(types.uintp, types.uintp, types.intp), codegen
-
-
-@intrinsic
-def _pow2(typingctx, n):
-    """2.0 ** n as float32 for an int32 n in -126..127 (the exponent's bits)."""
-    def codegen(context, builder, sig, args):
-        bits = builder.shl(builder.add(args[0], ir.Constant(ir.IntType(32), 127)), ir.Constant(ir.IntType(32), 23))
-        return builder.bitcast(bits, _F32)
-    return types.float32(types.int32), codegen
-
-
-@njit(inline="always", **_FLAGS)
-def _exp(x):
-    """exp(x) for float32 x <= 0 (a score less its row's max), within about 2 ulp: Cephes' expf (Cody-Waite
-    reduction by ln 2, a degree-6 polynomial) in float32 operations only, so that a loop of them can be
-    vectorised with the same bits (libm's expf is a call per element). Below -87.3 (2 ** -126) it
-    returns that bound's value, which no sum of a chunk's weights (the largest is 1) can notice."""
-    x = max(x, np.float32(-87.33654))
-    fx = np.floor(_fma(x, np.float32(1.44269504088896341), np.float32(0.5)))
-    r = _fma(fx, np.float32(-0.693359375), x)
-    r = _fma(fx, np.float32(2.12194440e-4), r)
-    y = np.float32(1.9875691500e-4)
-    y = _fma(y, r, np.float32(1.3981999507e-3))
-    y = _fma(y, r, np.float32(8.3334519073e-3))
-    y = _fma(y, r, np.float32(4.1665795894e-2))
-    y = _fma(y, r, np.float32(1.6666665459e-1))
-    y = _fma(y, r, np.float32(5.0000001201e-1))
-    y = _fma(y, r * r, r) + np.float32(1.0)
-    return y * _pow2(np.int32(fx))
 
 
 @njit(inline="always", **_FLAGS)
@@ -151,7 +115,7 @@ def _chunk(q, k, v, n, s, m, lsum, out, h0, h1):
             for p in range(n):
                 mx = max(mx, s[g, p])
             for p in range(n):  # elementwise: LLVM may vectorise it, which cannot change a bit
-                s[g, p] = _exp(s[g, p] - mx)
+                s[g, p] = exp32(s[g, p] - mx)
             tot = np.float32(0.0)
             for p in range(n):
                 tot += s[g, p]

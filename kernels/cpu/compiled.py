@@ -19,12 +19,14 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from kernels.cpu import matvec
+from kernels.cpu.expf import exp32
 from kernels.cpu.workers import CTL_WORDS, split_dots
 
-MATVEC_EPOCH = 4  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+MATVEC_EPOCH = 5  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
 # fastmath without nnan/ninf: attention starts its running max at -inf
 _FLAGS = {"cache": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}, "nogil": True,
           "error_model": "numpy", "boundscheck": False}
+_EXACT = {k: v for k, v in _FLAGS.items() if k != "fastmath"}
 
 
 @njit(inline="always", **_FLAGS)
@@ -92,14 +94,15 @@ def _dot_16(x, w, kind, k):
     return acc
 
 
-@njit(inline="always", **_FLAGS)
+@njit(inline="always", **_EXACT)
 def _silu_mul(g, u):
-    return g / (np.float32(1.0) + np.exp(-g)) * u
+    return g / (np.float32(1.0) + exp32(-g)) * u
 
 
-@njit(**_FLAGS)
+@njit(**_EXACT)
 def silu_mul_rows(y, f, out):
-    """y [T, 2F] holds gate | up: out = silu(gate) * up."""
+    """y [T, 2F] holds gate | up: out = silu(gate) * up. Without fastmath and with expf.exp32, LLVM's
+    vectorised loop gives each element its scalar bits in any caller (libm's expf was a call each)."""
     for r in range(y.shape[0]):
         for i in range(f):
             g = y[r, i]

@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 # compiled.py, fused.py, layer.py, workers.py and jobs.py hold numba-cached copies of this file's functions;
 # numba checks only a function's own file, so a change here bumps EPOCH and their MATVEC_EPOCH (tests check them)
-EPOCH = 4
+EPOCH = 5
 LANES, SPLIT = 16, 4
 BLOCK = LANES * SPLIT  # K must be a multiple of this (other shapes take compiled.rows_16)
 GROUP = 4  # token rows per pass over a weight row
