@@ -68,9 +68,12 @@ def test_rows_the_workers_compute_alone_have_the_callers_bits(pool):
     (k, kind), (v, _) = _pages("f16"), _pages("f16")
     q, pos, seqs, tables = _batch(5)
     out = np.full_like(q, np.nan)
-    _awake(pool)
-    n = jobs.publish_attend(pool.ctl, q, k, v, kind, pos, seqs, tables, PAGE_SIZE, out)
-    workers.finish(pool.ctl, n)
+    n = jobs.publish_attend(pool.ctl, q, k.ctypes.data, v.ctypes.data, N_PAGES, kind, pos, seqs, tables, PAGE_SIZE,
+                            out)
+    deadline = time.monotonic() + 60
+    while pool.ctl[workers.DONE] < n:  # a worker that went back to sleep before the job was open is woken again
+        assert time.monotonic() < deadline, "the workers did not compute the job"
+        pool.wake()
     assert out.tobytes() == _reference(q, k, v, kind, pos, seqs, tables).tobytes()
 
 

@@ -26,7 +26,7 @@ from kernels.cpu.expf import fma as _fma
 
 # jobs.py and layer.py hold numba-cached copies of this file's functions (and of expf.py's); numba checks only a function's
 # own file, so a change here bumps EPOCH and their ATTEND_EPOCH (tests check them)
-EPOCH = 3
+EPOCH = 4
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 LANES = 16
 _F32 = ir.FloatType()
@@ -173,11 +173,11 @@ def _attend_row(q, k_pages, v_pages, kind, pos, table, page_size, acc, h, kw, vw
             acc[h, g, i] = acc[h, g, i] / lsum[h, g]
 
 
-@njit(**_FLAGS)
-def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
+def attend_rows(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out) -> None:
     """Every query row over keys 0..its position, in page-size chunks in logical order, the chunks merged
     in ascending order (the page table gives each chunk's physical page, so placement cannot matter).
-    q, out [T, kv, group, hd]; k_pages, v_pages [pages, page_size, kv, hd] as attend_chunk takes them."""
+    q, out [T, kv, group, hd]; k_pages, v_pages [pages, page_size, kv, hd] as attend_chunk takes them.
+    (From Python: a literal 0 from compiled code would make numba compile attend_range once more.)"""
     attend_range(q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out, 0, q.shape[0] * q.shape[1])
 
 

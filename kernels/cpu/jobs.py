@@ -39,7 +39,7 @@ from kernels.cpu.workers import (
 )
 
 MATVEC_EPOCH = 5  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
-ATTEND_EPOCH = 3  # bump with attend.EPOCH
+ATTEND_EPOCH = 4  # bump with attend.EPOCH
 ATTEND = 1  # JOB: attention rows
 # the attention job's words from ARGS on
 QA, KA, VA, KIND, PA, SA, TA, OA, T, N_KV, GROUP, HD, N_PAGES, PAGE, N_SEQS, WIDTH = range(ARGS, ARGS + 16)
@@ -75,9 +75,16 @@ def _attend_at(ctl, c):
 
 @njit(**_FLAGS)
 def split_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
-    """attend.attend_rows(q, k_pages, ..., out), its rows shared with the workers that are awake. Every
+    """attend.attend_rows(q, k_pages, ..., out), its tasks shared with the workers that are awake. Every
     array C-contiguous; positions, seqs, tables int64."""
-    n = publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out)
+    n = publish_attend(ctl, q, k_pages.ctypes.data, v_pages.ctypes.data, k_pages.shape[0], kind, positions, seqs,
+                       tables, page_size, out)
+    _claim_attend(ctl, n)
+
+
+@njit(**_FLAGS)
+def _claim_attend(ctl, n):
+    """The calling thread's part of an attention job: tasks until none is left, then the workers' last ones."""
     while True:
         c = claim(ctl, n)
         if c < 0:
@@ -88,13 +95,14 @@ def split_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_s
 
 
 @njit(**_FLAGS)
-def publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page_size, out):
-    """Opens split_attend's job (its tasks, a row's KV head each, for the taking); returns their number."""
+def publish_attend(ctl, q, k_addr, v_addr, n_pages, kind, positions, seqs, tables, page_size, out):
+    """Opens split_attend's job (its tasks, a row's KV head each, for the taking); returns their number.
+    The KV pages by address (n_pages of them), so that one compiled copy serves every KV type."""
     t, n_kv, group, hd = q.shape
     seq = begin(ctl)
     _store(ctl, QA, q.ctypes.data)
-    _store(ctl, KA, k_pages.ctypes.data)
-    _store(ctl, VA, v_pages.ctypes.data)
+    _store(ctl, KA, k_addr)
+    _store(ctl, VA, v_addr)
     _store(ctl, KIND, kind)
     _store(ctl, PA, positions.ctypes.data)
     _store(ctl, SA, seqs.ctypes.data)
@@ -104,7 +112,7 @@ def publish_attend(ctl, q, k_pages, v_pages, kind, positions, seqs, tables, page
     _store(ctl, N_KV, n_kv)
     _store(ctl, GROUP, group)
     _store(ctl, HD, hd)
-    _store(ctl, N_PAGES, k_pages.shape[0])
+    _store(ctl, N_PAGES, n_pages)
     _store(ctl, PAGE, page_size)
     _store(ctl, N_SEQS, tables.shape[0])
     _store(ctl, WIDTH, tables.shape[1])
@@ -139,12 +147,8 @@ def serve(ctl, idle_ticks):
 
 
 def warm_up() -> None:
-    """Compiles (first run) or loads the worker loop and the split attention before a request needs them."""
+    """Compiles (first run) or loads the worker loop before the workers first need it (split_attend is
+    compiled with the layer that calls it)."""
     ctl = np.zeros(CTL_WORDS, np.int64)
     ctl[STOP] = 1
     serve(ctl, 1)  # returns at once: stopped
-    q = np.ones((2, 1, 2, 32), np.float32)
-    rows, table = np.zeros(2, np.int64), np.zeros((1, 1), np.int64)
-    for kv in (np.ones((1, 4, 1, 32), np.float32), np.ones((1, 4, 1, 32), np.uint16)):
-        split_attend(np.zeros(CTL_WORDS, np.int64), q, kv, kv, 0 if kv.dtype == np.float32 else 1, rows, rows, table, 4,
-                     np.empty_like(q))

@@ -86,7 +86,8 @@ class CpuOps(PagedOps, CpuMoeOps):
         self._layers: dict = {}  # dense_layer's fixed arguments per layer: _layer_args
         compiled.warm_up(self.threads > 1)
         fused.warm_up(self.threads > 1)
-        jobs.warm_up()
+        if self.threads > 1:
+            jobs.warm_up()
         PagedOps.warm_up_paged()
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
