@@ -10,6 +10,7 @@ import pytest
 from kernels.base import PAGE_SIZE
 from kernels.cpu import attend, jobs, matvec, workers
 from kernels.weights import f32_to_bf16
+from tests.test_cpu_matvec import _awake
 
 RNG = np.random.default_rng(20261203)
 N_KV, GROUP, HD, N_PAGES = 2, 3, 64, 12
@@ -33,14 +34,6 @@ def _reference(q, k, v, kind, pos, seqs, tables):
     out = np.empty_like(q)
     attend.attend_rows(q, k, v, kind, pos, seqs, tables, PAGE_SIZE, out)
     return out
-
-
-def _awake(pool: workers.Workers) -> None:
-    deadline = time.monotonic() + 30
-    pool.wake()
-    while pool.ctl[workers.AWAKE] < pool.n - 1:
-        assert time.monotonic() < deadline, "the workers did not wake"
-        pool.wake()
 
 
 @pytest.fixture

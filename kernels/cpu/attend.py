@@ -17,21 +17,19 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from kernels.cpu.compiled import _bf16, _f16
 from kernels.cpu.expf import exp32
 from kernels.cpu.expf import fma as _fma
+from kernels.cpu.matvec import LANES, fma_loop, halve
 
 # jobs.py and layer.py hold numba-cached copies of this file's functions (and of expf.py's); numba checks only a function's
 # own file, so a change here bumps EPOCH and their ATTEND_EPOCH (tests check them)
-EPOCH = 4
+EPOCH = 5
 _FLAGS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
-LANES = 16
 _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, LANES)
-_I64 = ir.IntType(64)
 
 
 @intrinsic
@@ -42,32 +40,13 @@ def _dot_lanes(typingctx, x_addr, w_addr, n):
         xa, wa, n = args
         xp = builder.inttoptr(xa, _F32.as_pointer())
         wp = builder.inttoptr(wa, _F32.as_pointer())
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
-        entry = builder.block
-        loop = builder.append_basic_block("dot.loop")
-        done = builder.append_basic_block("dot.done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i = builder.phi(_I64)
-        i.add_incoming(ir.Constant(_I64, 0), entry)
-        acc = builder.phi(_VF)
-        acc.add_incoming(ir.Constant(_VF, [0.0] * LANES), entry)
-        xv = builder.load(builder.bitcast(builder.gep(xp, [i]), _VF.as_pointer()), align=4)
-        wv = builder.load(builder.bitcast(builder.gep(wp, [i]), _VF.as_pointer()), align=4)
-        new = builder.call(fma, [xv, wv, acc])
-        nxt = builder.add(i, ir.Constant(_I64, LANES))
-        i.add_incoming(nxt, loop)
-        acc.add_incoming(new, loop)
-        builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
-        builder.position_at_end(done)
-        s, width = new, LANES
-        while width > 1:
-            width //= 2
-            idx = ir.VectorType(ir.IntType(32), width)
-            lo = builder.shuffle_vector(s, s, ir.Constant(idx, list(range(width))))
-            hi = builder.shuffle_vector(s, s, ir.Constant(idx, list(range(width, 2 * width))))
-            s = builder.fadd(lo, hi)
-        return builder.extract_element(s, ir.Constant(ir.IntType(32), 0))
+
+        def body(i, fma, accs):
+            xv = builder.load(builder.bitcast(builder.gep(xp, [i]), _VF.as_pointer()), align=4)
+            wv = builder.load(builder.bitcast(builder.gep(wp, [i]), _VF.as_pointer()), align=4)
+            return [builder.call(fma, [xv, wv, accs[0]])]
+
+        return halve(builder, fma_loop(builder, 1, LANES, n, body)[0])
     return types.float32(types.uintp, types.uintp, types.intp), codegen
 
 

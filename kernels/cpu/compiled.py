@@ -22,7 +22,7 @@ from kernels.cpu import matvec
 from kernels.cpu.expf import exp32
 from kernels.cpu.workers import CTL_WORDS, split_dots
 
-MATVEC_EPOCH = 5  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+MATVEC_EPOCH = 6  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
 # fastmath without nnan/ninf: attention starts its running max at -inf
 _FLAGS = {"cache": True, "fastmath": {"reassoc", "contract", "nsz", "arcp"}, "nogil": True,
           "error_model": "numpy", "boundscheck": False}

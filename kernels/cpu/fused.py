@@ -24,7 +24,7 @@ from kernels.cpu.compiled import (
 )
 from kernels.cpu.workers import CTL_WORDS
 
-MATVEC_EPOCH = 5  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+MATVEC_EPOCH = 6  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
 
 @njit(**_FLAGS)
 def norm_rows_16(x, norm_w, eps, w, kind, out, res, mode):

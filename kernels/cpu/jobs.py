@@ -38,8 +38,8 @@ from kernels.cpu.workers import (
     publish,
 )
 
-MATVEC_EPOCH = 5  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
-ATTEND_EPOCH = 4  # bump with attend.EPOCH
+MATVEC_EPOCH = 6  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+ATTEND_EPOCH = 5  # bump with attend.EPOCH
 ATTEND = 1  # JOB: attention rows
 # the attention job's words from ARGS on
 QA, KA, VA, KIND, PA, SA, TA, OA, T, N_KV, GROUP, HD, N_PAGES, PAGE, N_SEQS, WIDTH = range(ARGS, ARGS + 16)

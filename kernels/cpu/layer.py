@@ -19,8 +19,8 @@ from kernels.cpu.rope_write import qkv_rope_write
 
 # numba caches a function keyed on its own file only, and this file's call holds copies of attend.py,
 # jobs.py, rope_write.py, fused.py and compiled.py too: edit this file when they change, or a stale copy runs
-MATVEC_EPOCH = 5  # and bump with matvec.EPOCH
-ATTEND_EPOCH = 4  # bump with attend.EPOCH
+MATVEC_EPOCH = 6  # and bump with matvec.EPOCH
+ATTEND_EPOCH = 5  # bump with attend.EPOCH
 
 
 @njit(**_FLAGS)

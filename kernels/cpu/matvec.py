@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 # compiled.py, fused.py, layer.py, workers.py and jobs.py hold numba-cached copies of this file's functions;
 # numba checks only a function's own file, so a change here bumps EPOCH and their MATVEC_EPOCH (tests check them)
-EPOCH = 5
+EPOCH = 6
 LANES, SPLIT = 16, 4
 BLOCK = LANES * SPLIT  # K must be a multiple of this (other shapes take compiled.rows_16)
 GROUP = 4  # token rows per pass over a weight row
@@ -45,7 +45,11 @@ def _widen(builder, bits, kind):
 
 def _hsum(builder, vecs):
     """((v0 + v1) + (v2 + v3)), then lanes [0, n/2) + [n/2, n) until one is left."""
-    s = builder.fadd(builder.fadd(vecs[0], vecs[1]), builder.fadd(vecs[2], vecs[3]))
+    return halve(builder, builder.fadd(builder.fadd(vecs[0], vecs[1]), builder.fadd(vecs[2], vecs[3])))
+
+
+def halve(builder, s):
+    """A vector's lanes [0, n/2) + [n/2, n) until one is left: the sum in a fixed tree."""
     n = LANES
     while n > 1:
         n //= 2
@@ -53,6 +57,32 @@ def _hsum(builder, vecs):
         hi = builder.shuffle_vector(s, s, ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(n, 2 * n))))
         s = builder.fadd(lo, hi)
     return builder.extract_element(s, ir.Constant(ir.IntType(32), 0))
+
+
+def fma_loop(builder, n_acc: int, step: int, n, body):
+    """IR of a counted loop of vector fused multiply-adds: i = 0, step, .. while below n (at least once),
+    n_acc accumulators from zero; body(i, fma, accs) returns their next values. Returns their last ones."""
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+    entry = builder.block
+    loop = builder.append_basic_block("dots.loop")
+    done = builder.append_basic_block("dots.done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    i = builder.phi(_I64)
+    i.add_incoming(ir.Constant(_I64, 0), entry)
+    accs = []
+    for _ in range(n_acc):
+        a = builder.phi(_VF)
+        a.add_incoming(ir.Constant(_VF, [0.0] * LANES), entry)
+        accs.append(a)
+    new = body(i, fma, accs)
+    nxt = builder.add(i, ir.Constant(_I64, step))
+    i.add_incoming(nxt, loop)
+    for a, b in zip(accs, new, strict=True):
+        a.add_incoming(b, loop)
+    builder.cbranch(builder.icmp_signed("<", nxt, n), loop, done)
+    builder.position_at_end(done)
+    return new
 
 
 def _make_dots(rows: int, kind: int):
@@ -68,34 +98,20 @@ def _make_dots(rows: int, kind: int):
             xp = builder.inttoptr(xa, _F32.as_pointer())
             wp = builder.inttoptr(wa, ir.IntType(16).as_pointer())
             op = builder.inttoptr(oa, _F32.as_pointer())
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
-            entry = builder.block
-            loop = builder.append_basic_block("dots.loop")
-            done = builder.append_basic_block("dots.done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            i = builder.phi(_I64)
-            i.add_incoming(ir.Constant(_I64, 0), entry)
-            accs = []
-            for _ in range(rows * SPLIT):
-                a = builder.phi(_VF)
-                a.add_incoming(ir.Constant(_VF, [0.0] * LANES), entry)
-                accs.append(a)
-            new = list(accs)
-            for u in range(SPLIT):
-                at = builder.add(i, ir.Constant(_I64, u * LANES))
-                wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _VI16.as_pointer()), align=2)
-                wf = _widen(builder, wv, kind)
-                for r in range(rows):
-                    xo = builder.add(builder.mul(k, ir.Constant(_I64, r)), at)
-                    xv = builder.load(builder.bitcast(builder.gep(xp, [xo]), _VF.as_pointer()), align=4)
-                    new[r * SPLIT + u] = builder.call(fma, [xv, wf, accs[r * SPLIT + u]])
-            nxt = builder.add(i, ir.Constant(_I64, BLOCK))
-            i.add_incoming(nxt, loop)
-            for a, b in zip(accs, new, strict=True):
-                a.add_incoming(b, loop)
-            builder.cbranch(builder.icmp_signed("<", nxt, k), loop, done)
-            builder.position_at_end(done)
+
+            def body(i, fma, accs):
+                new = list(accs)
+                for u in range(SPLIT):
+                    at = builder.add(i, ir.Constant(_I64, u * LANES))
+                    wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _VI16.as_pointer()), align=2)
+                    wf = _widen(builder, wv, kind)
+                    for r in range(rows):
+                        xo = builder.add(builder.mul(k, ir.Constant(_I64, r)), at)
+                        xv = builder.load(builder.bitcast(builder.gep(xp, [xo]), _VF.as_pointer()), align=4)
+                        new[r * SPLIT + u] = builder.call(fma, [xv, wf, accs[r * SPLIT + u]])
+                return new
+
+            new = fma_loop(builder, rows * SPLIT, BLOCK, k, body)
             for r in range(rows):
                 s = _hsum(builder, new[r * SPLIT : (r + 1) * SPLIT])
                 builder.store(s, builder.gep(op, [builder.mul(ostride, ir.Constant(_I64, r))]))

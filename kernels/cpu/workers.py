@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from kernels.cpu.matvec import _FLAGS, dots_at
 
-MATVEC_EPOCH = 5  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
+MATVEC_EPOCH = 6  # numba caches a function keyed on its own file only: bump with matvec.EPOCH, or a stale copy runs
 CHUNK = 32  # weight rows per claim
 SPINS = 64  # pauses before a waiting thread starts yielding its core
 IDLE_S = 0.0005  # a worker spins this long without work before it sleeps (a decode step's gaps are shorter)
