@@ -163,6 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plan-cells", default="",
                     help="after the cells above, solo exact-on cells with kernels/cuda/plan.py constants set: "
                          "'label:NAME=V,NAME=V;label2:...' (each restored after its cell)")
+    ap.add_argument("--profile-plan", default="", help="plan cells (labels, comma-separated) profiled too, "
+                                                       "into --profile's name with -LABEL")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -180,7 +182,8 @@ def main(argv=None) -> int:
     report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
     cells = [(mode, mv, None, {}) for mv in args.matvec.split(",") for mode in args.modes.split(",")]
-    cells += [("on", args.matvec.split(",")[0], label, sets) for label, sets in plan_cells(args.plan_cells)]
+    # the plan cells right after the first (their A/B partner) so that a time limit takes the others first
+    cells[1:1] = [("on", args.matvec.split(",")[0], label, sets) for label, sets in plan_cells(args.plan_cells)]
     for mode, mv, plan_label, sets in cells:
         saved = {k: getattr(plan, k) for k in sets}
         for k, v in sets.items():
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
                   f"prefill {cell['prefill_tps']:8.1f} tok/s",
                   flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
-        if args.profile and (label == "on" or plan_label):
+        if args.profile and (label == "on" or plan_label in args.profile_plan.split(",")):
             from hybrid_profile import print_profile, profile_solo
 
             prof = profile_solo(runner)

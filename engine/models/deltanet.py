@@ -85,6 +85,6 @@ class DeltaNetLayer:
         b0 = z0 + s.value
         mixed = ops.conv1d_silu(y[:, :z0], self.conv, rows, self.index)
         core = ops.gated_delta(mixed, y[:, b0 + s.v_heads :], y[:, b0 : b0 + s.v_heads], self.a_log, self.dt_bias,
-                               rows, self.index, s.k_heads)
+                               rows, self.index, s.k_heads, prefetch=self.w_out)
         return ops.gated_norm_matmul(core.reshape(t * s.v_heads, s.v_dim), self.norm,
                                      y[:, z0:b0].reshape(t * s.v_heads, s.v_dim), eps, self.w_out, x)

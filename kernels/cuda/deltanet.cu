@@ -107,9 +107,16 @@ __device__ __forceinline__ float l2_inv(float sumsq) { return __fdiv_rn(1.0f, __
 extern "C" __global__ void __launch_bounds__(VT)
 delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
-           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len) {
+           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len,
+           const unsigned char* __restrict__ pf, i64 pf_bytes) {
     static_assert(KD % DW == 0, "the key rows split evenly across the warps");
     pdl_start();
+    // The first sequence's blocks ask L2 for pf_bytes of the weights a later launch reads (the out
+    // projection), so that DRAM streams them while this short kernel and the norm after it run.
+    if (blockIdx.y == 0)
+        for (i64 off = ((i64)(blockIdx.z * gridDim.x + blockIdx.x) * VT + threadIdx.x) * 128; off < pf_bytes;
+             off += (i64)gridDim.x * gridDim.z * VT * 128)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pf + off));
     __shared__ float qs[KD], ks[KD], red[DW], part[DW][32], dsh[32];
     const int h = blockIdx.x, lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int j = blockIdx.z * 32 + lane;

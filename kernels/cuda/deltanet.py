@@ -21,6 +21,7 @@ import cupyx
 import numpy as np
 
 from kernels.base import RecurrentRows
+from kernels.cuda import plan
 from kernels.cuda.arrays import index
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
@@ -181,7 +182,8 @@ class DeltaNetOps:
             rows.taken.setdefault(key, []).append(_pinned_copy(snap[k]))
         return out
 
-    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int):
+    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int,
+                    prefetch=None):
         mixed = cp.ascontiguousarray(mixed, dtype=cp.float32)
         t = int(mixed.shape[0])
         if not rows.bounds or t == 0:
@@ -211,8 +213,11 @@ class DeltaNetOps:
         if meta.n_decode:
             warps = next(w for w in (4, 2, 1) if kd % w == 0)  # each holds kd / warps rows of a column
             fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", 32 * warps)))
+            data = getattr(prefetch, "data", None)
+            pf_bytes = (min(int(data.nbytes), plan.L2_PREFETCH_BYTES)
+                        if plan.L2_PREFETCH_AHEAD and isinstance(data, cp.ndarray) else 0)
             launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
-                   (*common, meta.desc[meta.n_prompt :], *shape))
+                   (*common, meta.desc[meta.n_prompt :], *shape, data if pf_bytes else self._dummy, np.int64(pf_bytes)))
         return out
 
     def gated_rms_norm(self, x, weight, gate, eps: float):
