@@ -6,7 +6,8 @@
 # launch-ahead), then the kernel-level A/B (bench/probes/l2_prefetch_ab.py: norm + matmul pairs in a
 # graph, each budget, bits against budget 0), the tiny qwen3_5's exactness matrix (exact on). Then the
 # 4B hybrid's decode and prefill (exact on/off, 1 and 16 chats, the solo profile) with the prefetch as
-# planned, and solo cells with it off / the delta rule's part off / other budgets.
+# planned (matmul.cu's one-row kernels, the engine's default), and solo cells with it off / the delta
+# rule's part off / the FFN norm in gate_up's prologue instead / other budgets.
 #   OUT=/tmp/x bench/gpu_prefetch.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 stage "GPU tests and the exactness matrix, then the kernel A/B, beside the 4B hybrid's build"
 tests() {  # $1: name, then test files
   local name=$1; shift
-  timeout "${TESTS_S:-130}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=5 \
+  timeout "${TESTS_S:-100}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=5 \
     --junitxml="$work/pytest-$name.xml" "$@" > "$work/pytest-$name.txt" 2>&1
   echo "pytest rc $?" >> "$work/pytest-$name.txt"
   [ -f "$work/pytest-$name.xml" ] && python3 bench/gpu_summary.py --tests "$work/pytest-$name.xml" "$OUT/gpu-tests-$name-h200.json"
@@ -25,18 +26,18 @@ tests() {  # $1: name, then test files
 (
   tests prefetch tests/test_cuda_prefetch.py tests/test_cuda_hybrid_ahead.py &
   tests deltanet tests/test_cuda_deltanet.py &
-  ( timeout "${EXACT_S:-130}" python3 bench/exactness.py --tiny qwen3_5 --device cuda --prompt-len 100 --exact on \
+  ( timeout "${EXACT_S:-100}" python3 bench/exactness.py --tiny qwen3_5 --device cuda --prompt-len 100 --exact on \
       --log-dir "$work/engine-logs" --out "$work/exactness-cuda-hybrid" > "$work/exactness-on.log" 2>&1
     echo "exactness rc $?" >> "$work/exactness-on.log" ) &
   wait
-  timeout "${PROBE_S:-45}" python3 bench/probes/l2_prefetch_ab.py --out "$OUT/prefetch-ab-h200.json" > "$work/probe.log" 2>&1
+  timeout "${PROBE_S:-40}" python3 bench/probes/l2_prefetch_ab.py --out "$OUT/prefetch-ab-h200.json" > "$work/probe.log" 2>&1
   echo "probe rc $?" >> "$work/probe.log"
   touch "$work/side.done"
   pack
 ) &
 side=$!
-cells="pf0:L2_PREFETCH_BYTES=0;noahead:L2_PREFETCH_AHEAD=0;pf12:L2_PREFETCH_BYTES=12582912;pf40:L2_PREFETCH_BYTES=41943040"
-timeout "${BENCH_S:-230}" python3 bench/hybrid_decode.py --chats 1,16 --modes on,off --out "$OUT/hybrid-4b-h200.json" \
+cells="pf0:L2_PREFETCH_BYTES=0;noahead:L2_PREFETCH_AHEAD=0;norm16:NORM_PROLOGUE_BYTES=16777216;pf40:L2_PREFETCH_BYTES=41943040;pf12:L2_PREFETCH_BYTES=12582912"
+timeout "${BENCH_S:-260}" python3 bench/hybrid_decode.py --matvec off --chats 1,16 --modes on,off --out "$OUT/hybrid-4b-h200.json" \
   --quiet-after "$work/side.done" --profile "$OUT/hybrid-4b-profile-h200.json" --plan-cells "$cells" --profile-plan pf0 \
   > "$work/bench.log" 2>&1
 echo "bench rc $?"; grep -E "exact|weights|bound" "$work/bench.log" | head -n 20
