@@ -157,7 +157,7 @@ class Qwen35Model:
         v = y[:, 2 * nq + nkv :].reshape(t, c.n_kv_heads, d)
         if hasattr(ops, "gated_qk_norm_rope"):  # CUDA: one launch for the steps below
             q, k, gate = ops.gated_qk_norm_rope(y, c.n_heads, c.n_kv_heads, d, at.q_norm, at.k_norm, c.rms_eps,
-                                                rows.positions, self.rope, rot)
+                                                rows.positions, self.rope, rot, prefetch=at.wo)
         else:
             qg = y[:, : 2 * nq].reshape(t, c.n_heads, 2 * d)
             gate = qg[:, :, d:].reshape(t, nq)

@@ -31,6 +31,13 @@ __device__ __forceinline__ float decay_log(float a, float a_log, float dt_bias) 
 
 __device__ __forceinline__ float* state_of(const i64* d, i64 off) { return reinterpret_cast<float*>(d[4]) + off; }
 
+// Thread `at` of `threads` asks L2 for its 128-byte lines of pf's first pf_bytes: the weights a later
+// launch reads (an out projection), so that DRAM streams them while short kernels run. No values change.
+__device__ __forceinline__ void l2_prefetch_span(const unsigned char* __restrict__ pf, i64 pf_bytes, i64 at,
+                                                 i64 threads) {
+    for (i64 off = at * 128; off < pf_bytes; off += threads * 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pf + off));
+}
+
 // x [T, D] (rows ldx floats apart) through each sequence's causal depthwise conv (w [D, K]) and
 // silu into out [T, D]; the window moves on by the rows. A thread per (channel, sequence): the taps
 // are added oldest first. At each snapshot offset o the window (the inputs before position
@@ -111,12 +118,9 @@ delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const f
            const unsigned char* __restrict__ pf, i64 pf_bytes) {
     static_assert(KD % DW == 0, "the key rows split evenly across the warps");
     pdl_start();
-    // The first sequence's blocks ask L2 for pf_bytes of the weights a later launch reads (the out
-    // projection), so that DRAM streams them while this short kernel and the norm after it run.
-    if (blockIdx.y == 0)
-        for (i64 off = ((i64)(blockIdx.z * gridDim.x + blockIdx.x) * VT + threadIdx.x) * 128; off < pf_bytes;
-             off += (i64)gridDim.x * gridDim.z * VT * 128)
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pf + off));
+    if (blockIdx.y == 0)  // the first sequence's blocks: the out projection, through this and the norm after it
+        l2_prefetch_span(pf, pf_bytes, (i64)(blockIdx.z * gridDim.x + blockIdx.x) * VT + threadIdx.x,
+                         (i64)gridDim.x * gridDim.z * VT);
     __shared__ float qs[KD], ks[KD], red[DW], part[DW][32], dsh[32];
     const int h = blockIdx.x, lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int j = blockIdx.z * 32 + lane;
@@ -390,8 +394,11 @@ extern "C" __global__ void __launch_bounds__(256)
 gated_qk_norm_rope(const float* __restrict__ y, i64 ld, const float* __restrict__ qw, const float* __restrict__ kw,
                    float* __restrict__ q, float* __restrict__ k, float* __restrict__ gate,
                    const int* __restrict__ positions, const float* __restrict__ cos_t,
-                   const float* __restrict__ sin_t, int nh, int nkv, int d, int rot, int neox, float eps) {
+                   const float* __restrict__ sin_t, int nh, int nkv, int d, int rot, int neox, float eps,
+                   const unsigned char* __restrict__ pf, i64 pf_bytes) {
     pdl_start();
+    if (blockIdx.x == 0)  // the first row's blocks: the output projection, through attention and its gate
+        l2_prefetch_span(pf, pf_bytes, (i64)blockIdx.y * blockDim.x + threadIdx.x, (i64)gridDim.y * blockDim.x);
     __shared__ float scratch[8];
     const int r = blockIdx.x, hd = blockIdx.y;
     const bool is_q = hd < nh;

@@ -213,12 +213,17 @@ class DeltaNetOps:
         if meta.n_decode:
             warps = next(w for w in (4, 2, 1) if kd % w == 0)  # each holds kd / warps rows of a column
             fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", 32 * warps)))
-            data = getattr(prefetch, "data", None)
-            pf_bytes = (min(int(data.nbytes), plan.L2_PREFETCH_BYTES)
-                        if plan.L2_PREFETCH_AHEAD and isinstance(data, cp.ndarray) else 0)
             launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
-                   (*common, meta.desc[meta.n_prompt :], *shape, data if pf_bytes else self._dummy, np.int64(pf_bytes)))
+                   (*common, meta.desc[meta.n_prompt :], *shape, *self._prefetch_args(prefetch)))
         return out
+
+    def _prefetch_args(self, w) -> tuple:
+        """(address, bytes) of the part of weight w a short kernel asks L2 for (deltanet.cu's
+        l2_prefetch_span; plan.L2_PREFETCH_AHEAD), (dummy, 0) for none."""
+        data = getattr(w, "data", None)
+        if not plan.L2_PREFETCH_AHEAD or not isinstance(data, cp.ndarray):
+            return self._dummy, np.int64(0)
+        return data, np.int64(min(int(data.nbytes), plan.L2_PREFETCH_BYTES))
 
     def gated_rms_norm(self, x, weight, gate, eps: float):
         x, gate = cp.ascontiguousarray(x, dtype=cp.float32), cp.ascontiguousarray(gate, dtype=cp.float32)
@@ -230,10 +235,11 @@ class DeltaNetOps:
         return y
 
     def gated_qk_norm_rope(self, y, n_heads: int, n_kv: int, head_dim: int, q_norm, k_norm, eps: float,
-                           positions, table, rot: int):
+                           positions, table, rot: int, prefetch=None):
         """Gated attention's (q, k, gate) from its projection rows y [T, >= (2 n_heads + n_kv) head_dim]
         (q|gate per query head, then k): q and k rms-normed per head and roped on their first `rot`
-        dims, in one launch (deltanet.cu's gated_qk_norm_rope: the steps of rms_norm then rope)."""
+        dims, in one launch (deltanet.cu's gated_qk_norm_rope: the steps of rms_norm then rope).
+        `prefetch`: the output projection's weight, which L2 fetches meanwhile (as gated_delta's)."""
         y, ld = _strided(y)
         t, d = int(y.shape[0]), head_dim
         q = cp.empty((t, n_heads, d), dtype=cp.float32)
@@ -243,7 +249,7 @@ class DeltaNetOps:
             launch(kernel("deltanet.cu", "gated_qk_norm_rope"), (t, n_heads + n_kv), (256,),
                    (y, np.int64(ld), q_norm, k_norm, q, k, gate, index(positions), table.cos, table.sin,
                     np.int32(n_heads), np.int32(n_kv), np.int32(d), np.int32(rot), np.int32(table.neox),
-                    np.float32(eps)))
+                    np.float32(eps), *self._prefetch_args(prefetch)))
         return q, k, gate
 
     def sigmoid_mul(self, x, gate):
