@@ -36,7 +36,7 @@ tests() {  # $1: name, then test files
   pack
 ) &
 side=$!
-cells="pf0:L2_PREFETCH_BYTES=0;noahead:L2_PREFETCH_AHEAD=0;norm16:NORM_PROLOGUE_BYTES=16777216;pf40:L2_PREFETCH_BYTES=41943040;pf12:L2_PREFETCH_BYTES=12582912"
+cells="pf0:L2_PREFETCH_BYTES=0;noahead:L2_PREFETCH_AHEAD=0;ahead2:L2_PREFETCH_AHEAD=2;norm16:NORM_PROLOGUE_BYTES=16777216;pf40:L2_PREFETCH_BYTES=41943040;pf12:L2_PREFETCH_BYTES=12582912"
 timeout "${BENCH_S:-260}" python3 bench/hybrid_decode.py --matvec off --chats 1,16 --modes on,off --out "$OUT/hybrid-4b-h200.json" \
   --quiet-after "$work/side.done" --profile "$OUT/hybrid-4b-profile-h200.json" --plan-cells "$cells" --profile-plan pf0 \
   > "$work/bench.log" 2>&1

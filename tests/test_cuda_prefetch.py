@@ -59,3 +59,34 @@ def test_prefetch_keeps_the_gated_product_and_norm_bits(budget, dtype):
         budget(b)
         outs.append(cp.asnumpy(ops.matmul(ops.rms_norm(x, nw, 1e-6), gu, prefetch=True)).tobytes())
     assert outs[1] == outs[0] and outs[2] == outs[0]
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_delta_rule_prefetch_keeps_its_bits(budget, ahead):
+    """The decode delta rule asking L2 for the next weights (plan.L2_PREFETCH_AHEAD) leaves its
+    outputs and states as without."""
+    from kernels.base import RecurrentRows
+
+    kh, vh, kd, vd, kw, s = 4, 8, 128, 128, 4, 3
+    qkv = 2 * kh * kd + vh * vd
+    ops = CudaOps(exact=True)
+    w_out = ops.upload(Weight.from_f32(_rand(512, vh * vd, scale=0.05), "f16"))
+    gate_up = ops.upload_gate_up(*(Weight.from_f32(_rand(1024, 512, scale=0.05), "f16") for _ in range(2)))
+    a_log, dt_bias = ops.tensor(np.log(np.linspace(1.0, 16.0, vh)).astype(np.float32)), ops.tensor(_rand(vh))
+    mixed, a, b = (cp.asarray(_rand(s, n)) for n in (qkv, vh, vh))
+    init = [_rand(kw - 1, qkv, scale=0.1), _rand(vh, kd, vd, scale=0.1)]
+    got = []
+    for level in (0, ahead):
+        budget(1 << 30)
+        saved = plan.L2_PREFETCH_AHEAD
+        plan.L2_PREFETCH_AHEAD = level
+        try:
+            states = [ops.state_alloc(1, qkv, kw, vh, kd, vd) for _ in range(s)]
+            for st in states:
+                ops.state_write(st, init)
+            rows = RecurrentRows([(i, i + 1) for i in range(s)], [100] * s, states, [False] * s, [()] * s)
+            out = ops.gated_delta(mixed, a, b, a_log, dt_bias, rows, 0, kh, prefetch=(w_out, gate_up))
+            got.append((cp.asnumpy(out).tobytes(), b"".join(cp.asnumpy(st.buf).tobytes() for st in states)))
+        finally:
+            plan.L2_PREFETCH_AHEAD = saved
+    assert got[1] == got[0]

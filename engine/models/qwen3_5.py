@@ -140,7 +140,8 @@ class Qwen35Model:
         x = ops.embedding(self.embed, tokens)
         for layer in self.layers:
             if isinstance(layer.mixer, DeltaNetLayer):
-                x = layer.mixer.forward(x, layer.attn_norm, c.rms_eps, rows.recurrent)
+                x = layer.mixer.forward(x, layer.attn_norm, c.rms_eps, rows.recurrent,
+                                        layer.ffn[0] if isinstance(layer.ffn, tuple) else None)
             else:
                 x = self._attention(x, layer, rows, kv[layer.kv_index])
             if isinstance(layer.ffn, tuple):

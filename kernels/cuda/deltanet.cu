@@ -31,6 +31,22 @@ __device__ __forceinline__ float decay_log(float a, float a_log, float dt_bias) 
 
 __device__ __forceinline__ float* state_of(const i64* d, i64 off) { return reinterpret_cast<float*>(d[4]) + off; }
 
+// Thread `at` of `threads` asks L2 for what the one-row matmul of a weight (16-bit, `tiles` row tiles of
+// 16 rows, kp columns) reads first: of each of its warps' K slices (mm_tc's, `split` of them) the first
+// `chunks` 32-column chunks of the tile's rows. The weight is the launch after next (the FFN's gate|up
+// after the out projection): L2 holds both.
+__device__ __forceinline__ void l2_prefetch_heads(const unsigned char* __restrict__ w, int tiles, int kp, int split,
+                                                  int chunks, i64 at, i64 threads) {
+    const int C = kp >> 5;
+    for (i64 item = at; item < (i64)tiles * split * 16; item += threads) {
+        const int r = (int)(item & 15), s = (int)((item >> 4) % split);
+        const i64 row = (item >> 4) / split * 16 + r;
+        const int c0 = (int)(((i64)s * C) / split), c1 = imin((int)(((i64)(s + 1) * C) / split), c0 + chunks);
+        for (int off = (c0 * 64) & ~127; off < c1 * 64; off += 128)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + row * kp * 2 + off));
+    }
+}
+
 // Thread `at` of `threads` asks L2 for its 128-byte lines of pf's first pf_bytes: the weights a later
 // launch reads (an out projection), so that DRAM streams them while short kernels run. No values change.
 __device__ __forceinline__ void l2_prefetch_span(const unsigned char* __restrict__ pf, i64 pf_bytes, i64 at,
@@ -115,12 +131,16 @@ extern "C" __global__ void __launch_bounds__(VT)
 delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
            const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len,
-           const unsigned char* __restrict__ pf, i64 pf_bytes) {
+           const unsigned char* __restrict__ pf, i64 pf_bytes, const unsigned char* __restrict__ pf2, int pf2_tiles,
+           int pf2_kp, int pf2_split, int pf2_chunks) {
     static_assert(KD % DW == 0, "the key rows split evenly across the warps");
     pdl_start();
-    if (blockIdx.y == 0)  // the first sequence's blocks: the out projection, through this and the norm after it
-        l2_prefetch_span(pf, pf_bytes, (i64)(blockIdx.z * gridDim.x + blockIdx.x) * VT + threadIdx.x,
-                         (i64)gridDim.x * gridDim.z * VT);
+    if (blockIdx.y == 0) {  // the first sequence's blocks: the out projection, through this and the norm after it
+        const i64 at = (i64)(blockIdx.z * gridDim.x + blockIdx.x) * VT + threadIdx.x;
+        const i64 threads = (i64)gridDim.x * gridDim.z * VT;
+        l2_prefetch_span(pf, pf_bytes, at, threads);
+        if (pf2_chunks > 0) l2_prefetch_heads(pf2, pf2_tiles, pf2_kp, pf2_split, pf2_chunks, at, threads);
+    }
     __shared__ float qs[KD], ks[KD], red[DW], part[DW][32], dsh[32];
     const int h = blockIdx.x, lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int j = blockIdx.z * 32 + lane;

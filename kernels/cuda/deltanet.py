@@ -184,6 +184,7 @@ class DeltaNetOps:
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int,
                     prefetch=None):
+        prefetch, then = prefetch if isinstance(prefetch, tuple) else (prefetch, None)
         mixed = cp.ascontiguousarray(mixed, dtype=cp.float32)
         t = int(mixed.shape[0])
         if not rows.bounds or t == 0:
@@ -214,7 +215,8 @@ class DeltaNetOps:
             warps = next(w for w in (4, 2, 1) if kd % w == 0)  # each holds kd / warps rows of a column
             fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", 32 * warps)))
             launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
-                   (*common, meta.desc[meta.n_prompt :], *shape, *self._prefetch_args(prefetch)))
+                   (*common, meta.desc[meta.n_prompt :], *shape, *self._prefetch_args(prefetch),
+                    *self._prefetch_heads(then)))
         return out
 
     def _prefetch_args(self, w) -> tuple:
@@ -224,6 +226,17 @@ class DeltaNetOps:
         if not plan.L2_PREFETCH_AHEAD or not isinstance(data, cp.ndarray):
             return self._dummy, np.int64(0)
         return data, np.int64(min(int(data.nbytes), plan.L2_PREFETCH_BYTES))
+
+    def _prefetch_heads(self, w) -> tuple:
+        """deltanet.cu's l2_prefetch_heads arguments for w's one-row matmul (plan.L2_PREFETCH_AHEAD >= 2,
+        16-bit weights): the first batch (4 chunks, matmul.cu's one-row U) and prefetch_chunks of each
+        warp's slice; none otherwise."""
+        if plan.L2_PREFETCH_AHEAD < 2 or getattr(w, "dtype", None) not in ("f16", "bf16") or not plan.L2_PREFETCH_BYTES:
+            return self._dummy, np.int32(0), np.int32(0), np.int32(1), np.int32(0)
+        n, k = w.shape
+        split = plan.split_k(n, k, self.sm_count)
+        return (w.data, np.int32(int(w.data.shape[0]) // plan.ROW_TILE), np.int32(w.kp), np.int32(split),
+                np.int32(4 + plan.prefetch_chunks(n, k, split)))
 
     def gated_rms_norm(self, x, weight, gate, eps: float):
         x, gate = cp.ascontiguousarray(x, dtype=cp.float32), cp.ascontiguousarray(gate, dtype=cp.float32)

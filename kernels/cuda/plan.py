@@ -194,7 +194,9 @@ def norm_prologue(n: int, k: int) -> bool:
 # before it waits for that kernel (matmul.cu's PREFETCH_SHIFT); 0: none. Below L2's 50 MB, so that
 # what arrives early stays until it is read. Prefetches change no value.
 L2_PREFETCH_BYTES = 24 << 20
-L2_PREFETCH_AHEAD = 1  # so do the delta rule (decode) and gated attention's q/k norm for their out projections (0: not)
+# 1: so do the delta rule (decode) and gated attention's q/k norm for their out projections (0: not);
+# 2: the delta rule also for the start of the FFN's gate|up after the out projection
+L2_PREFETCH_AHEAD = 1
 
 
 def prefetch_chunks(n: int, k: int, split: int) -> int:
