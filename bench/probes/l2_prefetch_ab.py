@@ -32,6 +32,8 @@ def main() -> int:
     ops = CudaOps(exact=True)
     budgets = [int(b) << 20 for b in args.budgets_mb.split(",")]
     saved, res = plan.L2_PREFETCH_BYTES, []
+    l2 = int(cp.cuda.runtime.getDeviceProperties(0)["l2CacheSize"])
+    print(f"L2 {l2 / 2**20:.0f} MiB", flush=True)
     for name, n, k in SHAPES:
         w0 = random_weight(n, k, "f16")
         ws = [w0] + [random_weight(n, k, "f16") for _ in range(max(1, min(16, ROTATE_BYTES // w0.nbytes)) - 1)]
@@ -49,7 +51,7 @@ def main() -> int:
                     ops.matmul(ops.rms_norm(x, nw, 1e-6), w, prefetch=True)
 
             t = timed(run) / len(ws)
-            r = {"name": name, "n": n, "k": k, "budget_mb": budget >> 20, "us": round(t * 1e6, 2),
+            r = {"name": name, "n": n, "k": k, "budget_mb": budget >> 20, "us": round(t * 1e6, 2), "l2_bytes": l2,
                  "chunks": plan.prefetch_chunks(n, k, plan.split_k(n, k, ops.sm_count)) if budget else 0,
                  "weight_GBps": round(w0.nbytes / t / 1e9, 1), "bits_equal": bool(np.array_equal(bits, ref))}
             res.append(r)
