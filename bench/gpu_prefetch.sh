@@ -5,9 +5,10 @@
 # tests of the changed kernels (prefetch bits, the DeltaNet kernels and tiny hybrid models, hybrid
 # launch-ahead), then the kernel-level A/B (bench/probes/l2_prefetch_ab.py: norm + matmul pairs in a
 # graph, each budget, bits against budget 0). Then the
-# 4B hybrid's decode and prefill (exact on/off, 1 and 16 chats, the solo profile) with the prefetch as
-# planned (matmul.cu's one-row kernels, the engine's default), and solo cells with it off / the delta
-# rule's part off / the FFN norm in gate_up's prologue instead / a 40 MB budget; last, the tiny
+# 4B hybrid's decode and prefill (exact on/off, 1 and 16 chats, the solo profile) as planned
+# (matmul.cu's one-row kernels, the engine's default: prefetch off), and solo exact-on cells with a 24
+# MB budget (profiled too) / without the short kernels' part / with the gate|up start / the FFN norm
+# in gate_up's prologue instead / a 40 MB budget; last, the tiny
 # qwen3_5's exactness matrix on CUDA (exact on).
 #   OUT=/tmp/x bench/gpu_prefetch.sh
 set -uo pipefail
@@ -35,9 +36,10 @@ tests() {  # $1: name, then test files
   pack
 ) &
 side=$!
-cells="pf0:L2_PREFETCH_BYTES=0;noahead:L2_PREFETCH_AHEAD=0;ahead2:L2_PREFETCH_AHEAD=2;norm16:NORM_PROLOGUE_BYTES=16777216;pf40:L2_PREFETCH_BYTES=41943040"
+pf=L2_PREFETCH_BYTES=25165824
+cells="pf24:$pf;pf24a0:$pf,L2_PREFETCH_AHEAD=0;pf24a2:$pf,L2_PREFETCH_AHEAD=2;norm16:NORM_PROLOGUE_BYTES=16777216;pf40:L2_PREFETCH_BYTES=41943040"
 timeout "${BENCH_S:-260}" python3 bench/hybrid_decode.py --matvec off --chats 1,16 --modes on,off --out "$OUT/hybrid-4b-h200.json" \
-  --quiet-after "$work/side.done" --profile "$OUT/hybrid-4b-profile-h200.json" --plan-cells "$cells" --profile-plan pf0 \
+  --quiet-after "$work/side.done" --profile "$OUT/hybrid-4b-profile-h200.json" --plan-cells "$cells" --profile-plan pf24 \
   > "$work/bench.log" 2>&1
 echo "bench rc $?"; grep -E "exact|weights|bound" "$work/bench.log" | head -n 20
 wait "$side"

@@ -285,7 +285,8 @@ def test_wgmma_attention_blocks_fit_an_sm(t):
 
 
 @pytest.mark.parametrize("shape", [(37, 37), (2560, 4096), (18432, 2560), (248320, 2560)], ids=str)
-def test_prefetch_chunks_stay_within_the_budget(shape):
+def test_prefetch_chunks_stay_within_the_budget(shape, monkeypatch):
+    monkeypatch.setattr(plan, "L2_PREFETCH_BYTES", 24 << 20)
     n, k = shape
     split = plan.split_k(n, k, 132)
     np_, kp = plan.padded_shape(n, k)

@@ -223,7 +223,7 @@ class DeltaNetOps:
         """(address, bytes) of the part of weight w a short kernel asks L2 for (deltanet.cu's
         l2_prefetch_span; plan.L2_PREFETCH_AHEAD), (dummy, 0) for none."""
         data = getattr(w, "data", None)
-        if not plan.L2_PREFETCH_AHEAD or not isinstance(data, cp.ndarray):
+        if not (plan.L2_PREFETCH_AHEAD and plan.L2_PREFETCH_BYTES) or not isinstance(data, cp.ndarray):
             return self._dummy, np.int64(0)
         return data, np.int64(min(int(data.nbytes), plan.L2_PREFETCH_BYTES))
 

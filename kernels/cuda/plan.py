@@ -192,10 +192,11 @@ def norm_prologue(n: int, k: int) -> bool:
 
 # Weights a one-row 16-bit matmul launched behind a short kernel (a norm: DRAM idle) asks L2 for
 # before it waits for that kernel (matmul.cu's PREFETCH_SHIFT); 0: none. Below L2's 50 MB, so that
-# what arrives early stays until it is read. Prefetches change no value.
-L2_PREFETCH_BYTES = 24 << 20
-# 1: so do the delta rule (decode) and gated attention's q/k norm for their out projections (0: not);
-# 2: the delta rule also for the start of the FFN's gate|up after the out projection
+# what arrives early stays until it is read. Prefetches change no value. Off (0) until measured on a
+# device (bench/gpu_prefetch.sh A/Bs 24 and 40 MB); 24 << 20 is the budget to try first.
+L2_PREFETCH_BYTES = 0
+# With a budget, 1: so do the delta rule (decode) and gated attention's q/k norm for their out
+# projections (0: not); 2: the delta rule also for the start of the FFN's gate|up after the out projection
 L2_PREFETCH_AHEAD = 1
 
 
