@@ -55,39 +55,45 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", default="1,4,16,64")
+    ap.add_argument("--shapes", default="qo,gate_up,down,lm_head")
+    ap.add_argument("--all", action="store_true", help="every integer variant (tiled forced, tr at every type)")
     ap.add_argument("--probe", action="store_true")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
     bw = copy_bandwidth()
     results: list = []
-    pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT)  # the dispatch's choice of the tiled integer kernel
+    pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR)  # the dispatch's choices of integer kernels
     if args.probe:
         probe(ops, bw, results)
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
         return
-    for name in ("qo", "gate_up", "down", "lm_head"):
+    for name in args.shapes.split(","):
         n, k = SHAPES_8B[name]
         for m in (int(r) for r in args.rows.split(",")):
             for dtype, integer in (("f16", False), ("q4_k", False), ("q4_k", True), ("q6_k", False), ("q6_k", True),
                                    ("q5_k", True)):
                 # K-quants: matmul.cu's f16 MMAs (wide batches: the dispatch's pick, then the 64-row tiled
                 # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation
-                # included): the dispatch's pick, the streaming int8 kernel (mmq_tc), the tiled one forced
+                # included): the dispatch's pick; at 2-16 rows mmq_tc and mmq_*_tr at 1, 2, 4 tiles a warp
                 plan.KQ_INTEGER = integer
                 variants = [("pick", True, *pick)]
                 if m >= 128 and dtype != "f16" and not integer:
                     variants.append(("tile", "tile", *pick))
-                if integer and m > 1:  # the tiled kernel's rule from 2 rows on
-                    variants.append(("tile-from-2", True, 2, None))
-                if integer and m > 1 and dtype == "q4_k":  # mmq_tc; tiled walking all of K; a block per slice
-                    variants += [("tc", True, 10**9, None), ("tile-z1", True, 2, False), ("tile-zS", True, 2, True)]
-                for variant, tiled, tile_rows, by_slice in variants:
-                    ops.tiled, plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT = tiled, tile_rows, by_slice
+                if integer and 2 <= m <= 16:
+                    variants += [("tc", True, 10**9, None, 0)]
+                    if dtype == "q4_k" or args.all:
+                        variants += [(f"tr{r}", True, 10**9, None, r) for r in (1, 2, 4)]
+                if integer and m > 1 and args.all:  # the tiled kernel from 2 rows on: walking all of K, a block per slice
+                    variants += [("tile-z1", True, 2, False, None), ("tile-zS", True, 2, True, None)]
+                for variant, tiled, tile_rows, by_slice, tr in variants:
+                    ops.tiled, plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR = tiled, tile_rows, by_slice, tr
                     family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
+                    kernel = (plan.kq_integer_launch(dtype, m, n, k, ops.sm_count).kernel
+                              if integer and dtype in plan.KQUANT_TYPES else family)
                     measure(results, bw, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype),
-                            f"{name:8} m={m:3} {dtype:5} {variant:11} {family:13}", shape=name, family=family,
-                            integer=integer, variant=variant)
-            ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT) = True, pick
+                            f"{name:8} m={m:3} {dtype:5} {variant:11} {kernel:16}", shape=name, family=family,
+                            kernel=kernel, integer=integer, variant=variant)
+            ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR) = True, pick
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))  # so far
     plan.KQ_INTEGER = True
     for k in (4096, 14336):  # the integer kernels' activation quantisation alone (32 launches a graph)

@@ -1,6 +1,7 @@
 """The integer Q4_K / Q5_K / Q6_K kernels (kquant_mm.cu) on the GPU give kernels/cuda/kquant_ref.py's bits:
 the activation records of kq_quant_x byte for byte, every matmul element at every row count (the
-one-row dp4a kernel and the int8-MMA kernels of 1-8 token tiles), exact mode on and off, and
+one-row dp4a kernel, the int8-MMA kernels of 1-8 token tiles, those of 1-4 row tiles a warp and the
+tiled one), exact mode on and off, and
 norm_matmul's fused quantisation the bits of rms_norm's rows quantised."""
 
 import numpy as np
@@ -31,7 +32,7 @@ def tiled(request, monkeypatch):
         monkeypatch.setattr(plan, "KQ_TILE_SPLIT", request.param)
     return request.param
 KQUANTS = ["q4_k", "q5_k", "q6_k"]
-ROWS = (1, 2, 8, 9, 17, 33, 64, 100, 300)  # the tiled kernel where it fills the SMs (plan.kq_tile_grid)
+ROWS = (1, 2, 8, 9, 16, 17, 33, 64, 100, 300)  # the tiled kernel where it fills the SMs (plan.kq_tile_grid)
 
 
 def _raw(n, k, dtype):
@@ -70,16 +71,23 @@ def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkey
     for m in ROWS:
         x = _acts(m, k)
         want = kquant_ref.matmul(raw, dtype, x, split)
-        for forced, by_slice in ((False, None), (True, False), (True, True)):
+        # the dispatch; 2-16 rows also on mmq_tc and mmq_*_tr at 1, 2, 4 tiles a warp; the tiled kernel forced
+        trs = (None, 0, 1, 2, 4) if 2 <= m <= 16 else (None,)
+        for forced, by_slice, tr in [(False, None, tr) for tr in trs] + [(True, False, None), (True, True, None)]:
             monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2 if forced else 17)
             monkeypatch.setattr(plan, "KQ_TILE_SPLIT", by_slice)
+            monkeypatch.setattr(plan, "KQ_TR", tr)
+            want_tr = tr if tr is not None else plan.kq_tr_tiles(m, n, k, gpu.sm_count, dtype)
             for ops in (gpu, gpu_off):
                 if forced and m > 1:  # a block per slice needs slices
                     assert ops.matmul_family(m, dw) == ("mmq_tile" if not by_slice or split > 1 else "mmq_tc")
+                elif 2 <= m <= 16:
+                    name = plan.kq_integer_launch(dtype, m, n, k, gpu.sm_count).kernel
+                    assert ("_tr" in name) == bool(want_tr) and (not want_tr or f"_tr{want_tr}_" in name), name
                 got = cp.asnumpy(ops.matmul(cp.asarray(x), dw))
                 diff = np.count_nonzero(got != want)
-                assert got.tobytes() == want.tobytes(), (f"m={m} tiled={forced} by_slice={by_slice} exact={ops.exact}: "
-                                                         f"{diff} of {got.size} differ")
+                assert got.tobytes() == want.tobytes(), (f"m={m} tiled={forced} by_slice={by_slice} tr={tr} "
+                                                         f"exact={ops.exact}: {diff} of {got.size} differ")
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)

@@ -63,6 +63,32 @@ def test_kquant_launches_share_one_split_and_fit_the_device(shape):
         assert plain.kernel == f"mm_{name}_one" and plain.shared == plan.combine_bytes(split, 1)
 
 
+@pytest.mark.parametrize("shape", SHAPES[2:], ids=str)
+def test_integer_kquant_launches_share_one_split_and_cover_the_rows(shape):
+    """kquant_mm.cu's kernels (one row, 2-16 rows on mmq_*_tr or mmq_tc, the tiled one) sum in the split
+    of (N, K, type) at every row count, whatever tiles a warp KQ_TR forces; mmq_*_tr's grid covers N and
+    its shared memory fits the opt-in kquant_ops asks for."""
+    n, k = shape
+    for dtype in plan.KQUANT_TYPES:
+        split = plan.split_k(n, k, 132, dtype)
+        for tr in (None, 0, 1, 2, 4):
+            for m in ROWS:
+                plan.KQ_TR = tr
+                try:
+                    launch = plan.kq_integer_launch(dtype, m, n, k, 132)
+                    r = plan.kq_tr_tiles(m, n, k, 132, dtype)
+                finally:
+                    plan.KQ_TR = None
+                assert launch.split == split
+                if "_tr" not in launch.kernel:
+                    assert r == 0 and not (2 <= m <= 16 and tr != 0 and "_tile" not in launch.kernel)
+                    continue
+                assert 2 <= m <= 16 and r in (1, 2, 4) and (tr is None or r == tr)
+                assert launch.kernel == f"mmq_{plan.KERNEL_NAMES[dtype]}_tr{r}_tm{launch.token_tiles}"
+                assert launch.grid[0] * 16 * r >= n and launch.grid[1] * 8 * launch.token_tiles >= m
+                assert launch.block[0] == 32 * split <= 512 and launch.shared <= plan.KQ_TR_SMEM <= 227 * 1024
+
+
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 7, 8, 16])
 def test_attention_groups(group):
     launch = plan.attention_launch(5, 4 * group, 4, 128, 3, 132)

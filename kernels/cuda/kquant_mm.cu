@@ -360,6 +360,110 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
     kqi_store<TM>(acc, (int)tile * 16, m_base, bias, res, out, M, N, flags, qkv, kv, ldo, h0);
 }
 
+// ---- batches of 2-16 rows, R row tiles a warp: block = S warps (the K slices, as mmq_tc) x one group
+// of R row tiles. A warp reads a chunk's activation records once and applies them to its R tiles (mmq_tc
+// reads them once per tile: at 16 rows 5x the weight bytes, from L2): records of a batch of U chunks
+// x the block's tokens reach the warp's own ring in shared memory (cp.async, a batch ahead), the R
+// tiles' weights stream to registers a batch ahead. An element's chunks and slices are added as
+// mmq_tc adds them (combine_slices over R * TM accumulators), so it has mmq_tc's bits. Tokens past M
+// read row M - 1, tiles past N the last (never stored).
+#define KQR_STAGES 2
+#define KQR_U(R) ((R) == 1 ? 4 : (R) == 2 ? 2 : 1)
+
+template <int N_>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N_));
+}
+
+template <int WT, int TM, int R>
+__device__ __forceinline__ void mmq_tr(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
+                                       const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
+                                       const float* __restrict__ bias, const float* __restrict__ res,
+                                       float* __restrict__ out, int M, int N, int Kp, int flags, const QkvOut& qkv,
+                                       int kv, int ldo, int h0, int m_base) {
+    extern __shared__ float red[];  // combine_slices' floats, then each warp's ring (plan.kq_tr_shared)
+    constexpr bool Q6 = WT == WT_Q6K, TOP = WT != WT_Q4K;
+    constexpr int U = KQR_U(R), BM = 8 * TM, XQ = U * BM * 64, STAGE = U * BM * 80;
+    const int S = blockDim.x >> 5, s = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int C = Kp >> 5, tiles = (N + 15) >> 4, tile0 = blockIdx.x * R;
+    const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
+    const KqPlanes kq = kq_planes(w, aux, TOP, tiles, C);
+    unsigned char* ring = reinterpret_cast<unsigned char*>(red + (S - 1) * 32 * 4 * R * TM) + s * (KQR_STAGES * STAGE);
+
+    float acc[R * TM][4];
+#pragma unroll
+    for (int i = 0; i < R * TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    KqTcBatch<U> cur[R], next[R];
+    auto load_weights = [&](KqTcBatch<U>(&b)[R], int c0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) kq_tc_load<TOP, Q6>(b[r], kq, imin(tile0 + r, tiles - 1), C, c0, c_end - 1);
+    };
+    // A stage: xq pieces [U][BM][4] (16 bytes each), then the records [U][BM]
+    auto stage_acts = [&](int st, int c0) {
+        unsigned char* q = ring + st * STAGE;
+#pragma unroll
+        for (int p = lane; p < U * BM * 5; p += 32) {
+            const bool rec = p >= U * BM * 4;
+            const int e = rec ? p - U * BM * 4 : p >> 2, u = e / BM, tok = e % BM;
+            const i64 m = imin(m_base + tok, M - 1), c = imin(c0 + u, c_end - 1);
+            if (rec)
+                cp_async16(q + XQ + 16 * e, xs + m * C + c, 16);
+            else
+                cp_async16(q + 64 * e + 16 * (p & 3), xq + (m * C + c) * 64 + 16 * (p & 3), 16);
+        }
+        cp_async_commit();
+    };
+    if (c_begin < c_end) load_weights(cur, c_begin);
+    pdl_start();
+    if (c_begin < c_end) stage_acts(0, c_begin);
+    int st = 0;
+    for (int c0 = c_begin; c0 < c_end; c0 += U, st ^= 1) {
+        const bool more = c0 + U < c_end;
+        if (more) {
+            stage_acts(st ^ 1, c0 + U);
+            load_weights(next, c0 + U);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();  // the stage's copies of every lane
+        const unsigned char* q = ring + st * STAGE;
+        const float4* rs = reinterpret_cast<const float4*>(q + XQ);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u >= c_end) break;
+            uint4 x[TM];
+            float4 r0[TM], r1[TM];
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm) {
+                x[tm] = *reinterpret_cast<const uint4*>(q + (u * BM + tm * 8 + g) * 64 + 16 * t);
+                r0[tm] = rs[u * BM + tm * 8 + 2 * t];
+                r1[tm] = rs[u * BM + tm * 8 + 2 * t + 1];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                unsigned a[4];
+                float2 sa, sb;
+                kq_tc_chunk<TOP, Q6>(cur[r], u, a, sa, sb);
+#pragma unroll
+                for (int tm = 0; tm < TM; ++tm) kqi_mma_chunk<Q6>(acc[r * TM + tm], a, x[tm], r0[tm], r1[tm], sa, sb);
+            }
+        }
+        __syncwarp();  // every lane's reads of the stage, before the next batch's copies overwrite it
+        if (more) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) cur[r] = next[r];
+        }
+    }
+    if (!combine_slices<R * TM>(acc, red)) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (tile0 + r < tiles)
+            kqi_store<TM>(*reinterpret_cast<const float(*)[TM][4]>(acc[r * TM]), (tile0 + r) * 16, m_base, bias, res,
+                          out, M, N, flags, qkv, kv, ldo, h0);
+}
+
 // ---- batches, tiled: block = KQT_ROWS row tiles (warp & 3) x 2 token groups of TN token tiles
 // (warp >> 2); no K slices among warps: a warp walks its K and closes plan.split_k's S slices as
 // mmq_one and mmq_tc do (a slice's chunks summed from 0 in order; slices added in order: p0, then
@@ -513,6 +617,10 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
         mmq_tc<WT, TM, KQI_U(TM)>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0,    \
                        blockIdx.y * (8 * TM));                                                                \
     }
+#define MMQ_TR(NAME, WT, TM, R)                                                                              \
+    extern "C" __global__ void __launch_bounds__(512, 1) NAME(KQI_ARGS) {                                    \
+        mmq_tr<WT, TM, R>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, blockIdx.y * (8 * TM)); \
+    }
 #define MMQ_TILE(NAME, WT, TN)                                                                               \
     extern "C" __global__ void __launch_bounds__(KQT_THREADS, 2) NAME(KQI_ARGS, float* part, int* count, int S) { \
         mmq_tile<WT, TN>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, part, count, S); \
@@ -525,7 +633,13 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     MMQ_TC(mmq_##T##_tm1, WT, 1) \
     MMQ_TC(mmq_##T##_tm2, WT, 2) \
     MMQ_TC(mmq_##T##_tm4, WT, 4) \
-    MMQ_TC(mmq_##T##_tm8, WT, 8)
+    MMQ_TC(mmq_##T##_tm8, WT, 8) \
+    MMQ_TR(mmq_##T##_tr1_tm1, WT, 1, 1) \
+    MMQ_TR(mmq_##T##_tr2_tm1, WT, 1, 2) \
+    MMQ_TR(mmq_##T##_tr4_tm1, WT, 1, 4) \
+    MMQ_TR(mmq_##T##_tr1_tm2, WT, 2, 1) \
+    MMQ_TR(mmq_##T##_tr2_tm2, WT, 2, 2) \
+    MMQ_TR(mmq_##T##_tr4_tm2, WT, 2, 4)
 
 MMQ_SET(q4k, WT_Q4K)
 MMQ_SET(q5k, WT_Q5K)

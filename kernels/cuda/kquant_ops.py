@@ -15,7 +15,7 @@ import numpy as np
 from kernels.cuda import plan
 from kernels.cuda.arrays import i32
 from kernels.cuda.launch import launch
-from kernels.cuda.modules import kernel
+from kernels.cuda.modules import big_smem_kernel, kernel
 from kernels.cuda.weights import CudaStack, type_runs
 from kernels.weights import Weight, concat_rows
 
@@ -82,7 +82,9 @@ class KquantOps:
         n, k = w.shape
         mm = plan.kq_integer_launch(w.dtype, t, n, k, self.sm_count)
         d = self._dummy
-        launch(kernel(SOURCE, mm.kernel), mm.grid, mm.block,
+        # one opt-in a kernel (its largest launch): the attribute is the function's, whatever the launch
+        fn = big_smem_kernel(SOURCE, mm.kernel, plan.KQ_TR_SMEM) if "_tr" in mm.kernel else kernel(SOURCE, mm.kernel)
+        launch(fn, mm.grid, mm.block,
                (w.data, w.scales, *act, bias, res, out, i32(t), i32(n), i32(w.kp), i32(flags))
                + (qkv_out or (d,) * 6 + (i32(0),) * 4) + (i32(ldo), i32(h0)) + self._kq_tile_args(mm),
                shared=mm.shared)

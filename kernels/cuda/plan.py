@@ -25,6 +25,13 @@ KQ_TILE_ROWS = 17  # batches of at least this many rows may take kquant_mm.cu's 
 KQ_TILE_FILL = 0.5  # ... where its blocks (2 an SM fit) number at least this many times the SMs
 KQ_TILE_SPLIT: bool | None = None  # its K slices in blocks of their own (True; kq_tile_grid)
 KQT_ROWS = 4  # its row tiles a block (kquant_mm.cu's KQT_ROWS)
+# Batches of 2-16 rows on mmq_*_tr (row tiles a warp, activations staged once per chunk): None: kq_tr_tiles
+# picks the tiles a warp; 1, 2, 4: forced; 0: mmq_tc instead (same bits every way)
+KQ_TR: int | None = None
+KQ_TR_FILL = 0.5  # ... the most tiles a warp (<= 4) whose warps still number this many times WARPS_PER_SM an SM
+KQ_TR_BLOCKS = 0.9  # ... and whose blocks this many times the SMs
+KQR_STAGES = 2  # kquant_mm.cu's: a warp's ring stages
+KQ_TR_SMEM = 200 * 1024  # mmq_*_tr's shared-memory opt-in, above kq_tr_shared's largest (179200 bytes)
 
 
 def kquant_planes(dtype: str) -> bool:
@@ -136,14 +143,44 @@ def kq_tile_grid(m: int, n: int, k: int, sm_count: int, dtype: str) -> tuple[tup
     return None
 
 
+def kq_tr_tiles(m: int, n: int, k: int, sm_count: int, dtype: str) -> int:
+    """Row tiles a warp of mmq_*_tr for m rows (2-16), 0 where mmq_tc takes them: the most (1, 2, 4)
+    that keep KQ_TR_FILL of the streaming kernel's warps in flight and a block on KQ_TR_BLOCKS of the
+    SMs, so each warp's reads of a chunk's activation records serve that many tiles. Decides which
+    tiles share a warp, never a bit."""
+    if not 2 <= m <= 2 * TOKEN_TILE or KQ_TR == 0:
+        return 0
+    if KQ_TR is not None:
+        return KQ_TR
+    tiles = ceil_div(n, ROW_TILE)
+    warps = tiles * split_k(n, k, sm_count, dtype)
+    r = 4
+    while r > 1 and (warps / r < KQ_TR_FILL * WARPS_PER_SM * sm_count or tiles / r < KQ_TR_BLOCKS * sm_count):
+        r //= 2
+    return r
+
+
+def kq_tr_shared(split: int, tiles: int, token_tiles: int) -> int:
+    """mmq_*_tr's dynamic shared memory: combine_slices' partial sums of R tiles, then each warp's ring
+    of KQR_STAGES stages of U chunks (KQR_U) x its tokens' records (64 + 16 bytes)."""
+    u = {1: 4, 2: 2, 4: 1}[tiles]
+    return combine_bytes(split, tiles * token_tiles) + split * KQR_STAGES * u * TOKEN_TILE * token_tiles * 80
+
+
 def kq_integer_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch:
     """The launch of kquant_mm.cu's kernels for m rows: matmul_launch's split, grid and combine, the
-    one-row dp4a kernel (mmq_*_one) or the int8-MMA one of its token tiles (mmq_*_tm*)."""
+    one-row dp4a kernel (mmq_*_one), the tiled one, or the int8-MMA one of its token tiles (2-16 rows
+    mmq_*_tr*, several row tiles a warp; else mmq_*_tm*)."""
     mm = matmul_launch(dtype, m, n, k, sm_count)
     tiled = kq_tile_grid(m, n, k, sm_count, dtype)
     if tiled is not None:  # the tiled kernel (mmq_*_tileN): whole K a warp, the same S slices
         grid, tn = tiled
         return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_tile{tn}", grid, (64 * KQT_ROWS, 1, 1), 0, mm.split, 2 * tn)
+    r = kq_tr_tiles(m, n, k, sm_count, dtype)
+    if r:  # mmq_*_tr: r tiles a warp, the same slices
+        grid = (ceil_div(mm.grid[0], r), *mm.grid[1:])
+        return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_tr{r}_tm{mm.token_tiles}", grid, mm.block,
+                            kq_tr_shared(mm.split, r, mm.token_tiles), mm.split, mm.token_tiles)
     variant = "one" if m == 1 else f"tm{mm.token_tiles}"
     return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_{variant}", mm.grid, mm.block, mm.shared, mm.split,
                         mm.token_tiles)
