@@ -19,22 +19,22 @@ for f in matmul.cu wgmma.cu pointwise.cu rows.cu kv_cache.cu attention.cu attent
 done | xargs -P 4 -I{} timeout 200 python3 -c "import sys; from kernels.cuda.modules import module; module(sys.argv[1]).compile()" {} \
   > "$work/compile.log" 2>&1 &
 stage tests
-timeout "${T_TESTS:-110}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
+timeout "${T_TESTS:-130}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
   --junitxml="$work/kq-tests.xml" tests/test_cuda_kquant_integer.py 2>&1 | tail -n 25 | tee "$OUT/kq-tests.txt"
 python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null
 stage 8b
 wait "$writer"; cat "$work/write.log"
 sed -i 's/^KQ_INTEGER = False/KQ_INTEGER = True/' kernels/cuda/plan.py
-timeout "${T_8B:-115}" python3 bench/throughput.py -m /tmp/8b-q4_k_m.gguf --vocab 128256 --shape 8b --quant q4_k_m \
+timeout "${T_8B:-110}" python3 bench/throughput.py -m /tmp/8b-q4_k_m.gguf --vocab 128256 --shape 8b --quant q4_k_m \
   --cells "${CELLS:-1,16}" --repeats 1 --modes "${MODES:-on}" --out "$work/throughput-8b-q4_k_m" > "$work/8b.log" 2>&1
 sed -i 's/^KQ_INTEGER = True/KQ_INTEGER = False/' kernels/cuda/plan.py
 grep -E "^rep|ready|rror" "$work/8b.log" | tail -n 8
 cp "$work/throughput-8b-q4_k_m".{json,md} "$OUT"/ 2>/dev/null || tail -n 30 "$work/8b.log"
 stage mm
-timeout "${T_MM:-45}" python3 bench/kquant_mm.py --rows 16 --shapes qo,gate_up,down,lm_head \
+timeout "${T_MM:-40}" python3 bench/kquant_mm.py --rows 16 --shapes qo,gate_up,down,lm_head \
   --out "$OUT/kquant-mm16.json" 2>&1 | grep -v "^kq_quant_x" | tail -n 60
-left=$(( ${T_ALL:-285} - ($(date +%s) - start) ))
-[ "$left" -gt 10 ] && timeout "$left" python3 bench/kquant_mm.py --rows 1,512 --shapes qo,down,gate_up \
+left=$(( ${T_ALL:-290} - ($(date +%s) - start) ))
+[ "$left" -gt 10 ] && timeout "$left" python3 bench/kquant_mm.py --rows 512,1 --shapes qo,gate_up,down \
   --out "$OUT/kquant-mm-1-512.json" 2>&1 | grep -v "^kq_quant_x" | tail -n 40
 stage done
 [ -f "$OUT/kq-tests.txt" ] && grep -E "passed|failed|error" "$OUT/kq-tests.txt" | tail -n 1
