@@ -14,7 +14,7 @@ source bench/gpu_env.sh
 write_shape(Path('/tmp/8b-q4_k_m.gguf'), '8b', 0, 'q4_k_m')" > "$work/write.log" 2>&1
  echo "shape written at $(( $(date +%s) - start )) s" >> "$work/write.log") &
 writer=$!
-for f in matmul.cu wgmma.cu pointwise.cu rows.cu kv_cache.cu attention.cu attention_mma.cu; do
+for f in matmul.cu wgmma.cu attention_wgmma.cu pointwise.cu rows.cu kv_cache.cu attention.cu attention_mma.cu; do
   echo "$f"
 done | xargs -P 4 -I{} timeout 200 python3 -c "import sys; from kernels.cuda.modules import module; module(sys.argv[1]).compile()" {} \
   > "$work/compile.log" 2>&1 &
