@@ -74,7 +74,7 @@ def main() -> None:
                                    ("q5_k", True)):
                 # K-quants: matmul.cu's f16 MMAs (wide batches: the dispatch's pick, then the 64-row tiled
                 # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation
-                # included): the dispatch's pick; at 2-16 rows mmq_tc and mmq_*_tr at 1, 2, 4 tiles a warp
+                # included): the dispatch's pick; at 2-16 rows mmq_tc and mmq_*_tr (its rule's pick, 1, 2, 4 tiles a warp)
                 plan.KQ_INTEGER = integer
                 variants = [("pick", True, *pick)]
                 if m >= 128 and dtype != "f16" and not integer:
@@ -82,6 +82,7 @@ def main() -> None:
                 if integer and 2 <= m <= 16:
                     variants += [("tc", True, 10**9, None, 0)]
                     if dtype == "q4_k" or args.all:
+                        variants += [("tr", True, 10**9, None, None)]  # kq_tr_tiles' pick
                         variants += [(f"tr{r}", True, 10**9, None, r) for r in (1, 2, 4)]
                 if integer and m > 1 and args.all:  # the tiled kernel from 2 rows on: walking all of K, a block per slice
                     variants += [("tile-z1", True, 2, False, None), ("tile-zS", True, 2, True, None)]

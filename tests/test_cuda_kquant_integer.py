@@ -20,7 +20,9 @@ RNG = np.random.default_rng()
 
 @pytest.fixture(autouse=True)
 def integer_kernels(monkeypatch):
+    """The integer family, with mmq_*_tr at 2-16 rows as its rule picks (plan.KQ_TR: mmq_tc until measured)."""
     monkeypatch.setattr(plan, "KQ_INTEGER", True)
+    monkeypatch.setattr(plan, "KQ_TR", None)
 
 
 @pytest.fixture(params=[None, False, True], ids=["dispatch", "tiled", "tiled-split"])

@@ -73,12 +73,12 @@ def test_integer_kquant_launches_share_one_split_and_cover_the_rows(shape):
         split = plan.split_k(n, k, 132, dtype)
         for tr in (None, 0, 1, 2, 4):
             for m in ROWS:
-                plan.KQ_TR = tr
+                default, plan.KQ_TR = plan.KQ_TR, tr
                 try:
                     launch = plan.kq_integer_launch(dtype, m, n, k, 132)
                     r = plan.kq_tr_tiles(m, n, k, 132, dtype)
                 finally:
-                    plan.KQ_TR = None
+                    plan.KQ_TR = default
                 assert launch.split == split
                 if "_tr" not in launch.kernel:
                     assert r == 0 and not (2 <= m <= 16 and tr != 0 and "_tile" not in launch.kernel)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call for the 16-row integer K-quant kernel (mmq_*_tr): the 8B Q4_K_M shape written and the
 # kernel sources compiled into CuPy's cache in the background while the integer K-quant GPU tests run;
-# bench/throughput.py on the written file with plan.KQ_INTEGER on (this copy's plan.py edited, then
-# restored), exact on: solo, 16 chats, the 512-token prompt; the matmul micro-bench at 16 rows (mmq_tc
+# bench/throughput.py on the written file with plan.KQ_INTEGER on and plan.KQ_TR = None (mmq_*_tr at
+# 2-16 rows; this copy's plan.py edited, then restored), exact on: solo, 16 chats, the 512-token prompt; the matmul micro-bench at 16 rows (mmq_tc
 # against mmq_*_tr at 1, 2, 4 tiles a warp, the f16 family), then 1 and 512 rows in the time left of
 # T_ALL. JSON under $OUT as each ends.
 #   OUT=... bench/probes/kquant_tr_run.sh   (limits: T_TESTS T_8B T_MM T_ALL seconds; MODES, CELLS)
@@ -24,10 +24,10 @@ timeout "${T_TESTS:-130}" python3 -m pytest -m gpu --noconftest -p no:cacheprovi
 python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null
 stage 8b
 wait "$writer"; cat "$work/write.log"
-sed -i 's/^KQ_INTEGER = False/KQ_INTEGER = True/' kernels/cuda/plan.py
+sed -i -e 's/^KQ_INTEGER = False/KQ_INTEGER = True/' -e 's/^KQ_TR: int | None = 0/KQ_TR: int | None = None/' kernels/cuda/plan.py
 timeout "${T_8B:-110}" python3 bench/throughput.py -m /tmp/8b-q4_k_m.gguf --vocab 128256 --shape 8b --quant q4_k_m \
   --cells "${CELLS:-1,16}" --repeats 1 --modes "${MODES:-on}" --out "$work/throughput-8b-q4_k_m" > "$work/8b.log" 2>&1
-sed -i 's/^KQ_INTEGER = True/KQ_INTEGER = False/' kernels/cuda/plan.py
+sed -i -e 's/^KQ_INTEGER = True/KQ_INTEGER = False/' -e 's/^KQ_TR: int | None = None/KQ_TR: int | None = 0/' kernels/cuda/plan.py
 grep -E "^rep|ready|rror" "$work/8b.log" | tail -n 8
 cp "$work/throughput-8b-q4_k_m".{json,md} "$OUT"/ 2>/dev/null || tail -n 30 "$work/8b.log"
 stage mm
