@@ -78,7 +78,7 @@ def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
     """Device bytes of the weights as the model uploads them: each layer's q|k|v and gate|up as one
     stack (llama.STACKS), which is f16 on the device where its parts differ in type (K-quants: q|k|v
     as its runs' planes)."""
-    from kernels.cuda.weights import device_bytes, stack_bytes
+    from kernels.cuda.weights import device_bytes, routed_expert, stack_bytes
 
     stacked: set[str] = set()
     total = 0
@@ -89,8 +89,7 @@ def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
                 if all(n in weights for n in names):
                     total += stack_bytes([weights[n] for n in names], runs=stack is not GATE_UP)
                     stacked.update(names)
-    # routed experts are f16 on the device whatever their blocks (kernels/cuda/moe.py reads no planes yet)
-    return total + sum(device_bytes(w, planes=".mlp.experts." not in n) for n, w in weights.items()
+    return total + sum(device_bytes(w, planes=not routed_expert(n)) for n, w in weights.items()
                        if n not in stacked)
 
 

@@ -77,8 +77,8 @@ class Ops(Protocol):
     exact: bool
 
     # --- data movement
-    def plan_weights(self, weights: list[Weight]) -> None:
-        """Sees the whole model once before its weights are uploaded (how to store them)."""
+    def plan_weights(self, weights: dict[str, Weight]) -> None:
+        """Sees the whole model once, by name, before its weights are uploaded (how to store them)."""
     def upload(self, w: Weight) -> Any: ...
     def upload_gate_up(self, gate: Weight, up: Weight) -> Any:
         """The gate and up projections [F, K] as one weight whose products are gated: matmul and

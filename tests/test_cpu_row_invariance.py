@@ -170,9 +170,9 @@ def test_16_bit_weights_stay_stored_unless_float32_copies_are_asked_for():
     """The compiled kernel widens 16-bit rows as it reads them, with the values of a float32 copy."""
     w = Weight.from_f32(_rand(64, 32), "f16")
     stored = CpuOps(exact=True)
-    stored.plan_weights([w])
+    stored.plan_weights({"w": w})
     copied = CpuOps(exact=True, f32_copy_limit=1 << 30)
-    copied.plan_weights([w])
+    copied.plan_weights({"w": w})
     assert stored.upload(w).dtype == "f16" and copied.upload(w).dtype == "f32"
     x = _rand(3, 32)
     assert stored.matmul(x, stored.upload(w)).tobytes() == stored.matmul(x, stored.upload(w)).tobytes()

@@ -135,6 +135,21 @@ def test_moe_has_the_bits_of_norm_route_then_ffn(gpu, dtype, shared):
         assert int(cp.count_nonzero(ex.counts)) == 0, f"{t} rows"
 
 
+@pytest.mark.parametrize("dtype,n_e", [("f16", 64), ("bf16", 64), ("q8_0", 64), ("f16", 40), ("f16", 128)])
+def test_one_token_routed_once_has_the_bits_of_routing_in_every_gate_up_block(gpu, dtype, n_e, monkeypatch):
+    """A lone token routed by the last block of its router's launch (route_once: the gate|up launch
+    reads the table, the down launch loads weights before it waits) or by every gate|up block: the
+    same bits; the router's counter ends at zero each time (graphs: test_graph_replay_equals_uncaptured_and_alone)."""
+    ex, router, nw = _block(gpu, dtype, False, n_e=n_e)
+    x = cp.asarray(_rand(1, 256))
+    monkeypatch.setattr(gpu, "route_once", False)
+    every = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x))
+    monkeypatch.setattr(gpu, "route_once", True)
+    for _ in range(3):
+        assert cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)).tobytes() == every.tobytes()
+        assert int(ex.routed[0]) == 0 and int(cp.count_nonzero(ex.counts)) == 0
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
 def test_moe_row_invariant(gpu, dtype):
     """A token alone (the one-token kernels) and inside batches that route elsewhere: the same bits."""

@@ -250,6 +250,30 @@ def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size(monke
     assert cuda_weight_bytes(one_type) == sum(device_bytes(w) for w in one_type.values())
 
 
+def test_cuda_load_line_names_k_quant_experts_read_as_f16_and_their_memory():
+    """Routed experts in K-quants become f16 on CUDA (the grouped kernels read no planes): the load
+    logs a line with their types, count and GiB, the GiB the memory plan counts; dense K-quants stay
+    planes and are not named; a type without kernels gets its own line."""
+    from engine.launch import cuda_weight_bytes
+    from kernels.cuda.weights import device_bytes, f16_at_load
+
+    layer = "model.layers.0."
+    experts = {layer + f"mlp.experts.{e}.{p}_proj.weight": _blocks(*shape, kind) for e in range(4)
+               for p, shape, kind in (("gate", (768, 2048), "q4_k"), ("up", (768, 2048), "q4_k"),
+                                      ("down", (2048, 768), "q6_k"))}
+    dense = {layer + "self_attn.o_proj.weight": _blocks(2048, 4096, "q4_k")}
+    assert f16_at_load(dense) == []
+    (line,) = f16_at_load(experts | dense)
+    gib = 1 << 30
+    f16 = sum(device_bytes(w, planes=False) for w in experts.values())
+    assert f16 == 4 * (2 * 768 * 2048 + 2048 * 768) * 2 == cuda_weight_bytes(experts)
+    assert line == (f"cuda: no MoE expert kernels for Q4_K, Q6_K yet: 12 tensors dequantised to f16 at load, "
+                    f"{sum(w.nbytes for w in experts.values()) / gib:.2f} GiB stored -> {f16 / gib:.2f} GiB on the GPU")
+    q40 = {"lm_head.weight": _blocks(4096, 2048, "q4_0")}
+    lines = f16_at_load(experts | q40)
+    assert len(lines) == 2 and lines[0].startswith("cuda: no kernels for Q4_0 yet: 1 tensors dequantised")
+
+
 def test_moe_experts_in_block_types_stay_raw_and_compute_as_their_values(tmp_path):
     """Stacked experts in a raw block type (Q4_0 here: the tiny MoE's rows are 32-multiples) are views
     of the stacked blocks, and the model computes as its dequantised weights."""

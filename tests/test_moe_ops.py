@@ -34,7 +34,7 @@ def _shared(dtype):
 def _ops(exact=True, stored=False):
     """`stored`: weights are used as stored (a model over the copy limit), else as float32 copies."""
     ops = CpuOps(exact=exact, f32_copy_limit=0 if stored else 1 << 30)
-    ops.plan_weights([Weight(np.zeros((1, 1), np.float16), "f16")])
+    ops.plan_weights({"w": Weight(np.zeros((1, 1), np.float16), "f16")})
     return ops
 
 

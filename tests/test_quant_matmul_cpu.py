@@ -91,7 +91,7 @@ def test_gated_product_from_blocks():
 def test_uploads_keep_blocks_even_when_small_models_get_float32_copies():
     ops = CpuOps(exact=True, f32_copy_limit=1 << 30)
     w = Weight.from_f32(_rand(64, 256), "q4_k")
-    ops.plan_weights([w, Weight.from_f32(_rand(64, 64), "f16")])
+    ops.plan_weights({"q": w, "f": Weight.from_f32(_rand(64, 64), "f16")})
     assert ops._copy_f32
     assert ops.upload(w) is w and ops.upload(w).data.dtype == np.uint8
 

@@ -93,7 +93,7 @@ class LlamaModel:
     def __init__(self, config: ModelConfig, weights: dict[str, Weight], ops: Ops, max_positions: int):
         check_weights(config, weights)
         self.config, self.ops = config, ops
-        ops.plan_weights(list(weights.values()))
+        ops.plan_weights(weights)
         up = ops.upload
 
         def opt(name: str):

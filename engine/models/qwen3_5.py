@@ -99,7 +99,7 @@ class Qwen35Model:
         check_weights(config, weights)
         self.config, self.ops = config, ops
         self.spec = spec = hybrid_spec(config)
-        ops.plan_weights(list(weights.values()))
+        ops.plan_weights(weights)
         up = ops.upload
         self.embed = up(weights["model.embed_tokens.weight"])
         self.norm = up(_offset_norm(weights["model.norm.weight"]))

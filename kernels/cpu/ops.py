@@ -93,10 +93,10 @@ class CpuOps(PagedOps, CpuMoeOps):
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int, prefetch=None) -> np.ndarray:
         return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
 
-    def plan_weights(self, weights: list[Weight]) -> None:
+    def plan_weights(self, weights: dict[str, Weight]) -> None:
         """Decides once per model whether its matrices get float32 copies (see F32_COPY_LIMIT); raw
         quantized blocks never do (kernels/cpu/quant_matmul.py)."""
-        self._copy_f32 = sum(w.size * 4 for w in weights if w.data.ndim == 2 and not w.blocks) <= self.f32_copy_limit
+        self._copy_f32 = sum(w.size * 4 for w in weights.values() if w.data.ndim == 2 and not w.blocks) <= self.f32_copy_limit
 
     # --- data movement
     def upload(self, w: Weight | RowStack):

@@ -672,6 +672,68 @@ MM_TCG_ROUTE(mmg_f16_route, WT_F16)
 MM_TCG_ROUTE(mmg_bf16_route, WT_BF16)
 MM_TCG_ROUTE(mmg_q8_route, WT_Q8)
 
+// A one-token step routed once (no routing in the expert launches): the router's launch routes the
+// row, then the gate|up launch reads the tile table it wrote, and the down launch, two back from it,
+// has its first weights in flight before it waits (MMG_TILES_EARLY).
+//
+// The router (mm_*_norm: the row normalised by nw, eps, then its E logits), whose blocks count
+// themselves done in *counter after their stores are visible (__threadfence, as moe_sum_tail's
+// counts); the one that counts the last routes the row (route_row on the logits read through L2)
+// and writes what mmg_*_route would have: slot y's id and weight, tile y = (expert, place y, 1 row),
+// pos[y] = y, src[y] = 0, and sets the counter back to 0 for the next launch. Grid (E / 16).
+__device__ __forceinline__ void route_tail(const float* __restrict__ logits, int E, int k, int renorm,
+                                           int* __restrict__ counter, int* __restrict__ ids,
+                                           float* __restrict__ weights, int4* __restrict__ tiles,
+                                           int* __restrict__ pos, int* __restrict__ src) {
+    __shared__ float row[MOE_MAX_E], p[MOE_MAX_E];
+    __shared__ float chosen[32], slot_w[32];
+    __shared__ int slot_id[32];
+    const int lane = threadIdx.x & 31;
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();  // the other blocks' logits are read after their counts
+    for (int e = lane; e < E; e += 32) row[e] = __ldcg(logits + e);
+    __syncwarp();
+    route_row(row, slot_id, slot_w, E, k, renorm, p, chosen);
+    if (lane < k) {
+        const int e = slot_id[lane];
+        ids[lane] = e, weights[lane] = slot_w[lane], pos[lane] = lane, src[lane] = 0;
+        tiles[lane] = make_int4(e, lane, 1, 0);
+    }
+    if (lane == 0) *counter = 0;
+}
+
+#define MM_TC_ROUTE(NAME, WT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1), 1) NAME(                              \
+        const void* w, const u16* scales, const float* x, float* logits, int E, int K, int Kp,            \
+        const float* nw, float eps, int k, int renorm, int* counter, int* ids, float* weights,            \
+        int4* tiles, int* pos, int* src) {                                                                \
+        mm_tc<WT, 1, 4, PRO_NORM>(w, scales, x, nullptr, nullptr, logits, 1, E, K, Kp, 0, nw, eps, K,    \
+                                  QkvOut{}, 0, 0);                                                        \
+        if (threadIdx.x < 32) route_tail(logits, E, k, renorm, counter, ids, weights, tiles, pos, src);   \
+    }
+MM_TC_ROUTE(mm_f16_norm_route, WT_F16)
+MM_TC_ROUTE(mm_bf16_norm_route, WT_BF16)
+MM_TC_ROUTE(mm_q8_norm_route, WT_Q8)
+
+// Its gate|up launch: mmg_*_route's matmul (PRO_NORM on the token's row) on tile y's expert, the
+// table read after pdl_start (the router, just before, wrote it). Grid (N / 16, k).
+#define MM_TCG_NORM(NAME, WT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
+        const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,         \
+        const float* x, float* out, int N, int K, int Kp, int flags, int ldo, const float* nw, float eps) { \
+        pdl_start();                                                                                      \
+        const int4 tile = tiles[blockIdx.y];                                                              \
+        mm_tc<WT, 1, 4, PRO_NORM>(w + tile.x * w_stride, scales + tile.x * s_stride, x, nullptr, nullptr, \
+                                  out + (i64)tile.y * ldo, 1, N, K, Kp, flags, nw, eps, K, QkvOut{}, 0, 0); \
+    }
+MM_TCG_NORM(mmg_f16_norm, WT_F16)
+MM_TCG_NORM(mmg_bf16_norm, WT_BF16)
+MM_TCG_NORM(mmg_q8_norm, WT_Q8)
+
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with
 // the same per-row arithmetic, so M never changes a row's bits.

@@ -1,8 +1,9 @@
 """Mixture-of-experts ops of the CUDA backend (mixed into CudaOps), kernels in moe.cu and matmul.cu's mmg_*.
 
 A step routes on the device and groups its (token, slot) pairs by expert into a tile table (one
-kernel, moe_route_schedule, for a decode step's few rows; a lone token is routed by its gate|up
-launch itself, mmg_*_route), then runs the gate|up and down
+kernel, moe_route_schedule, for a decode step's few rows; a lone token is routed by the last block
+of its router's launch, mm_*_norm_route, or by every block of its gate|up launch, mmg_*_route, where
+route_once is off), then runs the gate|up and down
 projections of every expert in one grouped launch each: block y takes tile y's rows and its
 expert's weights, with the streaming matmul's arithmetic (mm_tc, mm_f32), whose sums do not depend
 on how many rows a launch holds or which of its kernels ran. The gate|up launch reads each pair's
@@ -62,12 +63,18 @@ class CudaExperts:
     down: StackedWeight
     token_tiles_cap: int  # the most token tiles a grouped block of both projections may carry
     counts: Any = None  # [SUM_ROWS, H / 16] int32, zero between launches: the down launch's pairs done
+    routed: Any = None  # [1] int32, zero between launches: the one-token router launch's blocks done
     shared_gate_up: Any = None
     shared_down: Any = None
     shared_gate: Any = None  # [1, H]: the shared expert's sigmoid gate
 
 
 class CudaMoeOps:
+    # One token routed once, in its router's launch (mm_*_norm_route: gate|up reads the tile table it
+    # writes, and the down launch's first weights load before it waits), else in every gate|up block
+    # (mmg_*_route). The same bits either way; tests and bench/moe_decode.py compare the two.
+    route_once = True
+
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
         if len(gate) > MAX_EXPERTS:
@@ -78,7 +85,7 @@ class CudaMoeOps:
         down_w = self._stack([self.upload(w) for w in f16[2]], active)
         cap = min(plan.max_token_tiles(gate_up.split), plan.max_token_tiles(down_w.split))
         counts = cp.zeros((SUM_ROWS, plan.ceil_div(down_w.shape[0], plan.ROW_TILE)), dtype=cp.int32)
-        ex = CudaExperts(len(gate), gate_up, down_w, cap, counts)
+        ex = CudaExperts(len(gate), gate_up, down_w, cap, counts, cp.zeros(1, dtype=cp.int32))
         if shared is not None:
             s_gate, s_up, s_down, s_inp = shared
             ex.shared_gate_up = self.upload_gate_up(s_gate, s_up)
@@ -126,8 +133,7 @@ class CudaMoeOps:
         norm = (t == 1 and experts.shared_gate_up is None and "f32" not in (experts.gate_up.dtype, experts.down.dtype)
                 and self._prologue(1, h, router) == "norm" and plan.norm_prologue(experts.gate_up.shape[0] * top_k, h))
         if norm:
-            return self._one_token(x, norm_weight, eps, self.norm_matmul(x, norm_weight, eps, router), experts, top_k,
-                                   renormalize, residual)
+            return self._one_token(x, norm_weight, eps, router, experts, top_k, renormalize, residual)
         xn = self.rms_norm(x, norm_weight, eps)
         logits = self.matmul(xn, router)
         if t > ROUTE_ROWS:
@@ -142,10 +148,11 @@ class CudaMoeOps:
                 i32(n_tiles), ids, weights, pos, src, tiles))
         return self._ffn(xn, experts, weights, (pos, src, tiles, tm), residual)
 
-    def _one_token(self, x, norm_weight, eps: float, logits, experts: CudaExperts, top_k: int, renormalize: bool,
+    def _one_token(self, x, norm_weight, eps: float, router, experts: CudaExperts, top_k: int, renormalize: bool,
                    residual):
-        """One token: the gate|up launch routes it (mmg_*_route, writing the slots' tiles), then the down
-        launch with the weighted sum; two launches after the router's."""
+        """One token: routed by the router's launch (route_once, a 16-bit or Q8_0 router) or by the gate|up
+        launch (mmg_*_route, writing the slots' tiles), then the down launch with the weighted sum; two
+        launches after the router's."""
         gu, h = experts.gate_up, int(x.shape[1])
         n, k = gu.shape
         silu = gu.gate_up == "tiles"
@@ -153,19 +160,32 @@ class CudaMoeOps:
         ids, weights = cp.empty((1, top_k), dtype=cp.int32), cp.empty((1, top_k), dtype=cp.float32)
         pos, src, tiles = (cp.empty(top_k, dtype=cp.int32), cp.empty(top_k, dtype=cp.int32),
                            cp.empty((top_k, 4), dtype=cp.int32))
-        launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_route"), (plan.ceil_div(n, plan.ROW_TILE), top_k, 1),
-               (32 * gu.split, 1, 1),
-               (gu.data, self._dummy if gu.scales is None else gu.scales, np.int64(gu.data[0].nbytes),
-                np.int64(0 if gu.scales is None else gu.scales[0].size), f32_rows(logits), i32(experts.n), i32(top_k),
-                i32(renormalize), x, act, i32(n), i32(k), i32(gu.kp), i32(EPI_SILU if silu else 0),
-                i32(act.shape[1]), norm_weight, np.float32(eps), ids, weights, tiles, pos, src),
-               shared=plan.combine_bytes(gu.split, 1))
+        weight_args = (gu.data, self._dummy if gu.scales is None else gu.scales, np.int64(gu.data[0].nbytes),
+                       np.int64(0 if gu.scales is None else gu.scales[0].size))
+        grid, block = (plan.ceil_div(n, plan.ROW_TILE), top_k, 1), (32 * gu.split, 1, 1)
+        row_args = (x, act, i32(n), i32(k), i32(gu.kp), i32(EPI_SILU if silu else 0), i32(act.shape[1]), norm_weight,
+                    np.float32(eps))
+        once = self.route_once and router.dtype in SHORT
+        if once:
+            mm = plan.matmul_launch(router.dtype, 1, experts.n, h, self.sm_count, prologue="norm")
+            logits = cp.empty((1, experts.n), dtype=cp.float32)
+            launch(kernel("matmul.cu", f"mm_{SHORT[router.dtype]}_norm_route"), mm.grid, mm.block,
+                   (router.data, self._dummy if router.scales is None else router.scales, x, logits, i32(experts.n),
+                    i32(h), i32(router.kp), norm_weight, np.float32(eps), i32(top_k), i32(renormalize), experts.routed,
+                    ids, weights, tiles, pos, src), shared=mm.shared)
+            launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_norm"), grid, block, (*weight_args, tiles, *row_args),
+                   shared=plan.combine_bytes(gu.split, 1))
+        else:
+            logits = self.norm_matmul(x, norm_weight, eps, router)
+            launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_route"), grid, block,
+                   (*weight_args, f32_rows(logits), i32(experts.n), i32(top_k), i32(renormalize), *row_args, ids,
+                    weights, tiles, pos, src), shared=plan.combine_bytes(gu.split, 1))
         if gu.gate_up == "halves":
             act = self.silu_mul(act[:, : n // 2], act[:, n // 2 :])
         out = cp.empty((1, h), dtype=cp.float32)
         res = self._dummy if residual is None else f32_rows(residual)
         d = self._dummy
-        self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True,
+        self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True, early=once,
                       tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0), i32(residual is not None)))
         return out
 

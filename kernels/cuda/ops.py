@@ -37,7 +37,7 @@ from kernels.cuda.moe import CudaMoeOps
 from kernels.cuda.weights import (
     CudaStack,
     CudaWeight,
-    device_bytes,
+    f16_at_load,
     interleave_gate_up,
     kernel_weight,
     pad_host,
@@ -110,15 +110,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
 
     # --- data movement
-    def plan_weights(self, weights: list[Weight]) -> None:
+    def plan_weights(self, weights: dict[str, Weight]) -> None:
         """Every weight is stored as the kernels read it (kernels/cuda/weights.py); says what the
-        quantized types without kernels cost as f16."""
-        raw = [w for w in weights if w.blocks and not streams_blocks(w.dtype)]
-        if raw:
-            gib = 1 << 30
-            log.warning("cuda: no kernels for %s yet: %d tensors dequantised to f16 at load, %.2f GiB stored -> "
-                        "%.2f GiB on the GPU", ", ".join(sorted({w.dtype.upper() for w in raw})), len(raw),
-                        sum(w.nbytes for w in raw) / gib, sum(device_bytes(w) for w in raw) / gib)
+        quantized weights read as f16 cost."""
+        for line in f16_at_load(weights):
+            log.warning("%s", line)
 
     def upload(self, w: Weight | RowStack):
         if isinstance(w, RowStack) and (stack := self._kq_stack(w.parts)) is not None:

@@ -126,6 +126,27 @@ def streams_blocks(dtype: str) -> bool:
     return KQUANT_KERNELS and plan.kquant_planes(dtype)
 
 
+def routed_expert(name: str) -> bool:
+    """Whether a weight is one routed expert's projection (engine.models.moe's per-expert names):
+    f16 on the device whatever its blocks, as the grouped kernels (kernels/cuda/moe.py) read no planes yet."""
+    return ".mlp.experts." in name
+
+
+def f16_at_load(weights: dict[str, Weight]) -> list[str]:
+    """The load's lines for quantized weights that become f16 on the device: types without kernels,
+    and K-quant routed experts; each names the types, the tensors and the memory, stored -> on the GPU."""
+    raw = [w for w in weights.values() if w.blocks and not streams_blocks(w.dtype)]
+    experts = [w for n, w in weights.items() if routed_expert(n) and w.blocks and streams_blocks(w.dtype)]
+    lines = []
+    for ws, what in ((raw, "no kernels for {} yet"), (experts, "no MoE expert kernels for {} yet")):
+        if ws:
+            gib = 1 << 30
+            lines.append(f"cuda: {what.format(', '.join(sorted({w.dtype.upper() for w in ws})))}: {len(ws)} tensors "
+                         f"dequantised to f16 at load, {sum(w.nbytes for w in ws) / gib:.2f} GiB stored -> "
+                         f"{sum(device_bytes(w, planes=False) for w in ws) / gib:.2f} GiB on the GPU")
+    return lines
+
+
 def device_bytes(w: Weight, planes: bool = True) -> int:
     """Bytes a weight takes on the device (for sizing memory before a load); `planes` as kernel_weight's."""
     if w.data.ndim != 2:  # vectors, and the causal conv's [D, 1, K] of hybrid models: float32
