@@ -10,8 +10,8 @@ computed in the graph), at --ctx tokens of context per sequence. Prefill: one --
 --profile: each exact-on bucket's kernels under the PyTorch profiler (bench/gpu_profile.py's summary,
 with PDL as the engine runs, so neighbouring kernels overlap). --tile-rule mean: then exact on again
 with tiles sized by the mean rows of a used expert only (the rule before 16-token steps got tiles that
-hold all of an expert's rows). --route-variants: then exact on again with a lone token routed in every
-gate|up block (mmg_*_route) instead of once in its router's launch (ops.route_once; the same bits).
+hold all of an expert's rows). --route-variants: then exact on again with a lone token routed elsewhere
+than once in its router's launch (ops.one_token_route "experts", "gate_up"; the same bits).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
 # split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
+ROUTES = ("router", "experts", "gate_up")  # ops.one_token_route: the default, then the --route-variants
 SPLIT_VARIANTS = {"gate-up-half": (0.5, 1), "gate-up-double": (2, 1), "down-half": (1, 0.5), "down-double": (1, 2)}
 
 
@@ -121,7 +122,8 @@ def main(argv=None) -> int:
                     help="then exact on again with each expert projection's split halved, then doubled (other sums: "
                          "speed only)")
     ap.add_argument("--route-variants", action="store_true",
-                    help="then exact on again with a lone token routed in every gate|up block (route_once off)")
+                    help="then exact on again with a lone token routed in every block of both expert launches, "
+                         "then of the gate|up launch only")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
     runs = [(m == "on", "active") for m in args.modes.split(",")] + ([(True, "dense")] if args.dense_split else [])
     runs += [(True, "mean-tiles")] if args.tile_rule == "mean" else []
     runs += [(True, v) for v in SPLIT_VARIANTS] if args.split_variants else []
-    runs += [(True, "route-per-block")] if args.route_variants else []
+    runs += [(True, f"route-{r}") for r in ROUTES[1:]] if args.route_variants else []
     for exact, split in runs:
         if split == "dense":
             dense_split()
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
         if split in SPLIT_VARIANTS:
             rescale_split(*SPLIT_VARIANTS[split])
         ops.exact = exact
-        ops.route_once = split != "route-per-block"
+        ops.one_token_route = split[len("route-"):] if split.startswith("route-") else ROUTES[0]
         n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
         pos = np.arange(n, dtype=np.int32)
         slots = pages[0][pos // PAGE_SIZE].astype(np.int64) * PAGE_SIZE + pos % PAGE_SIZE

@@ -136,18 +136,20 @@ def test_moe_has_the_bits_of_norm_route_then_ffn(gpu, dtype, shared):
 
 
 @pytest.mark.parametrize("dtype,n_e", [("f16", 64), ("bf16", 64), ("q8_0", 64), ("f16", 40), ("f16", 128)])
-def test_one_token_routed_once_has_the_bits_of_routing_in_every_gate_up_block(gpu, dtype, n_e, monkeypatch):
-    """A lone token routed by the last block of its router's launch (route_once: the gate|up launch
-    reads the table, the down launch loads weights before it waits) or by every gate|up block: the
-    same bits; the router's counter ends at zero each time (graphs: test_graph_replay_equals_uncaptured_and_alone)."""
+def test_one_token_has_the_same_bits_wherever_it_is_routed(gpu, dtype, n_e, monkeypatch):
+    """A lone token routed once by the last block of its router's launch ("router": gate|up reads its
+    table, down loads weights before it waits), by every block of both expert launches ("experts") or
+    by every gate|up block ("gate_up"): the same bits; the counters end at zero each time (graphs:
+    test_graph_replay_equals_uncaptured_and_alone)."""
     ex, router, nw = _block(gpu, dtype, False, n_e=n_e)
     x = cp.asarray(_rand(1, 256))
-    monkeypatch.setattr(gpu, "route_once", False)
-    every = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x))
-    monkeypatch.setattr(gpu, "route_once", True)
-    for _ in range(3):
-        assert cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)).tobytes() == every.tobytes()
-        assert int(ex.routed[0]) == 0 and int(cp.count_nonzero(ex.counts)) == 0
+    monkeypatch.setattr(gpu, "one_token_route", "gate_up")
+    want = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x))
+    for route in ("router", "experts"):
+        monkeypatch.setattr(gpu, "one_token_route", route)
+        for _ in range(3):
+            assert cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)).tobytes() == want.tobytes(), route
+            assert int(ex.routed[0]) == 0 and int(cp.count_nonzero(ex.counts)) == 0, route
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])

@@ -734,6 +734,33 @@ MM_TCG_NORM(mmg_f16_norm, WT_F16)
 MM_TCG_NORM(mmg_bf16_norm, WT_BF16)
 MM_TCG_NORM(mmg_q8_norm, WT_Q8)
 
+// Or routed in every block of both expert launches: the gate|up launch is mmg_*_route, and each
+// down block routes the row of router logits before it waits (the router, two launches back, wrote
+// them), so that its slot's first weights are in flight while the gate|up launch runs; then
+// mmg_*_one's matmul of gated products row y and its weighted sum (the pairs' places, weights and
+// tokens that mmg_*_route wrote, read after the wait). Grid (N / 16, k).
+#define MM_TCG_ONE_ROUTE(NAME, WT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
+        const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const float* logits, int E,  \
+        int k, int renorm, const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, \
+        const int* src, const int* pos, const float* weights, const float* res, float* sum, int* counts,  \
+        int has_res) {                                                                                    \
+        __shared__ float p[MOE_MAX_E];                                                                    \
+        __shared__ float chosen[32], slot_w[32];                                                          \
+        __shared__ int slot_id[32];                                                                       \
+        if (threadIdx.x < 32) route_row(logits, slot_id, slot_w, E, k, renorm, p, chosen);                \
+        __syncthreads();                                                                                  \
+        const int y = blockIdx.y, e = slot_id[y];                                                         \
+        mm_tc<WT, 1, 4, PRO_ONE>(w + e * w_stride, scales + e * s_stride, x + (i64)y * ldx, nullptr, nullptr, \
+                                 out + (i64)y * ldo, 1, N, K, Kp, flags, nullptr, 0.f, ldx, QkvOut{}, 0, 0, nullptr); \
+        if (threadIdx.x < 32)                                                                             \
+            moe_sum_tail(out, make_int4(e, y, 1, 0), N, src, pos, weights, nullptr, nullptr, res, sum, counts, k, \
+                         0, has_res);                                                                     \
+    }
+MM_TCG_ONE_ROUTE(mmg_f16_one_route, WT_F16)
+MM_TCG_ONE_ROUTE(mmg_bf16_one_route, WT_BF16)
+MM_TCG_ONE_ROUTE(mmg_q8_one_route, WT_Q8)
+
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with
 // the same per-row arithmetic, so M never changes a row's bits.

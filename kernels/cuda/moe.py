@@ -1,9 +1,8 @@
 """Mixture-of-experts ops of the CUDA backend (mixed into CudaOps), kernels in moe.cu and matmul.cu's mmg_*.
 
 A step routes on the device and groups its (token, slot) pairs by expert into a tile table (one
-kernel, moe_route_schedule, for a decode step's few rows; a lone token is routed by the last block
-of its router's launch, mm_*_norm_route, or by every block of its gate|up launch, mmg_*_route, where
-route_once is off), then runs the gate|up and down
+kernel, moe_route_schedule, for a decode step's few rows; a lone token as one_token_route says),
+then runs the gate|up and down
 projections of every expert in one grouped launch each: block y takes tile y's rows and its
 expert's weights, with the streaming matmul's arithmetic (mm_tc, mm_f32), whose sums do not depend
 on how many rows a launch holds or which of its kernels ran. The gate|up launch reads each pair's
@@ -70,10 +69,12 @@ class CudaExperts:
 
 
 class CudaMoeOps:
-    # One token routed once, in its router's launch (mm_*_norm_route: gate|up reads the tile table it
-    # writes, and the down launch's first weights load before it waits), else in every gate|up block
-    # (mmg_*_route). The same bits either way; tests and bench/moe_decode.py compare the two.
-    route_once = True
+    # Where a lone token is routed (route_row, the same bits in each): "router", once, by the last block of
+    # its router's launch (mm_*_norm_route, a 16-bit or Q8_0 router; gate|up reads the tile table it
+    # writes, and the down launch's first weights load before it waits); "experts", by every block of
+    # both expert launches (mmg_*_route, then mmg_*_one_route, whose blocks route before they wait);
+    # "gate_up", by every gate|up block only. Tests and bench/moe_decode.py compare them.
+    one_token_route = "router"
 
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
@@ -150,9 +151,8 @@ class CudaMoeOps:
 
     def _one_token(self, x, norm_weight, eps: float, router, experts: CudaExperts, top_k: int, renormalize: bool,
                    residual):
-        """One token: routed by the router's launch (route_once, a 16-bit or Q8_0 router) or by the gate|up
-        launch (mmg_*_route, writing the slots' tiles), then the down launch with the weighted sum; two
-        launches after the router's."""
+        """One token: routed where one_token_route says, the gate|up launch, then the down launch with the
+        weighted sum; two launches after the router's."""
         gu, h = experts.gate_up, int(x.shape[1])
         n, k = gu.shape
         silu = gu.gate_up == "tiles"
@@ -165,8 +165,10 @@ class CudaMoeOps:
         grid, block = (plan.ceil_div(n, plan.ROW_TILE), top_k, 1), (32 * gu.split, 1, 1)
         row_args = (x, act, i32(n), i32(k), i32(gu.kp), i32(EPI_SILU if silu else 0), i32(act.shape[1]), norm_weight,
                     np.float32(eps))
-        once = self.route_once and router.dtype in SHORT
-        if once:
+        route = self.one_token_route
+        if route == "router" and router.dtype not in SHORT:
+            route = "gate_up"
+        if route == "router":
             mm = plan.matmul_launch(router.dtype, 1, experts.n, h, self.sm_count, prologue="norm")
             logits = cp.empty((1, experts.n), dtype=cp.float32)
             launch(kernel("matmul.cu", f"mm_{SHORT[router.dtype]}_norm_route"), mm.grid, mm.block,
@@ -185,8 +187,20 @@ class CudaMoeOps:
         out = cp.empty((1, h), dtype=cp.float32)
         res = self._dummy if residual is None else f32_rows(residual)
         d = self._dummy
-        self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True, early=once,
-                      tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0), i32(residual is not None)))
+        if route != "experts":
+            self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True, early=route == "router",
+                          tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0),
+                                i32(residual is not None)))
+            return out
+        dn = experts.down
+        y = cp.empty((top_k, h), dtype=cp.float32)
+        launch(kernel("matmul.cu", f"mmg_{SHORT[dn.dtype]}_one_route"), (plan.ceil_div(h, plan.ROW_TILE), top_k, 1),
+               (32 * dn.split, 1, 1),
+               (dn.data, d if dn.scales is None else dn.scales, np.int64(dn.data[0].nbytes),
+                np.int64(0 if dn.scales is None else dn.scales[0].size), f32_rows(logits), i32(experts.n), i32(top_k),
+                i32(renormalize), act, y, i32(h), i32(dn.shape[1]), i32(dn.kp), i32(0), i32(act.shape[1]), i32(h), src,
+                pos, weights, res, out, experts.counts, i32(residual is not None)),
+               shared=plan.combine_bytes(dn.split, 1))
         return out
 
     def moe_ffn(self, x, experts: CudaExperts, ids, weights, residual=None):
