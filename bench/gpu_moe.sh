@@ -3,7 +3,8 @@
 #   tests     the MoE GPU tests (tests/test_cuda_moe.py), then the fused q/k norm test and the Qwen3 graph tests
 #   moetests  the MoE GPU tests only
 #   decode    bench/moe_decode.py on the 30B-A3B shape built in memory (48 layers; exact on, off; kernel
-#             profile with PDL and without; a lone token routed in every gate|up block, not once)
+#             profile with PDL and without; a lone token routed elsewhere than once; 16 rows on the
+#             grouped kernels of other register budgets)
 #   decodeN   the same at N layers, exact on only (the in-memory side of the engine comparison)
 #   engineN   bench/throughput.py through the HTTP engine (exact on and off, solo and 16 chats) on an
 #             N-layer 30B-A3B GGUF written here (48 layers at F16 would be 60 GB)
@@ -37,7 +38,7 @@ for stage in ${stages//,/ }; do
     ;;
   decode)
     timeout "$(left 150)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
-      --profile-pdl-off --route-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v '^{' | tail -n 24
+      --profile-pdl-off --route-variants --tm2-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
     ;;
   decode[0-9]*)
     n=${stage#decode}

@@ -12,6 +12,8 @@ with PDL as the engine runs, so neighbouring kernels overlap). --tile-rule mean:
 with tiles sized by the mean rows of a used expert only (the rule before 16-token steps got tiles that
 hold all of an expert's rows). --route-variants: then exact on again with a lone token routed elsewhere
 than once in its router's launch (ops.one_token_route "experts", "gate_up"; the same bits).
+--tm2-variants: then exact on again at the buckets of 9-16 rows with the grouped kernels' other register
+budgets (ops.moe_tm2 "tm2r", "tm2r4"; the same bits).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from kernels.weights import Weight  # noqa: E402
 
 # split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
 ROUTES = ("router", "experts", "gate_up")  # ops.one_token_route: the default, then the --route-variants
+TM2 = ("tm2", "tm2r", "tm2r4")  # ops.moe_tm2: the default, then the --tm2-variants
 SPLIT_VARIANTS = {"gate-up-half": (0.5, 1), "gate-up-double": (2, 1), "down-half": (1, 0.5), "down-double": (1, 2)}
 
 
@@ -124,6 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--route-variants", action="store_true",
                     help="then exact on again with a lone token routed in every block of both expert launches, "
                          "then of the gate|up launch only")
+    ap.add_argument("--tm2-variants", action="store_true",
+                    help="then exact on again at 9-16 rows with mmg_*_tm2r, then mmg_*_tm2r4")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -181,6 +186,7 @@ def main(argv=None) -> int:
     runs += [(True, "mean-tiles")] if args.tile_rule == "mean" else []
     runs += [(True, v) for v in SPLIT_VARIANTS] if args.split_variants else []
     runs += [(True, f"route-{r}") for r in ROUTES[1:]] if args.route_variants else []
+    runs += [(True, v) for v in TM2[1:]] if args.tm2_variants else []
     for exact, split in runs:
         if split == "dense":
             dense_split()
@@ -191,6 +197,7 @@ def main(argv=None) -> int:
             rescale_split(*SPLIT_VARIANTS[split])
         ops.exact = exact
         ops.one_token_route = split[len("route-"):] if split.startswith("route-") else ROUTES[0]
+        ops.moe_tm2 = split if split in TM2 else TM2[0]
         n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
         pos = np.arange(n, dtype=np.int32)
         slots = pages[0][pos // PAGE_SIZE].astype(np.int64) * PAGE_SIZE + pos % PAGE_SIZE
@@ -208,6 +215,8 @@ def main(argv=None) -> int:
         save()
         graphs = ops.decode_graphs(forward, max_pages=max_pages, buckets=tuple(buckets))
         for b in buckets:
+            if (split.startswith("route-") and b > 1) or (split in TM2 and not 8 < b <= 16):
+                continue  # the variant changes no kernel of this bucket
             seqs = range(b)
             p = np.full(b, args.ctx, np.int32)
             tables = pages[list(seqs)]

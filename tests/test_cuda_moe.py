@@ -153,6 +153,21 @@ def test_one_token_has_the_same_bits_wherever_it_is_routed(gpu, dtype, n_e, monk
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
+def test_sixteen_row_tiles_have_the_same_bits_in_each_register_budget(gpu, dtype, monkeypatch):
+    """9-16 tokens (tiles of two token tiles): mmg_*_tm2 (64 registers), tm2r (no cap), tm2r4 (four
+    chunks a batch) give the same bits."""
+    ex, router, nw = _block(gpu, dtype, False)
+    assert ex.gate_up.split <= 8 and ex.down.split <= 8
+    for t in (9, 16):
+        x = cp.asarray(_rand(t, 256))
+        got = {}
+        for variant in ("tm2", "tm2r", "tm2r4"):
+            monkeypatch.setattr(gpu, "moe_tm2", variant)
+            got[variant] = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)).tobytes()
+        assert got["tm2r"] == got["tm2"] and got["tm2r4"] == got["tm2"], f"{t} rows"
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
 def test_moe_row_invariant(gpu, dtype):
     """A token alone (the one-token kernels) and inside batches that route elsewhere: the same bits."""
     ex, router, nw = _block(gpu, dtype, False)

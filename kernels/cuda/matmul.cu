@@ -613,8 +613,9 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
 }
 
 #define MMG_TILES_EARLY 1024  // a flag beside the EPI_* ones, for MM_TCG only
-#define MM_TCG(NAME, WT, TM, U, PRO)                                                                     \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
+#define MM_TCG(NAME, WT, TM, U, PRO) MM_TCG_BOUND(NAME, WT, TM, U, PRO, MM_THREADS(WT, TM))
+#define MM_TCG_BOUND(NAME, WT, TM, U, PRO, BOUND)                                                        \
+    extern "C" __global__ void __launch_bounds__(BOUND) NAME(                                            \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,        \
         const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, const int* src,   \
         int gather, const int* pos, const float* weights, const float* shared, const float* gate,        \
@@ -643,6 +644,15 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
 MM_TCG_SET(f16, WT_F16, 2, 2, 1, 4)
 MM_TCG_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TCG_SET(q8, WT_Q8, 2, 2, 1, 4)
+// 9-16 rows in blocks of at most 256 threads (splits <= 8): registers past the 64 of mmg_*_tm2 (whose
+// bound is 1024 threads, and which spills there), tm2r with its two chunks a batch, tm2r4 with four.
+// The same sums (a batch's size never changes their order); moe.py's moe_tm2 picks.
+#define MM_TCG_TM2R(T, WT)                                         \
+    MM_TCG_BOUND(mmg_##T##_tm2r, WT, 2, 2, PRO_ROWS, 256)          \
+    MM_TCG_BOUND(mmg_##T##_tm2r4, WT, 2, 4, PRO_ROWS, 256)
+MM_TCG_TM2R(f16, WT_F16)
+MM_TCG_TM2R(bf16, WT_BF16)
+MM_TCG_TM2R(q8, WT_Q8)
 
 // A one-token step's gate|up launch that routes its token itself (no routing launch before it): every
 // block routes the row of router logits (route_row, the routing of every other kernel), block y takes

@@ -75,6 +75,9 @@ class CudaMoeOps:
     # both expert launches (mmg_*_route, then mmg_*_one_route, whose blocks route before they wait);
     # "gate_up", by every gate|up block only. Tests and bench/moe_decode.py compare them.
     one_token_route = "router"
+    # The grouped kernel of 9-16-row tiles where blocks have at most 256 threads: "tm2" (64 registers, some
+    # spilled), "tm2r" (no register cap: 72, no spills) or "tm2r4" (four chunks a batch); the same bits.
+    moe_tm2 = "tm2"
 
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
@@ -271,6 +274,8 @@ class CudaMoeOps:
         d = self._dummy
         tail = tail or (d, d, d, d, d, np.int64(0), d, i32(0), i32(0), i32(0))
         variant = "one" if one else f"tm{tm}"
+        if variant == "tm2" and w.split <= 8:
+            variant = self.moe_tm2
         launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_{variant}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
                (32 * w.split, 1, 1),
                (w.data, scales, np.int64(w.data[0].nbytes), np.int64(s_stride), tiles, xs, out, i32(n), i32(k),
