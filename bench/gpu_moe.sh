@@ -3,8 +3,7 @@
 #   tests     the MoE GPU tests (tests/test_cuda_moe.py), then the fused q/k norm test and the Qwen3 graph tests
 #   moetests  the MoE GPU tests only
 #   decode    bench/moe_decode.py on the 30B-A3B shape built in memory (48 layers; exact on, off; kernel
-#             profile with PDL and without; a lone token routed elsewhere than once; 16 rows on the
-#             grouped kernels of other register budgets)
+#             profile with PDL and without; the kernel variants of moe_decode.py's KERNEL_VARIANTS)
 #   decodeN   the same at N layers, exact on only (the in-memory side of the engine comparison)
 #   engineN   bench/throughput.py through the HTTP engine (exact on and off, solo and 16 chats) on an
 #             N-layer 30B-A3B GGUF written here (48 layers at F16 would be 60 GB)
@@ -37,8 +36,9 @@ for stage in ${stages//,/ }; do
       "$work/dense-tests.xml" "$OUT/dense-tests.json"
     ;;
   decode)
-    timeout "$(left 150)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
-      --profile-pdl-off --route-variants --tm2-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
+    # attn_mma for the prefill (not what this stage measures): no attention_wgmma.cu build on its time
+    LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 150)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
+      --profile-pdl-off --kernel-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
     ;;
   decode[0-9]*)
     n=${stage#decode}

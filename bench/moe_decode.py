@@ -10,10 +10,8 @@ computed in the graph), at --ctx tokens of context per sequence. Prefill: one --
 --profile: each exact-on bucket's kernels under the PyTorch profiler (bench/gpu_profile.py's summary,
 with PDL as the engine runs, so neighbouring kernels overlap). --tile-rule mean: then exact on again
 with tiles sized by the mean rows of a used expert only (the rule before 16-token steps got tiles that
-hold all of an expert's rows). --route-variants: then exact on again with a lone token routed elsewhere
-than once in its router's launch (ops.one_token_route "experts", "gate_up"; the same bits).
---tm2-variants: then exact on again at the buckets of 9-16 rows with the grouped kernels' other register
-budgets (ops.moe_tm2 "tm2r", "tm2r4"; the same bits).
+hold all of an expert's rows). --kernel-variants: then exact on again with each of KERNEL_VARIANTS's
+settings of the ops (the same bits, other kernels), at the buckets whose kernels it changes.
 """
 
 from __future__ import annotations
@@ -40,8 +38,14 @@ from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.weights import Weight  # noqa: E402
 
 # split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
-ROUTES = ("router", "experts", "gate_up")  # ops.one_token_route: the default, then the --route-variants
-TM2 = ("tm2", "tm2r", "tm2r4")  # ops.moe_tm2: the default, then the --tm2-variants
+# --kernel-variants: ops attributes (kernels/cuda/moe.py's, against these defaults) and the rows (lo, hi]
+# of the buckets whose kernels they change
+KERNEL_DEFAULTS = {"one_token_route": "router", "one_token_batch": 4, "moe_tm2": "tm2"}
+KERNEL_VARIANTS = {"route-experts": ({"one_token_route": "experts"}, 0, 1),
+                   "route-gate_up": ({"one_token_route": "gate_up"}, 0, 1),
+                   "batch8": ({"one_token_batch": 8}, 0, 1),
+                   "tm2r": ({"moe_tm2": "tm2r"}, 8, 16), "tm2r4": ({"moe_tm2": "tm2r4"}, 8, 16),
+                   "defaults-again": ({}, 0, 1 << 30)}  # the run-to-run noise of the comparison
 SPLIT_VARIANTS = {"gate-up-half": (0.5, 1), "gate-up-double": (2, 1), "down-half": (1, 0.5), "down-double": (1, 2)}
 
 
@@ -124,11 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--split-variants", action="store_true",
                     help="then exact on again with each expert projection's split halved, then doubled (other sums: "
                          "speed only)")
-    ap.add_argument("--route-variants", action="store_true",
-                    help="then exact on again with a lone token routed in every block of both expert launches, "
-                         "then of the gate|up launch only")
-    ap.add_argument("--tm2-variants", action="store_true",
-                    help="then exact on again at 9-16 rows with mmg_*_tm2r, then mmg_*_tm2r4")
+    ap.add_argument("--kernel-variants", action="store_true",
+                    help="then exact on again with each KERNEL_VARIANTS setting (where a lone token is routed, "
+                         "its gate|up batch, the 9-16-row grouped kernel)")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -185,8 +187,7 @@ def main(argv=None) -> int:
     runs = [(m == "on", "active") for m in args.modes.split(",")] + ([(True, "dense")] if args.dense_split else [])
     runs += [(True, "mean-tiles")] if args.tile_rule == "mean" else []
     runs += [(True, v) for v in SPLIT_VARIANTS] if args.split_variants else []
-    runs += [(True, f"route-{r}") for r in ROUTES[1:]] if args.route_variants else []
-    runs += [(True, v) for v in TM2[1:]] if args.tm2_variants else []
+    runs += [(True, v) for v in KERNEL_VARIANTS] if args.kernel_variants else []
     for exact, split in runs:
         if split == "dense":
             dense_split()
@@ -196,8 +197,8 @@ def main(argv=None) -> int:
         if split in SPLIT_VARIANTS:
             rescale_split(*SPLIT_VARIANTS[split])
         ops.exact = exact
-        ops.one_token_route = split[len("route-"):] if split.startswith("route-") else ROUTES[0]
-        ops.moe_tm2 = split if split in TM2 else TM2[0]
+        for attr, value in (KERNEL_DEFAULTS | KERNEL_VARIANTS.get(split, ({}, 0, 0))[0]).items():
+            setattr(ops, attr, value)
         n = args.prompt  # one prompt of --prompt tokens into sequence 0's pages
         pos = np.arange(n, dtype=np.int32)
         slots = pages[0][pos // PAGE_SIZE].astype(np.int64) * PAGE_SIZE + pos % PAGE_SIZE
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
         save()
         graphs = ops.decode_graphs(forward, max_pages=max_pages, buckets=tuple(buckets))
         for b in buckets:
-            if (split.startswith("route-") and b > 1) or (split in TM2 and not 8 < b <= 16):
+            if split in KERNEL_VARIANTS and not KERNEL_VARIANTS[split][1] < b <= KERNEL_VARIANTS[split][2]:
                 continue  # the variant changes no kernel of this bucket
             seqs = range(b)
             p = np.full(b, args.ctx, np.int32)

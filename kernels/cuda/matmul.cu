@@ -730,19 +730,23 @@ MM_TC_ROUTE(mm_bf16_norm_route, WT_BF16)
 MM_TC_ROUTE(mm_q8_norm_route, WT_Q8)
 
 // Its gate|up launch: mmg_*_route's matmul (PRO_NORM on the token's row) on tile y's expert, the
-// table read after pdl_start (the router, just before, wrote it). Grid (N / 16, k).
-#define MM_TCG_NORM(NAME, WT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
+// table read after pdl_start (the router, just before, wrote it). Grid (N / 16, k). norm8: eight
+// chunks a batch in blocks of at most 128 threads (96 registers; the same sums).
+#define MM_TCG_NORM(NAME, WT, U, BOUND)                                                                   \
+    extern "C" __global__ void __launch_bounds__(BOUND) NAME(                                             \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,         \
         const float* x, float* out, int N, int K, int Kp, int flags, int ldo, const float* nw, float eps) { \
         pdl_start();                                                                                      \
         const int4 tile = tiles[blockIdx.y];                                                              \
-        mm_tc<WT, 1, 4, PRO_NORM>(w + tile.x * w_stride, scales + tile.x * s_stride, x, nullptr, nullptr, \
+        mm_tc<WT, 1, U, PRO_NORM>(w + tile.x * w_stride, scales + tile.x * s_stride, x, nullptr, nullptr, \
                                   out + (i64)tile.y * ldo, 1, N, K, Kp, flags, nw, eps, K, QkvOut{}, 0, 0); \
     }
-MM_TCG_NORM(mmg_f16_norm, WT_F16)
-MM_TCG_NORM(mmg_bf16_norm, WT_BF16)
-MM_TCG_NORM(mmg_q8_norm, WT_Q8)
+MM_TCG_NORM(mmg_f16_norm, WT_F16, 4, MM_THREADS(WT_F16, 1))
+MM_TCG_NORM(mmg_bf16_norm, WT_BF16, 4, MM_THREADS(WT_BF16, 1))
+MM_TCG_NORM(mmg_q8_norm, WT_Q8, 4, MM_THREADS(WT_Q8, 1))
+MM_TCG_NORM(mmg_f16_norm8, WT_F16, 8, 128)
+MM_TCG_NORM(mmg_bf16_norm8, WT_BF16, 8, 128)
+MM_TCG_NORM(mmg_q8_norm8, WT_Q8, 8, 128)
 
 // Or routed in every block of both expert launches: the gate|up launch is mmg_*_route, and each
 // down block routes the row of router logits before it waits (the router, two launches back, wrote

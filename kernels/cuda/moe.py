@@ -78,6 +78,9 @@ class CudaMoeOps:
     # The grouped kernel of 9-16-row tiles where blocks have at most 256 threads: "tm2" (64 registers, some
     # spilled), "tm2r" (no register cap: 72, no spills) or "tm2r4" (four chunks a batch); the same bits.
     moe_tm2 = "tm2"
+    # Chunks a batch of a lone token's gate|up launch when routed once: 4 (mmg_*_norm) or 8 (mmg_*_norm8,
+    # blocks of at most 128 threads: fewer of them an SM, half the round trips a warp); the same bits.
+    one_token_batch = 4
 
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
@@ -178,8 +181,9 @@ class CudaMoeOps:
                    (router.data, self._dummy if router.scales is None else router.scales, x, logits, i32(experts.n),
                     i32(h), i32(router.kp), norm_weight, np.float32(eps), i32(top_k), i32(renormalize), experts.routed,
                     ids, weights, tiles, pos, src), shared=mm.shared)
-            launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_norm"), grid, block, (*weight_args, tiles, *row_args),
-                   shared=plan.combine_bytes(gu.split, 1))
+            eight = "8" if self.one_token_batch == 8 and gu.split <= 4 else ""
+            launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_norm{eight}"), grid, block,
+                   (*weight_args, tiles, *row_args), shared=plan.combine_bytes(gu.split, 1))
         else:
             logits = self.norm_matmul(x, norm_weight, eps, router)
             launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_route"), grid, block,
