@@ -659,20 +659,28 @@ MM_TCG_TM2R(q8, WT_Q8)
 // slot y's expert and runs mm_tc on the token's row normalised by nw, eps (PRO_NORM: rms_norm's
 // bits, as the one-row dense kernels). Blocks (0, y) write what the down launch and its sum read:
 // slot y's id and weight, tile y = (expert, place y, 1 row), pos[y] = y, src[y] = 0. Grid (N / 16, k).
+// Block y's slot of the row of router logits that warp 0 routes (route_row): its expert, its weight in *w.
+__device__ __forceinline__ int routed_slot(const float* __restrict__ logits, int E, int k, int renorm, int y,
+                                           float* w) {
+    __shared__ float p[MOE_MAX_E];
+    __shared__ float chosen[32], slot_w[32];
+    __shared__ int slot_id[32];
+    if (threadIdx.x < 32) route_row(logits, slot_id, slot_w, E, k, renorm, p, chosen);
+    __syncthreads();
+    *w = slot_w[y];
+    return slot_id[y];
+}
+
 #define MM_TCG_ROUTE(NAME, WT)                                                                            \
     extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const float* logits, int E,  \
         int k, int renorm, const float* x, float* out, int N, int K, int Kp, int flags, int ldo,          \
         const float* nw, float eps, int* ids, float* weights, int4* tiles, int* pos, int* src) {         \
         pdl_start();                                                                                      \
-        __shared__ float p[MOE_MAX_E];                                                                    \
-        __shared__ float chosen[32], slot_w[32];                                                          \
-        __shared__ int slot_id[32];                                                                       \
-        if (threadIdx.x < 32) route_row(logits, slot_id, slot_w, E, k, renorm, p, chosen);                \
-        __syncthreads();                                                                                  \
-        const int y = blockIdx.y, e = slot_id[y];                                                         \
+        float slot_w;                                                                                     \
+        const int y = blockIdx.y, e = routed_slot(logits, E, k, renorm, y, &slot_w);                      \
         if (blockIdx.x == 0 && threadIdx.x == 0) {                                                        \
-            ids[y] = e, weights[y] = slot_w[y], pos[y] = y, src[y] = 0;                                   \
+            ids[y] = e, weights[y] = slot_w, pos[y] = y, src[y] = 0;                                      \
             tiles[y] = make_int4(e, y, 1, 0);                                                             \
         }                                                                                                 \
         mm_tc<WT, 1, 4, PRO_NORM>(w + e * w_stride, scales + e * s_stride, x, nullptr, nullptr,            \
@@ -759,12 +767,8 @@ MM_TCG_NORM(mmg_q8_norm8, WT_Q8, 8, 128)
         int k, int renorm, const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, \
         const int* src, const int* pos, const float* weights, const float* res, float* sum, int* counts,  \
         int has_res) {                                                                                    \
-        __shared__ float p[MOE_MAX_E];                                                                    \
-        __shared__ float chosen[32], slot_w[32];                                                          \
-        __shared__ int slot_id[32];                                                                       \
-        if (threadIdx.x < 32) route_row(logits, slot_id, slot_w, E, k, renorm, p, chosen);                \
-        __syncthreads();                                                                                  \
-        const int y = blockIdx.y, e = slot_id[y];                                                         \
+        float slot_w;                                                                                     \
+        const int y = blockIdx.y, e = routed_slot(logits, E, k, renorm, y, &slot_w);                      \
         mm_tc<WT, 1, 4, PRO_ONE>(w + e * w_stride, scales + e * s_stride, x + (i64)y * ldx, nullptr, nullptr, \
                                  out + (i64)y * ldo, 1, N, K, Kp, flags, nullptr, 0.f, ldx, QkvOut{}, 0, 0, nullptr); \
         if (threadIdx.x < 32)                                                                             \
