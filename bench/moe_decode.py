@@ -40,11 +40,8 @@ from kernels.weights import Weight  # noqa: E402
 # split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
 # --kernel-variants: ops attributes (kernels/cuda/moe.py's, against these defaults) and the rows (lo, hi]
 # of the buckets whose kernels they change
-KERNEL_DEFAULTS = {"one_token_route": "router", "one_token_batch": 4, "moe_tm2": "tm2"}
-KERNEL_VARIANTS = {"route-experts": ({"one_token_route": "experts"}, 0, 1),
-                   "route-gate_up": ({"one_token_route": "gate_up"}, 0, 1),
-                   "batch8": ({"one_token_batch": 8}, 0, 1),
-                   "tm2r": ({"moe_tm2": "tm2r"}, 8, 16), "tm2r4": ({"moe_tm2": "tm2r4"}, 8, 16),
+KERNEL_DEFAULTS = {"one_token_route": "router"}
+KERNEL_VARIANTS = {"route-gate_up": ({"one_token_route": "gate_up"}, 0, 1),
                    "defaults-again": ({}, 0, 1 << 30)}  # the run-to-run noise of the comparison
 SPLIT_VARIANTS = {"gate-up-half": (0.5, 1), "gate-up-double": (2, 1), "down-half": (1, 0.5), "down-double": (1, 2)}
 
@@ -129,8 +126,7 @@ def main(argv=None) -> int:
                     help="then exact on again with each expert projection's split halved, then doubled (other sums: "
                          "speed only)")
     ap.add_argument("--kernel-variants", action="store_true",
-                    help="then exact on again with each KERNEL_VARIANTS setting (where a lone token is routed, "
-                         "its gate|up batch, the 9-16-row grouped kernel)")
+                    help="then exact on again with each KERNEL_VARIANTS setting (where a lone token is routed)")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp

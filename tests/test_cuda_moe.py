@@ -138,37 +138,17 @@ def test_moe_has_the_bits_of_norm_route_then_ffn(gpu, dtype, shared):
 @pytest.mark.parametrize("dtype,n_e", [("f16", 64), ("bf16", 64), ("q8_0", 64), ("f16", 40), ("f16", 128)])
 def test_one_token_has_the_same_bits_wherever_it_is_routed(gpu, dtype, n_e, monkeypatch):
     """A lone token routed once by the last block of its router's launch ("router": gate|up reads its
-    table, down loads weights before it waits), by every block of both expert launches ("experts") or
-    by every gate|up block ("gate_up"), its gate|up four or eight chunks a batch: the same bits; the
+    table, down loads weights before it waits) or by every gate|up block ("gate_up"): the same bits; the
     counters end at zero each time (graphs:
     test_graph_replay_equals_uncaptured_and_alone)."""
     ex, router, nw = _block(gpu, dtype, False, f=1024, n_e=n_e)  # f: a gate|up split of 4 (30B-A3B's)
     x = cp.asarray(_rand(1, 256))
     monkeypatch.setattr(gpu, "one_token_route", "gate_up")
     want = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x))
-    assert ex.gate_up.split <= 4  # mmg_*_norm8 takes it
-    for route, batch in (("router", 4), ("router", 8), ("experts", 4)):
-        monkeypatch.setattr(gpu, "one_token_route", route)
-        monkeypatch.setattr(gpu, "one_token_batch", batch)
-        for _ in range(3):
-            got = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x))
-            assert got.tobytes() == want.tobytes(), (route, batch)
-            assert int(ex.routed[0]) == 0 and int(cp.count_nonzero(ex.counts)) == 0, (route, batch)
-
-
-@pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])
-def test_sixteen_row_tiles_have_the_same_bits_in_each_register_budget(gpu, dtype, monkeypatch):
-    """9-16 tokens (tiles of two token tiles): mmg_*_tm2 (64 registers), tm2r (no cap), tm2r4 (four
-    chunks a batch) give the same bits."""
-    ex, router, nw = _block(gpu, dtype, False)
-    assert ex.gate_up.split <= 8 and ex.down.split <= 8
-    for t in (9, 16):
-        x = cp.asarray(_rand(t, 256))
-        got = {}
-        for variant in ("tm2", "tm2r", "tm2r4"):
-            monkeypatch.setattr(gpu, "moe_tm2", variant)
-            got[variant] = cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)).tobytes()
-        assert got["tm2r"] == got["tm2"] and got["tm2r4"] == got["tm2"], f"{t} rows"
+    monkeypatch.setattr(gpu, "one_token_route", "router")
+    for _ in range(3):
+        assert cp.asnumpy(gpu.moe(x, nw, 1e-6, router, ex, 8, True, x)).tobytes() == want.tobytes()
+        assert int(ex.routed[0]) == 0 and int(cp.count_nonzero(ex.counts)) == 0
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "q8_0"])

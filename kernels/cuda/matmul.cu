@@ -613,9 +613,8 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
 }
 
 #define MMG_TILES_EARLY 1024  // a flag beside the EPI_* ones, for MM_TCG only
-#define MM_TCG(NAME, WT, TM, U, PRO) MM_TCG_BOUND(NAME, WT, TM, U, PRO, MM_THREADS(WT, TM))
-#define MM_TCG_BOUND(NAME, WT, TM, U, PRO, BOUND)                                                        \
-    extern "C" __global__ void __launch_bounds__(BOUND) NAME(                                            \
+#define MM_TCG(NAME, WT, TM, U, PRO)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM)) NAME(                               \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,        \
         const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, const int* src,   \
         int gather, const int* pos, const float* weights, const float* shared, const float* gate,        \
@@ -644,15 +643,6 @@ __device__ __forceinline__ void moe_sum_tail(const float* __restrict__ y, int4 t
 MM_TCG_SET(f16, WT_F16, 2, 2, 1, 4)
 MM_TCG_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TCG_SET(q8, WT_Q8, 2, 2, 1, 4)
-// 9-16 rows in blocks of at most 256 threads (splits <= 8): registers past the 64 of mmg_*_tm2 (whose
-// bound is 1024 threads, and which spills there), tm2r with its two chunks a batch, tm2r4 with four.
-// The same sums (a batch's size never changes their order); moe.py's moe_tm2 picks.
-#define MM_TCG_TM2R(T, WT)                                         \
-    MM_TCG_BOUND(mmg_##T##_tm2r, WT, 2, 2, PRO_ROWS, 256)          \
-    MM_TCG_BOUND(mmg_##T##_tm2r4, WT, 2, 4, PRO_ROWS, 256)
-MM_TCG_TM2R(f16, WT_F16)
-MM_TCG_TM2R(bf16, WT_BF16)
-MM_TCG_TM2R(q8, WT_Q8)
 
 // A one-token step's gate|up launch that routes its token itself (no routing launch before it): every
 // block routes the row of router logits (route_row, the routing of every other kernel), block y takes
@@ -738,46 +728,20 @@ MM_TC_ROUTE(mm_bf16_norm_route, WT_BF16)
 MM_TC_ROUTE(mm_q8_norm_route, WT_Q8)
 
 // Its gate|up launch: mmg_*_route's matmul (PRO_NORM on the token's row) on tile y's expert, the
-// table read after pdl_start (the router, just before, wrote it). Grid (N / 16, k). norm8: eight
-// chunks a batch in blocks of at most 128 threads (96 registers; the same sums).
-#define MM_TCG_NORM(NAME, WT, U, BOUND)                                                                   \
-    extern "C" __global__ void __launch_bounds__(BOUND) NAME(                                             \
+// table read after pdl_start (the router, just before, wrote it). Grid (N / 16, k).
+#define MM_TCG_NORM(NAME, WT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
         const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const int4* tiles,         \
         const float* x, float* out, int N, int K, int Kp, int flags, int ldo, const float* nw, float eps) { \
         pdl_start();                                                                                      \
         const int4 tile = tiles[blockIdx.y];                                                              \
-        mm_tc<WT, 1, U, PRO_NORM>(w + tile.x * w_stride, scales + tile.x * s_stride, x, nullptr, nullptr, \
+        mm_tc<WT, 1, 4, PRO_NORM>(w + tile.x * w_stride, scales + tile.x * s_stride, x, nullptr, nullptr, \
                                   out + (i64)tile.y * ldo, 1, N, K, Kp, flags, nw, eps, K, QkvOut{}, 0, 0); \
     }
-MM_TCG_NORM(mmg_f16_norm, WT_F16, 4, MM_THREADS(WT_F16, 1))
-MM_TCG_NORM(mmg_bf16_norm, WT_BF16, 4, MM_THREADS(WT_BF16, 1))
-MM_TCG_NORM(mmg_q8_norm, WT_Q8, 4, MM_THREADS(WT_Q8, 1))
-MM_TCG_NORM(mmg_f16_norm8, WT_F16, 8, 128)
-MM_TCG_NORM(mmg_bf16_norm8, WT_BF16, 8, 128)
-MM_TCG_NORM(mmg_q8_norm8, WT_Q8, 8, 128)
+MM_TCG_NORM(mmg_f16_norm, WT_F16)
+MM_TCG_NORM(mmg_bf16_norm, WT_BF16)
+MM_TCG_NORM(mmg_q8_norm, WT_Q8)
 
-// Or routed in every block of both expert launches: the gate|up launch is mmg_*_route, and each
-// down block routes the row of router logits before it waits (the router, two launches back, wrote
-// them), so that its slot's first weights are in flight while the gate|up launch runs; then
-// mmg_*_one's matmul of gated products row y and its weighted sum (the pairs' places, weights and
-// tokens that mmg_*_route wrote, read after the wait). Grid (N / 16, k).
-#define MM_TCG_ONE_ROUTE(NAME, WT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1)) NAME(                                 \
-        const unsigned char* w, const u16* scales, i64 w_stride, i64 s_stride, const float* logits, int E,  \
-        int k, int renorm, const float* x, float* out, int N, int K, int Kp, int flags, int ldx, int ldo, \
-        const int* src, const int* pos, const float* weights, const float* res, float* sum, int* counts,  \
-        int has_res) {                                                                                    \
-        float slot_w;                                                                                     \
-        const int y = blockIdx.y, e = routed_slot(logits, E, k, renorm, y, &slot_w);                      \
-        mm_tc<WT, 1, 4, PRO_ONE>(w + e * w_stride, scales + e * s_stride, x + (i64)y * ldx, nullptr, nullptr, \
-                                 out + (i64)y * ldo, 1, N, K, Kp, flags, nullptr, 0.f, ldx, QkvOut{}, 0, 0, nullptr); \
-        if (threadIdx.x < 32)                                                                             \
-            moe_sum_tail(out, make_int4(e, y, 1, 0), N, src, pos, weights, nullptr, nullptr, res, sum, counts, k, \
-                         0, has_res);                                                                     \
-    }
-MM_TCG_ONE_ROUTE(mmg_f16_one_route, WT_F16)
-MM_TCG_ONE_ROUTE(mmg_bf16_one_route, WT_BF16)
-MM_TCG_ONE_ROUTE(mmg_q8_one_route, WT_Q8)
 
 // Float32 weights: plain FMA, one warp per weight row. Lane l accumulates k = 4l + 128i + j in
 // ascending i, j; the lanes then meet in the fixed butterfly. Rows of x are looped inside with

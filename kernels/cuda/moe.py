@@ -71,16 +71,10 @@ class CudaExperts:
 class CudaMoeOps:
     # Where a lone token is routed (route_row, the same bits in each): "router", once, by the last block of
     # its router's launch (mm_*_norm_route, a 16-bit or Q8_0 router; gate|up reads the tile table it
-    # writes, and the down launch's first weights load before it waits); "experts", by every block of
-    # both expert launches (mmg_*_route, then mmg_*_one_route, whose blocks route before they wait);
-    # "gate_up", by every gate|up block only. Tests and bench/moe_decode.py compare them.
+    # writes, and the down launch's first weights load before it waits), or "gate_up", by every gate|up
+    # block (other routers). Tests and bench/moe_decode.py compare them (30B-A3B on the H200: 309.1
+    # against 299.6 tok/s; routing in every block of both expert launches, 295.9, is gone).
     one_token_route = "router"
-    # The grouped kernel of 9-16-row tiles where blocks have at most 256 threads: "tm2" (64 registers, some
-    # spilled), "tm2r" (no register cap: 72, no spills) or "tm2r4" (four chunks a batch); the same bits.
-    moe_tm2 = "tm2"
-    # Chunks a batch of a lone token's gate|up launch when routed once: 4 (mmg_*_norm) or 8 (mmg_*_norm8,
-    # blocks of at most 128 threads: fewer of them an SM, half the round trips a warp); the same bits.
-    one_token_batch = 4
 
     def upload_experts(self, gate: list[Weight], up: list[Weight], down: list[Weight],
                        shared: tuple[Weight, Weight, Weight, Weight] | None = None, active: int = 1) -> CudaExperts:
@@ -181,9 +175,8 @@ class CudaMoeOps:
                    (router.data, self._dummy if router.scales is None else router.scales, x, logits, i32(experts.n),
                     i32(h), i32(router.kp), norm_weight, np.float32(eps), i32(top_k), i32(renormalize), experts.routed,
                     ids, weights, tiles, pos, src), shared=mm.shared)
-            eight = "8" if self.one_token_batch == 8 and gu.split <= 4 else ""
-            launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_norm{eight}"), grid, block,
-                   (*weight_args, tiles, *row_args), shared=plan.combine_bytes(gu.split, 1))
+            launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_norm"), grid, block, (*weight_args, tiles, *row_args),
+                   shared=plan.combine_bytes(gu.split, 1))
         else:
             logits = self.norm_matmul(x, norm_weight, eps, router)
             launch(kernel("matmul.cu", f"mmg_{SHORT[gu.dtype]}_route"), grid, block,
@@ -194,20 +187,8 @@ class CudaMoeOps:
         out = cp.empty((1, h), dtype=cp.float32)
         res = self._dummy if residual is None else f32_rows(residual)
         d = self._dummy
-        if route != "experts":
-            self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True, early=route == "router",
-                          tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0),
-                                i32(residual is not None)))
-            return out
-        dn = experts.down
-        y = cp.empty((top_k, h), dtype=cp.float32)
-        launch(kernel("matmul.cu", f"mmg_{SHORT[dn.dtype]}_one_route"), (plan.ceil_div(h, plan.ROW_TILE), top_k, 1),
-               (32 * dn.split, 1, 1),
-               (dn.data, d if dn.scales is None else dn.scales, np.int64(dn.data[0].nbytes),
-                np.int64(0 if dn.scales is None else dn.scales[0].size), f32_rows(logits), i32(experts.n), i32(top_k),
-                i32(renormalize), act, y, i32(h), i32(dn.shape[1]), i32(dn.kp), i32(0), i32(act.shape[1]), i32(h), src,
-                pos, weights, res, out, experts.counts, i32(residual is not None)),
-               shared=plan.combine_bytes(dn.split, 1))
+        self._grouped(experts.down, act, tiles, 1, top_k, src=src, gather=False, one=True, early=route == "router",
+                      tail=(pos, weights, d, d, res, out, experts.counts, i32(top_k), i32(0), i32(residual is not None)))
         return out
 
     def moe_ffn(self, x, experts: CudaExperts, ids, weights, residual=None):
@@ -278,8 +259,6 @@ class CudaMoeOps:
         d = self._dummy
         tail = tail or (d, d, d, d, d, np.int64(0), d, i32(0), i32(0), i32(0))
         variant = "one" if one else f"tm{tm}"
-        if variant == "tm2" and w.split <= 8:
-            variant = self.moe_tm2
         launch(kernel("matmul.cu", f"mmg_{SHORT[w.dtype]}_{variant}"), (plan.ceil_div(n, plan.ROW_TILE), n_tiles, 1),
                (32 * w.split, 1, 1),
                (w.data, scales, np.int64(w.data[0].nbytes), np.int64(s_stride), tiles, xs, out, i32(n), i32(k),
