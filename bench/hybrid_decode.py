@@ -130,15 +130,6 @@ def use_matvec_table(path: Path | None, defaults: dict = {}) -> None:  # noqa: B
     plan.MV_NORM_BYTES = table["norm_bytes"]
 
 
-def plan_cells(spec: str) -> list[tuple[str, dict]]:
-    """--plan-cells "label:NAME=V,NAME=V;label2:..." as (label, {plan constant: int value})."""
-    cells = []
-    for part in filter(None, spec.split(";")):
-        label, _, sets = part.partition(":")
-        cells.append((label, {k: int(v) for k, v in (kv.split("=") for kv in filter(None, sets.split(",")))}))
-    return cells
-
-
 def wait_for(path: Path, limit_s: float) -> None:
     end = time.monotonic() + limit_s
     while not path.exists() and time.monotonic() < end:
@@ -160,15 +151,9 @@ def main(argv=None) -> int:
     ap.add_argument("--matvec", default="on",
                     help="one-row kernels, comma-separated cells: on (matvec.cu as planned), off (matmul.cu's), or a "
                          "JSON file of matvec.cu builds (bench/probes/matvec_pick.py) to plan with")
-    ap.add_argument("--plan-cells", default="",
-                    help="after the cells above, solo exact-on cells with kernels/cuda/plan.py constants set: "
-                         "'label:NAME=V,NAME=V;label2:...' (each restored after its cell)")
-    ap.add_argument("--profile-plan", default="", help="plan cells (labels, comma-separated) profiled too, "
-                                                       "into --profile's name with -LABEL")
     args = ap.parse_args(argv)
     import cupy as cp
 
-    from kernels.cuda import plan
     from kernels.cuda.ops import CudaOps
 
     t = time.perf_counter()
@@ -181,29 +166,22 @@ def main(argv=None) -> int:
     per_seq = pages_for(args.prompt + 2 * args.gen + 8)
     report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
-    cells = [(mode, mv, None, {}) for mv in args.matvec.split(",") for mode in args.modes.split(",")]
-    # the plan cells right after the first (their A/B partner) so that a time limit takes the others first
-    cells[1:1] = [("on", args.matvec.split(",")[0], label, sets) for label, sets in plan_cells(args.plan_cells)]
-    for mode, mv, plan_label, sets in cells:
-        saved = {k: getattr(plan, k) for k in sets}
-        for k, v in sets.items():
-            setattr(plan, k, v)
+    cells = [(mode, mv) for mv in args.matvec.split(",") for mode in args.modes.split(",")]
+    for mode, mv in cells:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
         use_matvec_table(None if mv in ("on", "off") else Path(mv))
         label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
-        label = label if plan_label is None else f"{mode}/{plan_label}"
         runner = Runner(loaded, ops, max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)
         rng = np.random.default_rng(1)
         run_cell(runner, 1, args.prompt, 2, rng)  # compiles the prompt and decode kernels: not timed
         if args.quiet_after:
             wait_for(Path(args.quiet_after), 240.0)
-        for c in chats if plan_label is None else [1]:
+        for c in chats:
             cell = run_cell(runner, c, args.prompt, args.gen, rng, cp.cuda.Device().synchronize)
             cell["bandwidth_fraction"] = round(cell["decode_tps"] / c / bound, 3)
             cell["ahead_bandwidth_fraction"] = round(cell["decode_ahead_tps"] / c / bound, 3)
             cell["matvec"] = mv
-            cell["plan"] = sets
             report["cells"].setdefault(label, []).append(cell)
             print(f"exact {label:<3} chats {c:>2}: decode {cell['decode_tps']:8.1f} tok/s ({cell['decode_step_ms']:.2f} "
                   f"ms a step, replay {cell.get('graph_replay_ms')} ms, {cell['bandwidth_fraction']:.2f} of the bound; "
@@ -211,18 +189,14 @@ def main(argv=None) -> int:
                   f"prefill {cell['prefill_tps']:8.1f} tok/s",
                   flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
-        if args.profile and (label == "on" or plan_label in args.profile_plan.split(",")):
+        if args.profile and label == "on":
             from hybrid_profile import print_profile, profile_solo
 
             prof = profile_solo(runner)
-            at = Path(args.profile)
-            at = at if plan_label is None else at.with_name(f"{at.stem}-{plan_label}{at.suffix}")
-            at.write_text(json.dumps(prof, indent=1))
+            Path(args.profile).write_text(json.dumps(prof, indent=1))
             print_profile(prof)
         del runner
         cp.get_default_memory_pool().free_all_blocks()
-        for k, v in saved.items():
-            setattr(plan, k, v)
     on = {c["chats"]: c for c in report["cells"].get("on", [])}
     if 1 in on and len(on) > 1:
         report["aggregate_over_solo"] = {c: round(v["decode_tps"] / on[1]["decode_tps"], 2) for c, v in on.items()}

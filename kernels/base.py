@@ -190,11 +190,9 @@ class Ops(Protocol):
         """x [T, D] through each sequence's causal depthwise conv (weight [D, kernel]) and silu,
         moving its conv window on."""
     def gated_delta(self, mixed: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, rows: RecurrentRows, layer: int,
-                    n_k_heads: int, prefetch: Any = None) -> Any:
+                    n_k_heads: int) -> Any:
         """The gated delta rule (l2-normed q and k, beta = sigmoid(b), decay exp(-exp(a_log) *
-        softplus(a + dt_bias))) over mixed = q | k | v [T, ...] -> [T, v_heads, v_dim]. `prefetch`: an
-        uploaded weight read next (or a pair: it and the one after), which a backend may start fetching
-        meanwhile (a hint, no value changes)."""
+        softplus(a + dt_bias))) over mixed = q | k | v [T, ...] -> [T, v_heads, v_dim]."""
     def gated_rms_norm(self, x: Any, weight: Any, gate: Any, eps: float) -> Any:
         """rms_norm(x, weight, eps) * silu(gate)."""
     def gated_norm_matmul(self, x: Any, weight: Any, gate: Any, eps: float, w: Any, residual: Any) -> Any:

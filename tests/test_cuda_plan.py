@@ -308,18 +308,3 @@ def test_wgmma_attention_blocks_fit_an_sm(t):
         # two one-warpgroup blocks an SM; and the kernel's own static shared memory beside
         assert (wt.shared + 1024 + 256) * (2 if wt.groups == 1 else 1) <= plan.SM_SHARED
         assert wt.subgroups * wt.gp >= heads // kv
-
-
-@pytest.mark.parametrize("shape", [(37, 37), (2560, 4096), (18432, 2560), (248320, 2560)], ids=str)
-def test_prefetch_chunks_stay_within_the_budget(shape, monkeypatch):
-    monkeypatch.setattr(plan, "L2_PREFETCH_BYTES", 24 << 20)
-    n, k = shape
-    split = plan.split_k(n, k, 132)
-    np_, kp = plan.padded_shape(n, k)
-    per_warp = plan.ceil_div(kp // plan.K_CHUNK, split)
-    f = plan.prefetch_chunks(n, k, split)
-    assert 0 <= f <= per_warp
-    if np_ * kp * 2 <= plan.L2_PREFETCH_BYTES:
-        assert f == per_warp  # a matrix within the budget: all of it
-    else:  # a share of the budget: each warp's f chunks of 16 rows, over every warp of every tile
-        assert (np_ // 16) * split * f * 16 * 64 <= plan.L2_PREFETCH_BYTES

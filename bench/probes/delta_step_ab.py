@@ -51,7 +51,7 @@ def main() -> int:
         argv = (mixed, a, b, np.int64(VH), a_log, dt_bias, out, meta.desc, np.int32(KH), np.int32(VH), np.int32(VD),
                 np.float32(KD ** -0.5), np.int64(0), np.int64(states[0].conv_len))
         runs = {"old": lambda argv=argv, s=s: launch(old, (VH, s), (128,), argv),
-                "new": lambda argv=argv, s=s: launch(new, (VH, s, VD // 32), (128,), argv + ops._prefetch_args(None) + ops._prefetch_heads(None))}
+                "new": lambda argv=argv, s=s: launch(new, (VH, s, VD // 32), (128,), argv)}
         got = {}
         for name, fn in runs.items():
             for st, x in zip(states, init, strict=True):

@@ -76,9 +76,8 @@ class DeltaNetLayer:
         self.norm = ops.upload(weights[prefix + "norm.weight"])
         self.w_out = ops.upload(weights[prefix + "out_proj.weight"])
 
-    def forward(self, x: Any, norm_weight: Any, eps: float, rows: RecurrentRows, then: Any = None) -> Any:
-        """x [T, hidden] -> x + the layer's output (its residual added). `then`: the weight the model
-        reads after the out projection (a prefetch hint, see Ops.gated_delta)."""
+    def forward(self, x: Any, norm_weight: Any, eps: float, rows: RecurrentRows) -> Any:
+        """x [T, hidden] -> x + the layer's output (its residual added)."""
         s, ops = self.shape, self.ops
         t = x.shape[0]
         y = ops.norm_matmul(x, norm_weight, eps, self.w_in)
@@ -86,6 +85,6 @@ class DeltaNetLayer:
         b0 = z0 + s.value
         mixed = ops.conv1d_silu(y[:, :z0], self.conv, rows, self.index)
         core = ops.gated_delta(mixed, y[:, b0 + s.v_heads :], y[:, b0 : b0 + s.v_heads], self.a_log, self.dt_bias,
-                               rows, self.index, s.k_heads, prefetch=(self.w_out, then))
+                               rows, self.index, s.k_heads)
         return ops.gated_norm_matmul(core.reshape(t * s.v_heads, s.v_dim), self.norm,
                                      y[:, z0:b0].reshape(t * s.v_heads, s.v_dim), eps, self.w_out, x)

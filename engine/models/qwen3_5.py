@@ -140,8 +140,7 @@ class Qwen35Model:
         x = ops.embedding(self.embed, tokens)
         for layer in self.layers:
             if isinstance(layer.mixer, DeltaNetLayer):
-                x = layer.mixer.forward(x, layer.attn_norm, c.rms_eps, rows.recurrent,
-                                        layer.ffn[0] if isinstance(layer.ffn, tuple) else None)
+                x = layer.mixer.forward(x, layer.attn_norm, c.rms_eps, rows.recurrent)
             else:
                 x = self._attention(x, layer, rows, kv[layer.kv_index])
             if isinstance(layer.ffn, tuple):
@@ -158,7 +157,7 @@ class Qwen35Model:
         v = y[:, 2 * nq + nkv :].reshape(t, c.n_kv_heads, d)
         if hasattr(ops, "gated_qk_norm_rope"):  # CUDA: one launch for the steps below
             q, k, gate = ops.gated_qk_norm_rope(y, c.n_heads, c.n_kv_heads, d, at.q_norm, at.k_norm, c.rms_eps,
-                                                rows.positions, self.rope, rot, prefetch=at.wo)
+                                                rows.positions, self.rope, rot)
         else:
             qg = y[:, : 2 * nq].reshape(t, c.n_heads, 2 * d)
             gate = qg[:, :, d:].reshape(t, nq)

@@ -90,7 +90,7 @@ class CpuOps(PagedOps, CpuMoeOps):
             jobs.warm_up()
         PagedOps.warm_up_paged()
 
-    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int, prefetch=None) -> np.ndarray:
+    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
         return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
 
     def plan_weights(self, weights: dict[str, Weight]) -> None:

@@ -31,29 +31,6 @@ __device__ __forceinline__ float decay_log(float a, float a_log, float dt_bias) 
 
 __device__ __forceinline__ float* state_of(const i64* d, i64 off) { return reinterpret_cast<float*>(d[4]) + off; }
 
-// Thread `at` of `threads` asks L2 for what the one-row matmul of a weight (16-bit, `tiles` row tiles of
-// 16 rows, kp columns) reads first: of each of its warps' K slices (mm_tc's, `split` of them) the first
-// `chunks` 32-column chunks of the tile's rows. The weight is the launch after next (the FFN's gate|up
-// after the out projection): L2 holds both.
-__device__ __forceinline__ void l2_prefetch_heads(const unsigned char* __restrict__ w, int tiles, int kp, int split,
-                                                  int chunks, i64 at, i64 threads) {
-    const int C = kp >> 5;
-    for (i64 item = at; item < (i64)tiles * split * 16; item += threads) {
-        const int r = (int)(item & 15), s = (int)((item >> 4) % split);
-        const i64 row = (item >> 4) / split * 16 + r;
-        const int c0 = (int)(((i64)s * C) / split), c1 = imin((int)(((i64)(s + 1) * C) / split), c0 + chunks);
-        for (int off = (c0 * 64) & ~127; off < c1 * 64; off += 128)
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w + row * kp * 2 + off));
-    }
-}
-
-// Thread `at` of `threads` asks L2 for its 128-byte lines of pf's first pf_bytes: the weights a later
-// launch reads (an out projection), so that DRAM streams them while short kernels run. No values change.
-__device__ __forceinline__ void l2_prefetch_span(const unsigned char* __restrict__ pf, i64 pf_bytes, i64 at,
-                                                 i64 threads) {
-    for (i64 off = at * 128; off < pf_bytes; off += threads * 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pf + off));
-}
-
 // x [T, D] (rows ldx floats apart) through each sequence's causal depthwise conv (w [D, K]) and
 // silu into out [T, D]; the window moves on by the rows. A thread per (channel, sequence): the taps
 // are added oldest first. At each snapshot offset o the window (the inputs before position
@@ -130,17 +107,9 @@ __device__ __forceinline__ float l2_inv(float sumsq) { return __fdiv_rn(1.0f, __
 extern "C" __global__ void __launch_bounds__(VT)
 delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
-           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len,
-           const unsigned char* __restrict__ pf, i64 pf_bytes, const unsigned char* __restrict__ pf2, int pf2_tiles,
-           int pf2_kp, int pf2_split, int pf2_chunks) {
+           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len) {
     static_assert(KD % DW == 0, "the key rows split evenly across the warps");
     pdl_start();
-    if (blockIdx.y == 0) {  // the first sequence's blocks: the out projection, through this and the norm after it
-        const i64 at = (i64)(blockIdx.z * gridDim.x + blockIdx.x) * VT + threadIdx.x;
-        const i64 threads = (i64)gridDim.x * gridDim.z * VT;
-        l2_prefetch_span(pf, pf_bytes, at, threads);
-        if (pf2_chunks > 0) l2_prefetch_heads(pf2, pf2_tiles, pf2_kp, pf2_split, pf2_chunks, at, threads);
-    }
     __shared__ float qs[KD], ks[KD], red[DW], part[DW][32], dsh[32];
     const int h = blockIdx.x, lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int j = blockIdx.z * 32 + lane;
@@ -414,11 +383,8 @@ extern "C" __global__ void __launch_bounds__(256)
 gated_qk_norm_rope(const float* __restrict__ y, i64 ld, const float* __restrict__ qw, const float* __restrict__ kw,
                    float* __restrict__ q, float* __restrict__ k, float* __restrict__ gate,
                    const int* __restrict__ positions, const float* __restrict__ cos_t,
-                   const float* __restrict__ sin_t, int nh, int nkv, int d, int rot, int neox, float eps,
-                   const unsigned char* __restrict__ pf, i64 pf_bytes) {
+                   const float* __restrict__ sin_t, int nh, int nkv, int d, int rot, int neox, float eps) {
     pdl_start();
-    if (blockIdx.x == 0)  // the first row's blocks: the output projection, through attention and its gate
-        l2_prefetch_span(pf, pf_bytes, (i64)blockIdx.y * blockDim.x + threadIdx.x, (i64)gridDim.y * blockDim.x);
     __shared__ float scratch[8];
     const int r = blockIdx.x, hd = blockIdx.y;
     const bool is_q = hd < nh;

@@ -21,7 +21,6 @@ import cupyx
 import numpy as np
 
 from kernels.base import RecurrentRows
-from kernels.cuda import plan
 from kernels.cuda.arrays import index
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
@@ -182,9 +181,7 @@ class DeltaNetOps:
             rows.taken.setdefault(key, []).append(_pinned_copy(snap[k]))
         return out
 
-    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int,
-                    prefetch=None):
-        prefetch, then = prefetch if isinstance(prefetch, tuple) else (prefetch, None)
+    def gated_delta(self, mixed, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int):
         mixed = cp.ascontiguousarray(mixed, dtype=cp.float32)
         t = int(mixed.shape[0])
         if not rows.bounds or t == 0:
@@ -215,28 +212,8 @@ class DeltaNetOps:
             warps = next(w for w in (4, 2, 1) if kd % w == 0)  # each holds kd / warps rows of a column
             fn = kernel("deltanet.cu", "delta_step", (("KD", kd), ("VT", 32 * warps)))
             launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
-                   (*common, meta.desc[meta.n_prompt :], *shape, *self._prefetch_args(prefetch),
-                    *self._prefetch_heads(then)))
+                   (*common, meta.desc[meta.n_prompt :], *shape))
         return out
-
-    def _prefetch_args(self, w) -> tuple:
-        """(address, bytes) of the part of weight w a short kernel asks L2 for (deltanet.cu's
-        l2_prefetch_span; plan.L2_PREFETCH_AHEAD), (dummy, 0) for none."""
-        data = getattr(w, "data", None)
-        if not (plan.L2_PREFETCH_AHEAD and plan.L2_PREFETCH_BYTES) or not isinstance(data, cp.ndarray):
-            return self._dummy, np.int64(0)
-        return data, np.int64(min(int(data.nbytes), plan.L2_PREFETCH_BYTES))
-
-    def _prefetch_heads(self, w) -> tuple:
-        """deltanet.cu's l2_prefetch_heads arguments for w's one-row matmul (plan.L2_PREFETCH_AHEAD >= 2,
-        16-bit weights): the first batch (4 chunks, matmul.cu's one-row U) and prefetch_chunks of each
-        warp's slice; none otherwise."""
-        if plan.L2_PREFETCH_AHEAD < 2 or getattr(w, "dtype", None) not in ("f16", "bf16") or not plan.L2_PREFETCH_BYTES:
-            return self._dummy, np.int32(0), np.int32(0), np.int32(1), np.int32(0)
-        n, k = w.shape
-        split = plan.split_k(n, k, self.sm_count)
-        return (w.data, np.int32(int(w.data.shape[0]) // plan.ROW_TILE), np.int32(w.kp), np.int32(split),
-                np.int32(4 + plan.prefetch_chunks(n, k, split)))
 
     def gated_rms_norm(self, x, weight, gate, eps: float):
         x, gate = cp.ascontiguousarray(x, dtype=cp.float32), cp.ascontiguousarray(gate, dtype=cp.float32)
@@ -248,11 +225,10 @@ class DeltaNetOps:
         return y
 
     def gated_qk_norm_rope(self, y, n_heads: int, n_kv: int, head_dim: int, q_norm, k_norm, eps: float,
-                           positions, table, rot: int, prefetch=None):
+                           positions, table, rot: int):
         """Gated attention's (q, k, gate) from its projection rows y [T, >= (2 n_heads + n_kv) head_dim]
         (q|gate per query head, then k): q and k rms-normed per head and roped on their first `rot`
-        dims, in one launch (deltanet.cu's gated_qk_norm_rope: the steps of rms_norm then rope).
-        `prefetch`: the output projection's weight, which L2 fetches meanwhile (as gated_delta's)."""
+        dims, in one launch (deltanet.cu's gated_qk_norm_rope: the steps of rms_norm then rope)."""
         y, ld = _strided(y)
         t, d = int(y.shape[0]), head_dim
         q = cp.empty((t, n_heads, d), dtype=cp.float32)
@@ -262,7 +238,7 @@ class DeltaNetOps:
             launch(kernel("deltanet.cu", "gated_qk_norm_rope"), (t, n_heads + n_kv), (256,),
                    (y, np.int64(ld), q_norm, k_norm, q, k, gate, index(positions), table.cos, table.sin,
                     np.int32(n_heads), np.int32(n_kv), np.int32(d), np.int32(rot), np.int32(table.neox),
-                    np.float32(eps), *self._prefetch_args(prefetch)))
+                    np.float32(eps)))
         return q, k, gate
 
     def sigmoid_mul(self, x, gate):

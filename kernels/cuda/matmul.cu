@@ -297,21 +297,6 @@ __device__ __forceinline__ void row_pairs(unsigned q0, unsigned q1, int u, unsig
     for (int i = 0; i < 4; ++i) b[i] = lane < 4 ? b[i] : 0u;
 }
 
-// flags >> PREFETCH_SHIFT (one-row 16-bit kernels): chunks of its K slice past the first batch that
-// each warp asks L2 for before pdl_start, so that a launch behind a short kernel (a norm) streams its
-// weights while that kernel runs (kernels/cuda/plan.py prefetch_chunks). Prefetches change no value.
-#define PREFETCH_SHIFT 16
-
-// Rows n0 .. n0 + 15 of 16-bit weights (row_bytes apart), chunks [c0, c1) of each: lanes l and
-// l + 16 take row l's 128-byte lines in turn.
-__device__ __forceinline__ void l2_prefetch_tile(const unsigned char* __restrict__ tile, i64 row_bytes, int c0,
-                                                 int c1) {
-    const int lane = threadIdx.x & 31;
-    const unsigned char* row = tile + (i64)(lane & 15) * row_bytes;
-    for (int off = ((c0 * 64) & ~127) + 128 * (lane >> 4); off < c1 * 64; off += 256)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + off));
-}
-
 template <int WT, int TM, int U, int PRO>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
@@ -372,9 +357,6 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 
     // The first weights are in flight while the previous kernel finishes (weights are never written).
     load_weights(c_begin);
-    if ((PRO & (PRO_ONE | PRO_NORM)) && (WT == WT_F16 || WT == WT_BF16) && (flags >> PREFETCH_SHIFT) > 0)
-        l2_prefetch_tile(reinterpret_cast<const unsigned char*>(w) + (i64)n0 * Kp * 2, (i64)Kp * 2, c_begin + U,
-                         imin(c_end, c_begin + U + (flags >> PREFETCH_SHIFT)));
     pdl_start();
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];

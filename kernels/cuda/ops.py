@@ -52,7 +52,6 @@ KV_CODES = {"f32": 0, "f16": 1, "bf16": 2}
 KV_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
 ATTN_COUNTERS = 1 << 18  # launches with more (row, head group) pairs merge in a second kernel
 EPI_BIAS, EPI_RESIDUAL, EPI_SILU, EPI_ROPE, EPI_OUT16 = 1, 2, 8, 16, 32  # matmul.cu's epilogue flags
-PREFETCH_SHIFT = 16  # matmul.cu's: flags >> it, chunks a warp prefetches (plan.prefetch_chunks)
 
 
 @dataclass
@@ -210,9 +209,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             launch(kernel("rows.cu", "rms_norm"), (rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
         return y
 
-    def matmul(self, x, w: CudaWeight, bias=None, residual=None, prefetch: bool = False):
-        """x @ w^T (+ bias, + residual). `prefetch`: x comes from a short kernel (a norm), so a one-row
-        launch asks L2 for its first weights before it waits for x (plan.prefetch_chunks)."""
+    def matmul(self, x, w: CudaWeight, bias=None, residual=None):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
         n = w.shape[0]
@@ -259,7 +256,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                    (w.data, scales, x, b, res, out, _i32(t), _i32(n), _i32(k), _i32(kp), _i32(rows),
                     flags, _i32(wide.split)))
             return out
-        return self._streaming(x, w, out, b, res, flags, prefetch=prefetch)
+        return self._streaming(x, w, out, b, res, flags)
 
     @staticmethod
     def _wgmma(x16, w: CudaWeight, wide: plan.MatmulLaunch, bias, res, out, flags):
@@ -310,15 +307,13 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         return dispatch.reads_16bit(self, t, w)
 
     def _streaming(self, x, w: CudaWeight, out, bias, res, flags, prologue: str | None = None, norm_weight=None,
-                   eps: float = 0.0, qkv_out: tuple = (), prefetch: bool = False):
+                   eps: float = 0.0, qkv_out: tuple = ()):
         """The streaming tensor-core kernel (mm_tc); with the norm prologue, x is its input's input.
-        `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write); `prefetch`: see matmul."""
+        `qkv_out`: where EPI_ROPE stores (norm_qkv_rope_write)."""
         t = int(out.shape[0])
         if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
             return self._matvec(mv, x, w, out, bias, res, flags, norm_weight, eps)
         mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
-        if prefetch and t == 1 and w.dtype in ("f16", "bf16") and plan.L2_PREFETCH_BYTES > 0:
-            flags = int(flags) | plan.prefetch_chunks(w.shape[0], w.shape[1], mm.split) << PREFETCH_SHIFT
         launch(streaming_kernel(mm), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
@@ -366,7 +361,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         prologue = self._prologue(t, k, w)
         wgmma = prologue is None and self._to_wgmma(t, k, w)
         if prologue is None and not wgmma:
-            return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias, prefetch=True)
+            return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
             raise ValueError("a gated product takes no bias or residual")
         out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
@@ -382,8 +377,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         t = int(x.size) // k
         mv = dispatch.matvec_launch(self, t, w, "gated") if w.gate_up is None and plan.MV_GATED else None
         if mv is None or k % seg or k // seg > plan.MV_MAX_SEGS:
-            return self.matmul(self.gated_rms_norm(x, weight, gate, eps).reshape(t, k), w, residual=residual,
-                               prefetch=True)
+            return self.matmul(self.gated_rms_norm(x, weight, gate, eps).reshape(t, k), w, residual=residual)
         row = cp.ascontiguousarray(x, dtype=cp.float32).reshape(1, k)
         gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
         return self._matvec(mv, row, w, cp.empty((1, w.shape[0]), dtype=cp.float32), None, _rows(residual),

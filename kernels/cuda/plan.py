@@ -228,25 +228,6 @@ def norm_prologue(n: int, k: int) -> bool:
     return ceil_div(n, ROW_TILE) * k * 4 <= NORM_PROLOGUE_BYTES
 
 
-# Weights a one-row 16-bit matmul launched behind a short kernel (a norm: DRAM idle) asks L2 for
-# before it waits for that kernel (matmul.cu's PREFETCH_SHIFT); 0: none. Below L2's 50 MB, so that
-# what arrives early stays until it is read. Prefetches change no value. Off (0) until measured on a
-# device (bench/gpu_prefetch.sh A/Bs 24 and 40 MB); 24 << 20 is the budget to try first.
-L2_PREFETCH_BYTES = 0
-# With a budget, 1: so do the delta rule (decode) and gated attention's q/k norm for their out
-# projections (0: not); 2: the delta rule also for the start of the FFN's gate|up after the out projection
-L2_PREFETCH_AHEAD = 1
-
-
-def prefetch_chunks(n: int, k: int, split: int) -> int:
-    """Chunks past its first batch each warp of a one-row matmul prefetches: its share of
-    L2_PREFETCH_BYTES of the matrix."""
-    np_, kp = padded_shape(n, k)
-    per_warp = ceil_div(kp // K_CHUNK, split)
-    total = np_ * kp * 2
-    return min(0x7FFF, per_warp if total <= L2_PREFETCH_BYTES else per_warp * L2_PREFETCH_BYTES // total)
-
-
 # matvec.cu's builds, the first whose largest split fits a launch's: (largest split (its MV_MAX_WARPS),
 # the build's defines, warps of it an SM holds at its register count). A split none fits, or whose
 # defines are None, runs mm_tc.
