@@ -26,9 +26,9 @@ KQ_TILE_FILL = 0.5  # ... where its blocks (2 an SM fit) number at least this ma
 KQ_TILE_SPLIT: bool | None = None  # its K slices in blocks of their own (True; kq_tile_grid)
 KQT_ROWS = 4  # its row tiles a block (kquant_mm.cu's KQT_ROWS)
 # Batches of 2-16 rows on mmq_*_tr (row tiles a warp, activations staged once per chunk): None: kq_tr_tiles
-# picks the tiles a warp; 1, 2, 4: forced; 0: mmq_tc instead (same bits every way). 0 until a GPU run has
-# checked and timed mmq_*_tr (written without one, DECISIONS.md)
-KQ_TR: int | None = 0
+# picks the tiles a warp; 1, 2, 4: forced; 0: mmq_tc instead (same bits every way; mmq_*_tr the faster
+# at 16 rows on the H200, bench/evidence/kquant-cuda-h200.md)
+KQ_TR: int | None = None
 KQ_TR_FILL = 0.5  # ... the most tiles a warp (<= 4) whose warps still number this many times WARPS_PER_SM an SM
 KQ_TR_BLOCKS = 0.9  # ... and whose blocks this many times the SMs
 KQR_STAGES = 2  # kquant_mm.cu's: a warp's ring stages
