@@ -4,6 +4,7 @@
 #   moetests  the MoE GPU tests only
 #   decode    bench/moe_decode.py on the 30B-A3B shape built in memory (48 layers; exact on, off; kernel
 #             profile with PDL and without; the kernel variants of moe_decode.py's KERNEL_VARIANTS)
+#   decodeq8  the same shape with Q8_0 routed experts, exact on, 1 and 16 rows
 #   decodeN   the same at N layers, exact on only (the in-memory side of the engine comparison)
 #   engineN   bench/throughput.py through the HTTP engine (exact on and off, solo and 16 chats) on an
 #             N-layer 30B-A3B GGUF written here (48 layers at F16 would be 60 GB)
@@ -22,7 +23,7 @@ lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 for stage in ${stages//,/ }; do
   case $stage in
   tests|moetests)
-    timeout "$(left 200)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
+    timeout "$(left 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
       --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
     grep -E "relative L2|passed|failed|Error|error|assert|^E  " "$work/moe-tests.txt" | tail -n 60
     python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
@@ -37,8 +38,12 @@ for stage in ${stages//,/ }; do
     ;;
   decode)
     # attn_mma for the prefill (not what this stage measures): no attention_wgmma.cu build on its time
-    LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 150)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
-      --profile-pdl-off --kernel-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
+    LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 70)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
+      --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
+    ;;
+  decodeq8)
+    LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 45)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 \
+      --modes on --expert-dtype q8_0 --out "$OUT/moe-decode-30b-a3b-q8.json" 2>&1 | grep -v "^{" | tail -n 8
     ;;
   decode[0-9]*)
     n=${stage#decode}

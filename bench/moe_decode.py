@@ -21,6 +21,7 @@ import functools
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from engine.config import ModelConfig, MoeConfig  # noqa: E402
 from engine.models.llama import LlamaModel  # noqa: E402
 from engine.models.moe import expert_views  # noqa: E402
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from kernels.weights import Weight, quantize_q8_0  # noqa: E402
 
 # split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
 # --kernel-variants: ops attributes (kernels/cuda/moe.py's, against these defaults) and the rows (lo, hi]
@@ -46,7 +47,7 @@ KERNEL_VARIANTS = {"route-gate_up": ({"one_token_route": "gate_up"}, 0, 1),
 SPLIT_VARIANTS = {"gate-up-half": (0.5, 1), "gate-up-double": (2, 1), "down-half": (1, 0.5), "down-double": (1, 2)}
 
 
-def build(ops, shape: str, layers: int, seed: int, max_pages: int):
+def build(ops, shape: str, layers: int, seed: int, max_pages: int, expert_dtype: str = "f16"):
     s = SHAPES[shape]
     h, f, v, n_e = s["hidden"], s["ffn"], s["vocab"], s["experts"]
     q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
@@ -60,8 +61,15 @@ def build(ops, shape: str, layers: int, seed: int, max_pages: int):
                       n_kv_heads=s["kv_heads"], head_dim=s["head_dim"], ffn=f, qk_norm=True, rope_theta=500000.0,
                       moe=MoeConfig(n_experts=n_e, top_k=s["top_k"], expert_ffn=f))
     ones, norm = Weight(np.ones(h, np.float32), "f32"), Weight(np.ones(s["head_dim"], np.float32), "f32")
-    stacked = {p: Weight(mat(n_e * a, b).data.reshape(n_e, a, b), "f16")
-               for p, (a, b) in {"gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}.items()}
+    def experts(a: int, b: int) -> Weight:  # [E, a, b]; q8_0: the 1024 rows quantised, then repeated
+        m = mat(n_e * a, b)
+        if expert_dtype == "f16":
+            return Weight(m.data.reshape(n_e, a, b), "f16")
+        q = quantize_q8_0(m.data[:1024].astype(np.float32))
+        return replace(q, **{k: np.resize(getattr(q, k), (n_e * a, getattr(q, k).shape[1])).reshape(n_e, a, -1)
+                             for k in ("data", "scales")})
+
+    stacked = {p: experts(a, b) for p, (a, b) in {"gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f)}.items()}
     w = {"model.embed_tokens.weight": mat(v, h), "lm_head.weight": mat(v, h), "model.norm.weight": ones}
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -127,6 +135,7 @@ def main(argv=None) -> int:
                          "speed only)")
     ap.add_argument("--kernel-variants", action="store_true",
                     help="then exact on again with each KERNEL_VARIANTS setting (where a lone token is routed)")
+    ap.add_argument("--expert-dtype", choices=("f16", "q8_0"), default="f16", help="the routed experts' type")
     ap.add_argument("--out", default="moe-decode.json")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -139,13 +148,13 @@ def main(argv=None) -> int:
     layers = args.layers or SHAPES[args.shape]["layers"]
     max_pages = -(-(args.ctx + args.steps + 1) // PAGE_SIZE)
     t0 = time.perf_counter()
-    cfg, model = build(ops, args.shape, layers, 0, max_pages)
+    cfg, model = build(ops, args.shape, layers, 0, max_pages, args.expert_dtype)
     n_seq = max(buckets)
     pool = PagePool(ops, layers, max_pages * n_seq + 1, cfg.n_kv_heads, cfg.head_dim, "f16")
     pages = np.arange(max_pages * n_seq, dtype=np.int32).reshape(n_seq, max_pages)
     cp.cuda.Device().synchronize()
     report = {"shape": args.shape, "layers": layers, "ctx": args.ctx, "load_s": round(time.perf_counter() - t0, 1),
-              "active_weight_gb_per_token": round(weight_bytes(args.shape) * layers / SHAPES[args.shape]["layers"]
+              "expert_dtype": args.expert_dtype, "active_weight_gb_per_token": round(weight_bytes(args.shape) * layers / SHAPES[args.shape]["layers"]
                                                   / 1e9, 2), "decode": [], "prefill": []}
 
     def save() -> None:  # after every measurement: a run cut short keeps what it measured
