@@ -547,81 +547,50 @@ __device__ __forceinline__ void kq_chunk_scales(uint4 wa, uint4 wb, bool q6, flo
 // One row routed by one warp: softmax over the E router logits in float32 (lane l takes e = l,
 // l + 32, ..., then the fixed butterfly), the top k by repeated argmax with ties to the lowest expert
 // index (the stable descending order of the reference), divided by their sum added in slot order
-// when `renorm`. The probabilities stay in each lane's registers (NC = E / 32 rounded up) and a round
-// of the argmax is two warp reductions (redux.sync): the largest probability's bits (p >= 0, so its
-// bits order as the floats; a NaN never wins, as `p > best` never took one), then the lowest index
-// holding it. chosen: k floats of the warp's shared memory (p: unused, kept for the callers' layout).
-// Every kernel that routes calls this, so a row's ids and weights never depend on which kernel or
-// batch routed it.
-__device__ __forceinline__ int warp_max_s32(int v) {
-    int r;
-    asm volatile("redux.sync.max.s32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-    return r;
-}
-__device__ __forceinline__ int warp_min_s32(int v) {
-    int r;
-    asm volatile("redux.sync.min.s32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-    return r;
-}
-
-template <int NC>
-__device__ __forceinline__ void route_row_nc(const float* __restrict__ row, int* __restrict__ ids,
-                                             float* __restrict__ weights, int E, int k, int renorm,
-                                             float* chosen) {
+// when `renorm`. p: E floats, chosen: k floats of the warp's shared memory. Every kernel that routes
+// calls this, so a row's ids and weights never depend on which kernel or batch routed it.
+__device__ __forceinline__ void route_row(const float* __restrict__ row, int* __restrict__ ids,
+                                          float* __restrict__ weights, int E, int k, int renorm, float* p,
+                                          float* chosen) {
     const int lane = threadIdx.x & 31;
-    float v[NC];
     float m = NEG_INF;
-#pragma unroll
-    for (int i = 0; i < NC; ++i)
-        if (i * 32 + lane < E) m = fmaxf(m, row[i * 32 + lane]);
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, row[e]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < NC; ++i)
-        if (i * 32 + lane < E) {
-            v[i] = expf(__fsub_rn(row[i * 32 + lane], m));
-            sum = __fadd_rn(sum, v[i]);
-        }
+    for (int e = lane; e < E; e += 32) {
+        const float v = expf(__fsub_rn(row[e], m));
+        p[e] = v;
+        sum = __fadd_rn(sum, v);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-    int key[NC];  // a probability's bits; -1 past E, for a NaN and once chosen
-#pragma unroll
-    for (int i = 0; i < NC; ++i) {
-        const float q = __fdiv_rn(v[i], sum);
-        key[i] = (i * 32 + lane < E && q >= 0.f) ? __float_as_int(q) : -1;
-    }
-    for (int j = 0; j < k; ++j) {
-        int best = -1, at = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < NC; ++i)
-            if (key[i] > best) best = key[i], at = i * 32 + lane;
-        const int top = warp_max_s32(best);
-        at = top < 0 ? E : warp_min_s32(best == top ? at : 0x7fffffff);  // none left: as the loop before
-#pragma unroll
-        for (int i = 0; i < NC; ++i)
-            if (i * 32 + lane == at) key[i] = -1;
-        if (lane == 0) {
-            chosen[j] = top < 0 ? -1.f : __int_as_float(top);
-            ids[j] = at;
-        }
-    }
+    for (int e = lane; e < E; e += 32) p[e] = __fdiv_rn(p[e], sum);
     __syncwarp();
+    for (int j = 0; j < k; ++j) {
+        float best = -1.f;  // probabilities are >= 0; a chosen expert is marked -2
+        int at = E;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] > best) best = p[e], at = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+            if (ob > best || (ob == best && oa < at)) best = ob, at = oa;
+        }
+        if (lane == 0) {
+            chosen[j] = best;
+            ids[j] = at;
+            p[at] = -2.f;
+        }
+        __syncwarp();
+    }
     if (lane == 0) {
         float total = chosen[0];
         for (int j = 1; j < k; ++j) total = __fadd_rn(total, chosen[j]);
         for (int j = 0; j < k; ++j) weights[j] = renorm ? __fdiv_rn(chosen[j], total) : chosen[j];
     }
     __syncwarp();
-}
-
-__device__ __forceinline__ void route_row(const float* __restrict__ row, int* __restrict__ ids,
-                                          float* __restrict__ weights, int E, int k, int renorm, float* p,
-                                          float* chosen) {
-    (void)p;
-    if (E <= 128) route_row_nc<4>(row, ids, weights, E, k, renorm, chosen);
-    else if (E <= 256) route_row_nc<8>(row, ids, weights, E, k, renorm, chosen);
-    else route_row_nc<MOE_MAX_E / 32>(row, ids, weights, E, k, renorm, chosen);
 }
 
 // Token t's output feature h: the sum over slots j = 0 .. k-1, in that order, of weights[t, j] times
