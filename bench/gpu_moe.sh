@@ -23,7 +23,7 @@ lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 for stage in ${stages//,/ }; do
   case $stage in
   tests|moetests)
-    timeout "$(left 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
+    timeout "$(left 200)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -s -rfE --durations=8 \
       --junitxml="$work/moe-tests.xml" tests/test_cuda_moe.py > "$work/moe-tests.txt" 2>&1
     grep -E "relative L2|passed|failed|Error|error|assert|^E  " "$work/moe-tests.txt" | tail -n 60
     python3 -c "import sys; sys.path.insert(0, 'bench'); from gpu_summary import junit_to_json as j; j(*sys.argv[1:])" \
@@ -38,8 +38,8 @@ for stage in ${stages//,/ }; do
     ;;
   decode)
     # attn_mma for the prefill (not what this stage measures): no attention_wgmma.cu build on its time
-    LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 70)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
-      --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
+    LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 150)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 --profile \
+      --profile-pdl-off --kernel-variants --out "$OUT/moe-decode-30b-a3b.json" 2>&1 | grep -v "^{" | tail -n 30
     ;;
   decodeq8)
     LOCKSTEP_WGMMA_ATTN=0 timeout "$(left 45)" python3 bench/moe_decode.py --shape 30b-a3b --buckets 1,16 --steps 30 \
