@@ -153,12 +153,15 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
         monkeypatch.setattr(plan, "ATTN_PART_BYTES", part_bytes)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
         assert int(gpu._attn_counters.sum()) == 0
-    for dim_warps in (1, 2, 8):  # warps sharing a decode row's MMA rows, each with its share of O
+    for dim_warps in (1, 2, 4, 8):  # warps sharing a decode row's MMA rows, each with its share of O
         monkeypatch.setattr(plan, "MMA_DIM_WARPS", dim_warps)
         for blocks in (0, 3):  # O folded in place, or the chunks' partials stored and merged
             monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", blocks)
-            assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+            for share_s in (0, 1):  # S's key tiles computed by every warp, or split and shared
+                monkeypatch.setattr(plan, "MMA_SHARE_S", share_s)
+                assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
     monkeypatch.setattr(plan, "MMA_DIM_WARPS", 4)
+    monkeypatch.setattr(plan, "MMA_SHARE_S", 1)
     for pairs in (0, 1e9):  # the throughput build for every launch, then the latency build
         monkeypatch.setattr(plan, "ATTN_LATENCY_PAIRS", pairs)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
@@ -289,6 +292,9 @@ def test_long_context_row_alone_in_a_prefill_tile_and_padded(gpu, monkeypatch, c
     pos = 8999 - 37
     q_row = RNG.standard_normal((n_heads, hd)).astype(np.float32)
     alone = _attend(gpu, cache, q_row[None], [0], [pos], scale)[0]
+    monkeypatch.setattr(plan, "MMA_SHARE_S", 1 - plan.MMA_SHARE_S)  # every warp computing all of S, or shared
+    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
+    monkeypatch.undo()
     monkeypatch.setattr(plan, "BLOCKS_PER_SM", 0)  # one block a row: the chunks folded in registers
     monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", 0)
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()

@@ -122,13 +122,14 @@ def test_mma_attention_launch_follows_the_batch_not_the_row():
     one = plan.mma_attention_launch(1, 32, 8, 128, 128, 132)  # 8B decode at 32k
     assert (one.gp, one.rb, one.threads, one.dim_warps, one.workers) == (4, 1, 128, 4, 49)
     assert one.min_blocks == 3 and 3 * (one.shared + 1024) <= plan.SM_SHARED
+    assert one.share_s == 1  # its four warps split S's key tiles (a pair each)
     chats = plan.mma_attention_launch(24, 32, 8, 128, 128, 132)  # more rows than SMs still share chunks
     assert chats.workers == 2 and chats.row_slice == 24
     lone = plan.mma_attention_launch(64, 32, 8, 128, 128, 132)  # enough blocks: no split, O folded in place
     assert lone.workers == 1 and lone.shared > one.shared and lone.min_blocks == 2
     assert plan.mma_attention_launch(1, 4, 2, 32, 8, 132).dim_warps == 2  # whole pairs of dim tiles a warp
     tile = plan.mma_attention_launch(512, 32, 8, 128, 128, 132)
-    assert (tile.rb, tile.threads, tile.workers, tile.row_slice) == (16, 128, 1, 512)
+    assert (tile.rb, tile.threads, tile.workers, tile.row_slice, tile.share_s) == (16, 128, 1, 512, 0)
     assert 2 * tile.shared <= 227 * 1024  # two blocks an SM on an H100/H200
     odd = plan.mma_attention_launch(100, 28, 4, 128, 16, 132)  # a group of 7: 8 MMA rows a query row
     assert (odd.gp, odd.rb, odd.subgroups) == (8, 8, 1) and odd.row_slice % odd.rb == 0

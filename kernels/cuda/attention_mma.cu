@@ -42,6 +42,9 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1  // blocks an SM the registers must allow (plan.mma_attention_launch)
 #endif
+#ifndef SHARE_S
+#define SHARE_S 0  // with DW > 1: each warp computes its share of S's key tiles, all read S from shared memory
+#endif
 
 #define D HEAD_DIM
 #define KT 64                 // keys per sub-tile (part of the arithmetic)
@@ -54,11 +57,17 @@
 #define DT (D / 8)            // dim tiles of O
 #define DTW (DT / DW)         // dim tiles of O a warp keeps
 #define STAGE (KT * LD)
+#define SHS (SHARE_S && DW > 1)
+#define JPW (NT / 2 / DW)     // pairs of S's key tiles a warp computes when they are shared (SHS)
+#define SLD (KT + 8)          // shared S row stride in floats: rows g of a quad's stores 8 banks apart
 #if RW * 16 > KT
 #error "q is staged in one K/V stage: at most KT MMA rows a block"
 #endif
 #if (DT / 2) % DW
 #error "a warp's share of O must be whole pairs of dim tiles"
+#endif
+#if SHS && (NT / 2) % DW
+#error "a warp's share of S must be whole pairs of key tiles"
 #endif
 
 __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -93,7 +102,12 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     u16* Qs = Vs + STAGE;  // [RW * 16 <= KT][LD]: q staged in V's second stage, before any pass loads it
     // the folded chunks' O of each thread's rows and dims, [DTW * 4][THREADS]: touched once a chunk, so out
     // of registers (only without a split: then the partials go to `part`, and the launch leaves this out)
+#if SHS
+    float* Ss = reinterpret_cast<float*>(Vs + 2 * STAGE);  // [RW * 16][SLD]: the sub-tile's S, of every warp's tiles
+    float* Os = Ss + RW * 16 * SLD;
+#else
     float* Os = reinterpret_cast<float*>(Vs + 2 * STAGE);
+#endif
     __shared__ int s_pos[RB], s_seq[RB];
 
     int G, h, g0, ng;
@@ -173,6 +187,48 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                 asm volatile("cp.async.wait_group 0;\n" ::);
             }
             __syncthreads();
+#if SHS
+            // S's key tiles split over the DW warps of these rows (an S value is the same MMA whichever warp
+            // issues it), exchanged through shared memory: each warp then has the whole sub-tile's S
+            if (busy) {
+                const u16* Kt = Ks + st * STAGE;
+                const int jw = (warp % DW) * JPW;
+                float sw[2 * JPW][4];
+#pragma unroll
+                for (int j = 0; j < 2 * JPW; ++j)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) sw[j][i] = 0.f;
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ++ks) {
+                    const unsigned(&a)[4] = qa[ks];
+#pragma unroll
+                    for (int jj = 0; jj < JPW; ++jj) {
+                        unsigned b[4];
+                        ldsm_x4(b, Kt + ((jw + jj) * 16 + (lane & 7) + (lane >> 4) * 8) * LD + ks * 16 +
+                                       ((lane >> 3) & 1) * 8);
+                        mma16(sw[2 * jj], a, b[0], b[1]);
+                        mma16(sw[2 * jj + 1], a, b[2], b[3]);
+                    }
+                }
+                float* sr = Ss + (wr * 16 + g) * SLD + 2 * jw * 8 + 2 * t;
+#pragma unroll
+                for (int j = 0; j < 2 * JPW; ++j) {
+                    *reinterpret_cast<float2*>(sr + j * 8) = make_float2(sw[j][0], sw[j][1]);
+                    *reinterpret_cast<float2*>(sr + 8 * SLD + j * 8) = make_float2(sw[j][2], sw[j][3]);
+                }
+            }
+            __syncthreads();
+            if (busy) {
+                const u16* Vt = Vs + st * STAGE;
+                float s[NT][4];
+                const float* sr = Ss + (wr * 16 + g) * SLD + 2 * t;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const float2 lo = *reinterpret_cast<const float2*>(sr + j * 8);
+                    const float2 hi = *reinterpret_cast<const float2*>(sr + 8 * SLD + j * 8);
+                    s[j][0] = lo.x, s[j][1] = lo.y, s[j][2] = hi.x, s[j][3] = hi.y;
+                }
+#else
             if (busy) {
                 const u16* Kt = Ks + st * STAGE;
                 const u16* Vt = Vs + st * STAGE;
@@ -192,6 +248,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                         mma16(s[2 * jt + 1], a, b[2], b[3]);
                     }
                 }
+#endif
                 online_softmax<EX2>(s, oc, mc, lc, p, c * PAGE + sub * KT + 2 * t);
 #pragma unroll
                 for (int kk = 0; kk < KT / 16; ++kk) {

@@ -629,9 +629,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
                    ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
+        defines += (("SHARE_S", 1),) if at.share_s else ()
         # the one build may serve launches with and without the folded O (captured in graphs alike): it
         # is allowed the larger
-        fn = big_smem_kernel("attention_mma.cu", "attn_mma", plan.mma_attention_smem(d, at.threads // (32 * at.dim_warps)),
+        fn = big_smem_kernel("attention_mma.cu", "attn_mma",
+                             plan.mma_attention_smem(d, at.threads // (32 * at.dim_warps), False, bool(at.share_s)),
                              defines)
         groups = n_kv * at.subgroups
         step = at.row_slice

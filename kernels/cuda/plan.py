@@ -429,6 +429,10 @@ MMA_DIM_WARPS = 4  # warps of a one-row block: each computes S and keeps a quart
 # One-row blocks an SM: the three that fit without the folded O, in one wave. Six (two waves) was faster
 # launched alone and slower in the engine's captured steps (bench/evidence/longctx-h200-workers6.md).
 MMA_BLOCKS_PER_SM = 3
+# A one-row block's warps each compute a quarter of S's key tiles and read the whole S from shared memory
+# (SHARE_S), in place of each computing all of S: a quarter of the K reads from shared memory and of the
+# score MMAs (the same MMAs: the same bits)
+MMA_SHARE_S = 1
 MMA_REGISTER_THREADS = 384  # threads an SM whose registers (64K) give each ~170, what a one-row block uses
 SM_SHARED = 227 * 1024  # shared memory an SM gives its blocks (sm_90), 1 KB of it reserved per block
 
@@ -449,6 +453,7 @@ class MmaAttentionLaunch:
     shared: int  # dynamic shared memory bytes
     dim_warps: int = 1  # warps that share 16 MMA rows (DW; bits do not depend on it)
     min_blocks: int = 1  # blocks an SM the registers must allow (MIN_BLOCKS)
+    share_s: int = 0  # the dim warps split S's key tiles (SHARE_S; bits do not depend on it)
 
 
 def mma_group(group: int) -> int:
@@ -458,10 +463,12 @@ def mma_group(group: int) -> int:
     return g
 
 
-def mma_attention_smem(head_dim: int, row_warps: int, split: bool = False) -> int:
-    """Two stages of K and V sub-tiles (16-bit, rows padded by 8), then, unless the chunk partials are
-    stored (split), the folded O (f32) of each row warp's 16 rows."""
-    return 4 * MMA_KT * (head_dim + 8) * 2 + (0 if split else (head_dim // 2) * row_warps * 32 * 4)
+def mma_attention_smem(head_dim: int, row_warps: int, split: bool = False, share_s: bool = False) -> int:
+    """Two stages of K and V sub-tiles (16-bit, rows padded by 8), with share_s a sub-tile's S (f32, rows
+    padded by 8) of each row warp's 16 rows, then, unless the chunk partials are stored (split), the
+    folded O (f32) of each row warp's 16 rows."""
+    s = row_warps * 16 * (MMA_KT + 8) * 4 if share_s else 0
+    return 4 * MMA_KT * (head_dim + 8) * 2 + s + (0 if split else (head_dim // 2) * row_warps * 32 * 4)
 
 
 def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int,
@@ -486,12 +493,13 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
     if workers > 1:
         per_row = n_heads * width * (head_dim + 2) * 4
         row_slice = max(rb, min(t, ATTN_PART_BYTES // per_row) // rb * rb)
-    shared = mma_attention_smem(head_dim, row_warps, workers > 1)
+    share_s = int(bool(MMA_SHARE_S) and dim_warps > 1 and (MMA_KT // 16) % dim_warps == 0)  # whole pairs of key tiles
+    shared = mma_attention_smem(head_dim, row_warps, workers > 1, bool(share_s))
     # as many as their shared memory allows, while each thread may still hold ~170 registers
     min_blocks = max(1, min(SM_SHARED // (shared + 1024), MMA_REGISTER_THREADS // (row_warps * dim_warps * 32)))
     min_blocks = min_blocks if rb == 1 else 1
     return MmaAttentionLaunch(gp, rb, sub, workers, row_slice, row_warps * dim_warps * 32, shared, dim_warps,
-                              min_blocks)
+                              min_blocks, share_s)
 
 
 # --- prefill attention on Hopper's wgmma (attention_wgmma.cu): attn_mma's arithmetic, 64 MMA rows a

@@ -1,0 +1,94 @@
+"""One layer's decode attention (8B shape: 32 heads, 8 KV, 128, f16 cache) on attn_mma, its one-row
+blocks' warps each computing all of S (plan.MMA_SHARE_S 0) against S's key tiles split over them and
+shared (1): 1 and 16 rows (each its own sequence) at 4096 and 30000 keys, bits compared; ms a call
+(attn_mma and attn_merge) the median of three 20-call runs, each call on other pages than the last
+(at least ~200 MB of KV between two reads of a page, as a step's 32 layers give, so L2 holds none).
+
+    python3 bench/probes/attn_decode_ab.py --out /tmp/attn-decode-ab.json      # on a GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.gpu_ops import back_to_back_ms, write_json  # noqa: E402
+from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from kernels.cuda import plan  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+
+H, HKV, D = 32, 8, 128
+PAGE_BYTES = PAGE_SIZE * HKV * D * 2 * 2  # K and V
+POOL = 2400  # pages (~2.5 GB)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", default="1x4096,1x30000,16x4096,16x30000")
+    ap.add_argument("--out", default="/tmp/attn-decode-ab.json")
+    args = ap.parse_args()
+    ops = CudaOps(exact=True)
+    layer = ops.kv_alloc(POOL, HKV, D, "f16")
+    for a in (layer.k, layer.v):
+        a[...] = cp.random.default_rng(0).standard_normal(a.shape, dtype=cp.float32).astype(cp.float16).view(a.dtype)
+    rng = np.random.default_rng(0)
+    cells = []
+    for spec in args.cells.split(","):
+        t, ctx = (int(x) for x in spec.split("x"))
+        pages = -(-ctx // PAGE_SIZE)
+        copies = max(1, min(POOL // (t * pages), -(-200 * 2**20 // (t * pages * PAGE_BYTES))))
+        width = pages
+        q = cp.asarray(rng.standard_normal((t, H, D), np.float32))
+        pos = cp.full(t, ctx - 1, cp.int32)
+        seq = cp.arange(t, dtype=cp.int32)
+        row_sets = []
+        for c in range(copies):  # copy c: row r on pages (c * t + r) * pages ..
+            tables = (np.arange(t * pages, dtype=np.int32).reshape(t, pages) + c * t * pages) % POOL
+            row_sets.append(PagedRows(pos, seq, cp.asarray(tables), None))
+        kv_bytes = t * ctx * HKV * D * 2 * 2
+        cell: dict = {"rows": t, "keys": ctx, "copies": copies, "kv_mb": round(kv_bytes / 2**20, 1)}
+        outs = {}
+        saved = plan.MMA_SHARE_S
+        for share in (0, 1):
+            plan.MMA_SHARE_S = share
+            at = plan.mma_attention_launch(t, H, HKV, D, width, ops.sm_count)
+            turn = [0]
+
+            def call(turn=turn, row_sets=row_sets, q=q):
+                rows = row_sets[turn[0] % len(row_sets)]
+                turn[0] += 1
+                return ops.attention(q, layer, rows, D**-0.5)
+
+            try:
+                runs = sorted(back_to_back_ms(call, 20) for _ in range(3))
+                outs[share] = cp.asnumpy(ops.attention(q, layer, row_sets[0], D**-0.5))
+            except Exception as e:  # a failing build is a result too
+                cell[f"share_s{share}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                continue
+            finally:
+                plan.MMA_SHARE_S = saved
+            ms = runs[1]
+            cell[f"share_s{share}"] = {"workers": at.workers, "shared": at.shared, "min_blocks": at.min_blocks,
+                                       "share_s": at.share_s, "ms": round(ms, 4),
+                                       "ms_runs": [round(r, 4) for r in runs],
+                                       "kv_tb_s": round(kv_bytes / ms / 1e9, 3)}
+        if 0 in outs and 1 in outs:
+            a, b = outs[0], outs[1]
+            cell["same_bits"] = a.tobytes() == b.tobytes()
+            cell["values_differing"] = int((a.view(np.uint32) != b.view(np.uint32)).sum())
+            cell["finite"] = bool(np.isfinite(b).all())
+            cell["new_over_old_ms"] = round(cell["share_s1"]["ms"] / cell["share_s0"]["ms"], 3)
+        cells.append(cell)
+        print(cell, flush=True)
+        write_json(args.out, {"shape": [H, HKV, D, "f16"], "bound_tb_s": 4.28, "cells": cells})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
