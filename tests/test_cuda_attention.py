@@ -162,6 +162,9 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
                 assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
     monkeypatch.setattr(plan, "MMA_DIM_WARPS", 4)
     monkeypatch.setattr(plan, "MMA_SHARE_S", 1)
+    monkeypatch.setattr(plan, "MERGE_SCAN", 0)  # the merge's running maxima by each thread's loop, not a scan
+    assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+    monkeypatch.setattr(plan, "MERGE_SCAN", 1)
     for pairs in (0, 1e9):  # the throughput build for every launch, then the latency build
         monkeypatch.setattr(plan, "ATTN_LATENCY_PAIRS", pairs)
         assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
@@ -293,6 +296,8 @@ def test_long_context_row_alone_in_a_prefill_tile_and_padded(gpu, monkeypatch, c
     q_row = RNG.standard_normal((n_heads, hd)).astype(np.float32)
     alone = _attend(gpu, cache, q_row[None], [0], [pos], scale)[0]
     monkeypatch.setattr(plan, "MMA_SHARE_S", 1 - plan.MMA_SHARE_S)  # every warp computing all of S, or shared
+    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
+    monkeypatch.setattr(plan, "MERGE_SCAN", 1 - plan.MERGE_SCAN)  # the merge's running maxima: loop or scan
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
     monkeypatch.undo()
     monkeypatch.setattr(plan, "BLOCKS_PER_SM", 0)  # one block a row: the chunks folded in registers

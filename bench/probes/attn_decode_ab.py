@@ -1,6 +1,8 @@
-"""One layer's decode attention (8B shape: 32 heads, 8 KV, 128, f16 cache) on attn_mma, its one-row
-blocks' warps each computing all of S (plan.MMA_SHARE_S 0) against S's key tiles split over them and
-shared (1): 1 and 16 rows (each its own sequence) at 4096 and 30000 keys, bits compared; ms a call
+"""One layer's decode attention (8B shape: 32 heads, 8 KV, 128, f16 cache) on attn_mma and attn_merge:
+"old" (each of a one-row block's warps computing all of S, plan.MMA_SHARE_S 0; the merge's running
+maxima by a loop, plan.MERGE_SCAN 0), "share_s" (S's key tiles split over the warps and shared) and
+"new" (both, with the merge's maxima by a scan): 1 and 16 rows (each its own sequence) at 4096 and
+30000 keys, bits compared with old's; ms a call
 (attn_mma and attn_merge) the median of three 20-call runs, each call on other pages than the last
 (at least ~200 MB of KV between two reads of a page, as a step's 32 layers give, so L2 holds none).
 
@@ -26,6 +28,7 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 H, HKV, D = 32, 8, 128
 PAGE_BYTES = PAGE_SIZE * HKV * D * 2 * 2  # K and V
 POOL = 2400  # pages (~2.5 GB)
+VARIANTS = {"old": (0, 0), "share_s": (1, 0), "new": (1, 1)}  # (MMA_SHARE_S, MERGE_SCAN)
 
 
 def main() -> int:
@@ -54,9 +57,9 @@ def main() -> int:
         kv_bytes = t * ctx * HKV * D * 2 * 2
         cell: dict = {"rows": t, "keys": ctx, "copies": copies, "kv_mb": round(kv_bytes / 2**20, 1)}
         outs = {}
-        saved = plan.MMA_SHARE_S
-        for share in (0, 1):
-            plan.MMA_SHARE_S = share
+        saved = plan.MMA_SHARE_S, plan.MERGE_SCAN
+        for name, (share, scan) in VARIANTS.items():
+            plan.MMA_SHARE_S, plan.MERGE_SCAN = share, scan
             at = plan.mma_attention_launch(t, H, HKV, D, width, ops.sm_count)
             turn = [0]
 
@@ -67,23 +70,23 @@ def main() -> int:
 
             try:
                 runs = sorted(back_to_back_ms(call, 20) for _ in range(3))
-                outs[share] = cp.asnumpy(ops.attention(q, layer, row_sets[0], D**-0.5))
+                outs[name] = cp.asnumpy(ops.attention(q, layer, row_sets[0], D**-0.5))
             except Exception as e:  # a failing build is a result too
-                cell[f"share_s{share}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 continue
             finally:
-                plan.MMA_SHARE_S = saved
+                plan.MMA_SHARE_S, plan.MERGE_SCAN = saved
             ms = runs[1]
-            cell[f"share_s{share}"] = {"workers": at.workers, "shared": at.shared, "min_blocks": at.min_blocks,
-                                       "share_s": at.share_s, "ms": round(ms, 4),
-                                       "ms_runs": [round(r, 4) for r in runs],
-                                       "kv_tb_s": round(kv_bytes / ms / 1e9, 3)}
-        if 0 in outs and 1 in outs:
-            a, b = outs[0], outs[1]
-            cell["same_bits"] = a.tobytes() == b.tobytes()
-            cell["values_differing"] = int((a.view(np.uint32) != b.view(np.uint32)).sum())
-            cell["finite"] = bool(np.isfinite(b).all())
-            cell["new_over_old_ms"] = round(cell["share_s1"]["ms"] / cell["share_s0"]["ms"], 3)
+            cell[name] = {"workers": at.workers, "shared": at.shared, "min_blocks": at.min_blocks,
+                          "share_s": at.share_s, "ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs],
+                          "kv_tb_s": round(kv_bytes / ms / 1e9, 3)}
+        for name in ("share_s", "new"):
+            if "old" in outs and name in outs:
+                a, b = outs["old"], outs[name]
+                cell[name]["same_bits_as_old"] = a.tobytes() == b.tobytes()
+                cell[name]["values_differing"] = int((a.view(np.uint32) != b.view(np.uint32)).sum())
+                cell[name]["finite"] = bool(np.isfinite(b).all())
+                cell[name]["over_old_ms"] = round(cell[name]["ms"] / cell["old"]["ms"], 3)
         cells.append(cell)
         print(cell, flush=True)
         write_json(args.out, {"shape": [H, HKV, D, "f16"], "bound_tb_s": 4.28, "cells": cells})

@@ -300,15 +300,21 @@ attn_partial(const float* __restrict__ q, const kv_t* __restrict__ kc, const kv_
 
 // Folds a row's chunk partials in ascending order; one block per (row, query head), D threads: the
 // arithmetic of merge_chunks, with the fold's coefficients first computed for MT chunks at once (the
-// running max before chunk c is the max of chunks 0..c-1, exact in any order) and each thread's
+// running max before chunk c is the max of chunks 0..c-1, exact in any order: a scan) and each thread's
 // values loaded MB chunks ahead, so the serial chain is two multiplies and an add a chunk.
 #define MT 256
 #define MB 32
+#ifndef MERGE_SCAN
+#define MERGE_SCAN 1  // 0: each thread's running max over chunks 0..i by a loop (plan.MERGE_SCAN; the same values)
+#endif
 extern "C" __global__ void __launch_bounds__(D)
 attn_merge(const float* __restrict__ part, const int* __restrict__ positions, float* __restrict__ out,
            int n_heads, int W) {
     pdl_start();
     __shared__ float sm[MT], sl[MT], sa[MT], sb[MT];
+#if MERGE_SCAN
+    __shared__ float px[MT];
+#endif
     const int r = blockIdx.x, qh = blockIdx.y, d = threadIdx.x;
     const int last = positions[r] / PAGE;
     const float* base = part + ((i64)r * n_heads + qh) * W * (D + 2);
@@ -326,10 +332,34 @@ attn_merge(const float* __restrict__ part, const int* __restrict__ positions, fl
             for (int k = 0; k < MB; ++k) nv[k] = __ldcg(base + (i64)(t0 + imin(i0 + k, n - 1)) * (D + 2) + d);
         };
         fetch(0);
+#if MERGE_SCAN
+        // px[i]: the max of the tile's chunks 0..i, an inclusive scan in log2(n) steps (a thread's own
+        // loop over 0..i took a serial chain of i shared loads)
+        for (int i = d; i < n; i += D) px[i] = sm[i];
+        __syncthreads();
+        for (int off = 1; off < n; off <<= 1) {
+            float v[(MT + D - 1) / D];
+#pragma unroll
+            for (int k = 0; k < (MT + D - 1) / D; ++k) {
+                const int i = d + k * D;
+                v[k] = i < n && i >= off ? fmaxf(px[i - off], px[i]) : 0.f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < (MT + D - 1) / D; ++k) {
+                const int i = d + k * D;
+                if (i < n && i >= off) px[i] = v[k];
+            }
+            __syncthreads();
+        }
+        for (int i = d; i < n; i += D) {
+            const float mp = i == 0 ? m : fmaxf(m, px[i - 1]);
+#else
         __syncthreads();
         for (int i = d; i < n; i += D) {
             float mp = m;
             for (int j = 0; j < i; ++j) mp = fmaxf(mp, sm[j]);
+#endif
             float a, b, m_new;
             merge_coeffs(mp, sm[i], a, b, m_new);
             sa[i] = a;

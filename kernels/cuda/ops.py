@@ -595,7 +595,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         at = plan.attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GROUP_MAX", at.gm), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16)) + at.build
         partial = kernel("attention.cu", "attn_partial", defines)
-        merge = kernel("attention.cu", "attn_merge", defines)
+        merge = kernel("attention.cu", "attn_merge", defines + plan.merge_build())
         step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32)
         groups = n_kv * at.subgroups
@@ -645,7 +645,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                    (q[r0:r1], k16, v16, positions[r0:r1], seq[r0:r1], tables, part, _i32(r1 - r0), _i32(n_heads),
                     _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1]), shared=at.shared)
             if at.workers > 1:
-                merge = kernel("attention.cu", "attn_merge", (("HEAD_DIM", d), ("OUT16", out16)))
+                merge = kernel("attention.cu", "attn_merge", (("HEAD_DIM", d), ("OUT16", out16)) + plan.merge_build())
                 launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
 

@@ -437,6 +437,16 @@ MMA_REGISTER_THREADS = 384  # threads an SM whose registers (64K) give each ~170
 SM_SHARED = 227 * 1024  # shared memory an SM gives its blocks (sm_90), 1 KB of it reserved per block
 
 
+# attn_merge's running max before each chunk by a scan over the tile (1) or each thread's own loop (0):
+# the same values, the loop a serial chain of up to MT shared loads at long contexts
+MERGE_SCAN = 1
+
+
+def merge_build() -> tuple[tuple[str, int], ...]:
+    """attn_merge's defines beyond the head dim and output type (the default build takes none)."""
+    return () if MERGE_SCAN else (("MERGE_SCAN", 0),)
+
+
 def mma_attention(kv_type: str, head_dim: int) -> bool:
     """Whether attention of this cache runs on the tensor-core kernel (16-bit caches)."""
     return kv_type in ("f16", "bf16") and head_dim in MMA_HEAD_DIMS
