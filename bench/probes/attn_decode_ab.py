@@ -33,7 +33,7 @@ VARIANTS = {"old": (0, 0), "share_s": (1, 0), "new": (1, 1)}  # (MMA_SHARE_S, ME
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cells", default="1x4096,1x30000,16x4096,16x30000")
+    ap.add_argument("--cells", default="1x30000,16x4096,1x4096,16x30000")
     ap.add_argument("--out", default="/tmp/attn-decode-ab.json")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
