@@ -4,7 +4,8 @@ maxima by a loop, plan.MERGE_SCAN 0), "share_s" (S's key tiles split over the wa
 "new" (both, with the merge's maxima by a scan): 1 and 16 rows (each its own sequence) at 4096 and
 30000 keys, bits compared with old's; ms a call
 (attn_mma and attn_merge) the median of three 20-call runs, each call on other pages than the last
-(at least ~200 MB of KV between two reads of a page, as a step's 32 layers give, so L2 holds none).
+(at least ~200 MB of KV between two reads of a page, as a step's 32 layers give, so L2 holds none),
+queued behind a spinning kernel so that the GPU's time is measured, not Python's.
 
     python3 bench/probes/attn_decode_ab.py --out /tmp/attn-decode-ab.json      # on a GPU machine
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_ops import back_to_back_ms, write_json  # noqa: E402
+from bench.gpu_ops import write_json  # noqa: E402
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
@@ -28,6 +29,25 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 H, HKV, D = 32, 8, 128
 PAGE_BYTES = PAGE_SIZE * HKV * D * 2 * 2  # K and V
 POOL = 2400  # pages (~2.5 GB)
+# A kernel that spins ~20 ms: launched first, it holds the GPU while Python queues a run's calls, so the
+# run times the GPU's work (a call's host side, ~0.1 ms, is longer than a decode layer's attention)
+HOLD = cp.RawKernel(r"""extern "C" __global__ void hold(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}""", "hold")
+
+
+def gpu_ms(fn, calls: int) -> float:
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    a, b = cp.cuda.Event(), cp.cuda.Event()
+    HOLD((1,), (1,), (np.int64(40_000_000),))
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    b.synchronize()
+    return cp.cuda.get_elapsed_time(a, b) / calls
 VARIANTS = {"old": (0, 0), "share_s": (1, 0), "new": (1, 1)}  # (MMA_SHARE_S, MERGE_SCAN)
 
 
@@ -69,7 +89,7 @@ def main() -> int:
                 return ops.attention(q, layer, rows, D**-0.5)
 
             try:
-                runs = sorted(back_to_back_ms(call, 20) for _ in range(3))
+                runs = sorted(gpu_ms(call, 20) for _ in range(3))
                 outs[name] = cp.asnumpy(ops.attention(q, layer, row_sets[0], D**-0.5))
             except Exception as e:  # a failing build is a result too
                 cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
