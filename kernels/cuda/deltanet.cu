@@ -106,6 +106,58 @@ __device__ __forceinline__ float l2_inv(float sumsq) { return __fdiv_rn(1.0f, __
 #ifdef VT
 #define DW (VT / 32)
 #define KR (KD / DW)
+
+// A row's queries and keys in smem through their l2 norms (sums by the block's first VT threads,
+// delta_step's order whatever the block's width); the query also scaled.
+__device__ __forceinline__ void norm_qk(float* qs, float* ks, float* red, float q_scale) {
+    const float qi = l2_inv(block_sumsq(qs, KD, red, VT));
+    const float ki = l2_inv(block_sumsq(ks, KD, red, VT));
+    __syncthreads();
+    for (int i = threadIdx.x; i < KD; i += blockDim.x) {
+        qs[i] = __fmul_rn(__fmul_rn(qs[i], qi), q_scale);
+        ks[i] = __fmul_rn(ks[i], ki);
+    }
+    __syncthreads();
+}
+
+// One row of the rule for column `lane` of a 32-column slice whose rows [g KR, (g + 1) KR) this warp
+// holds in col: the decay, the key products summed over the warps in index order, the delta, the
+// update, the query products likewise. Returns the column's output in warp 0 (0 elsewhere).
+__device__ __forceinline__ float delta_row(float (&col)[KR], const float* kg, const float* qg, float decay, float v,
+                                           float b_row, float (*part)[32], float* dsh, int g, int lane) {
+    float kv = 0.f;
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+        col[i] = __fmul_rn(col[i], decay);
+        kv = __fmaf_rn(kg[i], col[i], kv);
+    }
+    part[g][lane] = kv;
+    __syncthreads();
+    if (g == 0) {
+        float s = part[0][lane];
+#pragma unroll
+        for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
+        dsh[lane] = __fmul_rn(__fsub_rn(v, s), sigmoid_f(b_row));
+    }
+    __syncthreads();
+    const float delta = dsh[lane];
+    float o = 0.f;
+#pragma unroll
+    for (int i = 0; i < KR; ++i) {
+        col[i] = __fadd_rn(col[i], __fmul_rn(kg[i], delta));
+        o = __fmaf_rn(qg[i], col[i], o);
+    }
+    part[g][lane] = o;  // warp 0 read the key sums before the last barrier
+    __syncthreads();
+    float s = 0.f;
+    if (g == 0) {
+        s = part[0][lane];
+#pragma unroll
+        for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
+    }
+    return s;
+}
+
 extern "C" __global__ void __launch_bounds__(VT)
 delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
@@ -139,47 +191,10 @@ delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const f
         const float v = g == 0 && live ? m[2 * (i64)n_kh * KD + (i64)h * VD + j] : 0.f;
         const float a_row = a[row * ldab + h], b_row = b[row * ldab + h];
         __syncthreads();
-        const float qi = l2_inv(block_sumsq(qs, KD, red, VT));
-        const float ki = l2_inv(block_sumsq(ks, KD, red, VT));
-        __syncthreads();
-        for (int i = threadIdx.x; i < KD; i += VT) {
-            qs[i] = __fmul_rn(__fmul_rn(qs[i], qi), q_scale);
-            ks[i] = __fmul_rn(ks[i], ki);
-        }
-        __syncthreads();
-        const float* kg = ks + g * KR;
-        const float* qg = qs + g * KR;
-        const float decay = expf(decay_log(a_row, al, dtb));
-        float kv = 0.f;
-#pragma unroll
-        for (int i = 0; i < KR; ++i) {
-            col[i] = __fmul_rn(col[i], decay);
-            kv = __fmaf_rn(kg[i], col[i], kv);
-        }
-        part[g][lane] = kv;
-        __syncthreads();
-        if (g == 0) {
-            float s = part[0][lane];
-#pragma unroll
-            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
-            dsh[lane] = __fmul_rn(__fsub_rn(v, s), sigmoid_f(b_row));
-        }
-        __syncthreads();
-        const float delta = dsh[lane];
-        float o = 0.f;
-#pragma unroll
-        for (int i = 0; i < KR; ++i) {
-            col[i] = __fadd_rn(col[i], __fmul_rn(kg[i], delta));
-            o = __fmaf_rn(qg[i], col[i], o);
-        }
-        part[g][lane] = o;  // warp 0 read the key sums before the last barrier
-        __syncthreads();
-        if (g == 0 && live) {
-            float s = part[0][lane];
-#pragma unroll
-            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
-            out[(row * vh + h) * VD + j] = s;
-        }
+        norm_qk(qs, ks, red, q_scale);
+        const float s = delta_row(col, ks + g * KR, qs + g * KR, expf(decay_log(a_row, al, dtb)), v, b_row, part, dsh,
+                                  g, lane);
+        if (g == 0 && live) out[(row * vh + h) * VD + j] = s;
     }
     if (live) {
 #pragma unroll
@@ -263,47 +278,10 @@ delta_decode(const float* __restrict__ y, i64 ldy, const float* __restrict__ cw,
         const float v = g == 0 && live ? conv_at(y, ldy, row0, r, win, D, vc, cw, K) : 0.f;
         const float a_row = y[row * ldy + ao + h], b_row = y[row * ldy + bo + h];
         __syncthreads();
-        const float qi = l2_inv(block_sumsq(qs, KD, red, VT));
-        const float ki = l2_inv(block_sumsq(ks, KD, red, VT));
-        __syncthreads();
-        for (int i = tid; i < KD; i += NT) {
-            qs[i] = __fmul_rn(__fmul_rn(qs[i], qi), q_scale);
-            ks[i] = __fmul_rn(ks[i], ki);
-        }
-        __syncthreads();
-        const float* kg = ks + g * KR;
-        const float* qg = qs + g * KR;
-        const float decay = expf(decay_log(a_row, al, dtb));
-        float kv = 0.f;
-#pragma unroll
-        for (int i = 0; i < KR; ++i) {
-            col[i] = __fmul_rn(col[i], decay);
-            kv = __fmaf_rn(kg[i], col[i], kv);
-        }
-        part[sl][g][lane] = kv;
-        __syncthreads();
-        if (g == 0) {
-            float s = part[sl][0][lane];
-#pragma unroll
-            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[sl][w][lane]);
-            dsh[sl][lane] = __fmul_rn(__fsub_rn(v, s), sigmoid_f(b_row));
-        }
-        __syncthreads();
-        const float delta = dsh[sl][lane];
-        float o = 0.f;
-#pragma unroll
-        for (int i = 0; i < KR; ++i) {
-            col[i] = __fadd_rn(col[i], __fmul_rn(kg[i], delta));
-            o = __fmaf_rn(qg[i], col[i], o);
-        }
-        part[sl][g][lane] = o;
-        __syncthreads();
-        if (g == 0 && live) {
-            float s = part[sl][0][lane];
-#pragma unroll
-            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[sl][w][lane]);
-            ov[j] = s;
-        }
+        norm_qk(qs, ks, red, q_scale);
+        const float s = delta_row(col, ks + g * KR, qs + g * KR, expf(decay_log(a_row, al, dtb)), v, b_row, part[sl],
+                                  dsh[sl], g, lane);
+        if (g == 0 && live) ov[j] = s;
         __syncthreads();
         const float inv = rms_inv(ov, VD, eps, scratch);
         for (int jj = tid; jj < VD; jj += NT) {
