@@ -21,7 +21,7 @@ stage "tests beside the 4B build"
   touch "$work/tests.done" ) &
 side=$!
 timeout "${BENCH_S:-135}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-fused-h200.json" \
-  --quiet-after "$work/tests.done" --matvec off --variants base,nofuse,rmsloop,ffnnorm --profile "$OUT/hybrid-4b-profile-fused-h200.json" \
+  --quiet-after "$work/tests.done" --matvec off --variants base,nofuse,rmsloop,ffnnorm --variant-chats 1,16 --profile "$OUT/hybrid-4b-profile-fused-h200.json" \
   --profile-variants base,nofuse,rmsloop > "$OUT/hybrid-4b.log" 2>&1
 stage "4b hybrid done"
 grep -v "first layers" "$OUT/hybrid-4b.log" | tail -n 60

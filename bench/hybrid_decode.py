@@ -173,7 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="base",
                     help="comma-separated plan cells: base (the plan as is), nofuse (plan.DELTA_FUSED off: conv1d, "
                          "delta_step and gated_rms_norm launched apart), rmsloop (rms_norm's loop kernel, not rms_norm_reg), ffnnorm (the FFN's norm in gate_up's prologue: "
-                         "NORM_PROLOGUE_BYTES 16 MB); other than the first, exact on and the first chats value only")
+                         "NORM_PROLOGUE_BYTES 16 MB); other than the first, exact on and --variant-chats only")
+    ap.add_argument("--variant-chats", default="1", help="the chats cells of the variants after the first")
     ap.add_argument("--profile-variants", default="base", help="variants whose exact-on solo graph is profiled")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
         run_cell(runner, 1, args.prompt, 2, rng)  # compiles the prompt and decode kernels: not timed
         if args.quiet_after:
             wait_for(Path(args.quiet_after), 240.0)
-        for c in chats if variant == variants[0] else chats[:1]:
+        for c in chats if variant == variants[0] else [int(c) for c in args.variant_chats.split(",")]:
             cell = run_cell(runner, c, args.prompt, args.gen, rng, cp.cuda.Device().synchronize)
             cell["bandwidth_fraction"] = round(cell["decode_tps"] / c / bound, 3)
             cell["ahead_bandwidth_fraction"] = round(cell["decode_ahead_tps"] / c / bound, 3)
