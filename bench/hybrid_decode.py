@@ -130,25 +130,6 @@ def use_matvec_table(path: Path | None, defaults: dict = {}) -> None:  # noqa: B
     plan.MV_NORM_BYTES = table["norm_bytes"]
 
 
-def use_variant(name: str, defaults: dict = {}) -> None:  # noqa: B006 (the plan's own, kept once)
-    """Plans the next cell as --variants names it."""
-    from kernels.cuda import plan
-
-    defaults.setdefault("fused", plan.DELTA_FUSED)
-    defaults.setdefault("norm_bytes", plan.NORM_PROLOGUE_BYTES)
-    defaults.setdefault("norm_regs", plan.RMS_NORM_REGS)
-    plan.DELTA_FUSED, plan.NORM_PROLOGUE_BYTES = defaults["fused"], defaults["norm_bytes"]
-    plan.RMS_NORM_REGS = defaults["norm_regs"]
-    if name == "nofuse":
-        plan.DELTA_FUSED = False
-    elif name == "rmsloop":
-        plan.RMS_NORM_REGS = 0
-    elif name == "ffnnorm":
-        plan.NORM_PROLOGUE_BYTES = 16 << 20
-    elif name != "base":
-        raise SystemExit(f"unknown variant {name!r}")
-
-
 def wait_for(path: Path, limit_s: float) -> None:
     end = time.monotonic() + limit_s
     while not path.exists() and time.monotonic() < end:
@@ -170,12 +151,6 @@ def main(argv=None) -> int:
     ap.add_argument("--matvec", default="on",
                     help="one-row kernels, comma-separated cells: on (matvec.cu as planned), off (matmul.cu's), or a "
                          "JSON file of matvec.cu builds (bench/probes/matvec_pick.py) to plan with")
-    ap.add_argument("--variants", default="base",
-                    help="comma-separated plan cells: base (the plan as is), nofuse (plan.DELTA_FUSED off: conv1d, "
-                         "delta_step and gated_rms_norm launched apart), rmsloop (rms_norm's loop kernel, not rms_norm_reg), ffnnorm (the FFN's norm in gate_up's prologue: "
-                         "NORM_PROLOGUE_BYTES 16 MB); other than the first, exact on and --variant-chats only")
-    ap.add_argument("--variant-chats", default="1", help="the chats cells of the variants after the first")
-    ap.add_argument("--profile-variants", default="base", help="variants whose exact-on solo graph is profiled")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -191,26 +166,22 @@ def main(argv=None) -> int:
     per_seq = pages_for(args.prompt + 2 * args.gen + 8)
     report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
-    variants = args.variants.split(",")
-    cells = [(mode, mv, v) for v in variants for mv in args.matvec.split(",") for mode in args.modes.split(",")
-             if v == variants[0] or mode == "on"]
-    for mode, mv, variant in cells:
+    cells = [(mode, mv) for mv in args.matvec.split(",") for mode in args.modes.split(",")]
+    for mode, mv in cells:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
         use_matvec_table(None if mv in ("on", "off") else Path(mv))
-        use_variant(variant)
         label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
-        label += "" if variant == variants[0] else f"/{variant}"
         runner = Runner(loaded, ops, max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)
         rng = np.random.default_rng(1)
         run_cell(runner, 1, args.prompt, 2, rng)  # compiles the prompt and decode kernels: not timed
         if args.quiet_after:
             wait_for(Path(args.quiet_after), 240.0)
-        for c in chats if variant == variants[0] else [int(c) for c in args.variant_chats.split(",")]:
+        for c in chats:
             cell = run_cell(runner, c, args.prompt, args.gen, rng, cp.cuda.Device().synchronize)
             cell["bandwidth_fraction"] = round(cell["decode_tps"] / c / bound, 3)
             cell["ahead_bandwidth_fraction"] = round(cell["decode_ahead_tps"] / c / bound, 3)
-            cell["matvec"], cell["variant"] = mv, variant
+            cell["matvec"] = mv
             report["cells"].setdefault(label, []).append(cell)
             print(f"exact {label:<3} chats {c:>2}: decode {cell['decode_tps']:8.1f} tok/s ({cell['decode_step_ms']:.2f} "
                   f"ms a step, replay {cell.get('graph_replay_ms')} ms, {cell['bandwidth_fraction']:.2f} of the bound; "
@@ -218,15 +189,11 @@ def main(argv=None) -> int:
                   f"prefill {cell['prefill_tps']:8.1f} tok/s",
                   flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
-        if args.profile and mode == "on" and mv == args.matvec.split(",")[0] and variant in args.profile_variants.split(","):
+        if args.profile and label == "on":
             from hybrid_profile import print_profile, profile_solo
 
             prof = profile_solo(runner)
-            where = Path(args.profile)
-            if variant != variants[0]:
-                where = where.with_name(f"{where.stem}-{variant}{where.suffix}")
-            where.write_text(json.dumps(prof, indent=1))
-            print(f"-- profile {label}", flush=True)
+            Path(args.profile).write_text(json.dumps(prof, indent=1))
             print_profile(prof)
         del runner
         cp.get_default_memory_pool().free_all_blocks()

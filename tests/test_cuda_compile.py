@@ -93,12 +93,10 @@ def test_mma_attention_shared_s_builds_compile(job, compiled):
 
 # deltanet.cu's delta-rule kernels are compiled per (key dim, value threads, value slice, chunk)
 DELTANET = [Job("deltanet.cu", (("KD", 128), ("VT", 128), ("VS", 32), ("CH", plan.DELTA_CHUNK))),
-            Job("deltanet.cu", (("KD", 16), ("VT", 128), ("VS", 16), ("CH", plan.DELTA_CHUNK))),
-            Job("deltanet.cu", (("KD", 128), ("VT", 128), ("NS", 4))),  # delta_decode, Qwen3.5-4B's heads
-            Job("deltanet.cu", (("KD", 16), ("VT", 128), ("NS", 1)))]
+            Job("deltanet.cu", (("KD", 16), ("VT", 128), ("VS", 16), ("CH", plan.DELTA_CHUNK)))]
 
 
-@pytest.mark.parametrize("job", DELTANET, ids=lambda j: "-".join(f"{k.lower()}{v}" for k, v in j.defines))
+@pytest.mark.parametrize("job", DELTANET, ids=lambda j: f"kd{j.defines[0][1]}")
 def test_deltanet_variants_compile(job, compiled):
     assert_clean(compiled(job)[1])
 

@@ -81,10 +81,6 @@ class DeltaNetLayer:
         s, ops = self.shape, self.ops
         t = x.shape[0]
         y = ops.norm_matmul(x, norm_weight, eps, self.w_in)
-        fused = getattr(ops, "delta_decode", None)  # CUDA: generated rows in one launch up to out_proj
-        if fused is not None and (out := fused(y, self.conv, self.a_log, self.dt_bias, self.norm, eps, self.w_out,
-                                               x, rows, self.index, s.k_heads)) is not None:
-            return out
         z0 = s.qkv
         b0 = z0 + s.value
         mixed = ops.conv1d_silu(y[:, :z0], self.conv, rows, self.index)

@@ -81,15 +81,13 @@ conv1d_silu(const float* __restrict__ x, i64 ldx, const float* __restrict__ w, f
 
 // Sum of squares of a head's KD values in smem, in one fixed order for the block (thread i takes
 // i, i + blockDim, ... ascending; warps meet in index order); `red`: a float per warp.
-// `nt`: the threads taking part (the block's first nt; the others add nothing and get the sum too).
-__device__ __forceinline__ float block_sumsq(const float* v, int KDn, float* red, int nt) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = nt >> 5;
+__device__ __forceinline__ float block_sumsq(const float* v, int KDn, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float acc = 0.f;
-    if (threadIdx.x < nt)
-        for (int i = threadIdx.x; i < KDn; i += nt) acc = __fmaf_rn(v[i], v[i], acc);
+    for (int i = threadIdx.x; i < KDn; i += blockDim.x) acc = __fmaf_rn(v[i], v[i], acc);
     acc = warp_sum(acc);
     __syncthreads();
-    if (lane == 0 && warp < nw) red[warp] = acc;
+    if (lane == 0) red[warp] = acc;
     __syncthreads();
     float s = red[0];
     for (int i = 1; i < nw; ++i) s = __fadd_rn(s, red[i]);
@@ -106,58 +104,6 @@ __device__ __forceinline__ float l2_inv(float sumsq) { return __fdiv_rn(1.0f, __
 #ifdef VT
 #define DW (VT / 32)
 #define KR (KD / DW)
-
-// A row's queries and keys in smem through their l2 norms (sums by the block's first VT threads,
-// delta_step's order whatever the block's width); the query also scaled.
-__device__ __forceinline__ void norm_qk(float* qs, float* ks, float* red, float q_scale) {
-    const float qi = l2_inv(block_sumsq(qs, KD, red, VT));
-    const float ki = l2_inv(block_sumsq(ks, KD, red, VT));
-    __syncthreads();
-    for (int i = threadIdx.x; i < KD; i += blockDim.x) {
-        qs[i] = __fmul_rn(__fmul_rn(qs[i], qi), q_scale);
-        ks[i] = __fmul_rn(ks[i], ki);
-    }
-    __syncthreads();
-}
-
-// One row of the rule for column `lane` of a 32-column slice whose rows [g KR, (g + 1) KR) this warp
-// holds in col: the decay, the key products summed over the warps in index order, the delta, the
-// update, the query products likewise. Returns the column's output in warp 0 (0 elsewhere).
-__device__ __forceinline__ float delta_row(float (&col)[KR], const float* kg, const float* qg, float decay, float v,
-                                           float b_row, float (*part)[32], float* dsh, int g, int lane) {
-    float kv = 0.f;
-#pragma unroll
-    for (int i = 0; i < KR; ++i) {
-        col[i] = __fmul_rn(col[i], decay);
-        kv = __fmaf_rn(kg[i], col[i], kv);
-    }
-    part[g][lane] = kv;
-    __syncthreads();
-    if (g == 0) {
-        float s = part[0][lane];
-#pragma unroll
-        for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
-        dsh[lane] = __fmul_rn(__fsub_rn(v, s), sigmoid_f(b_row));
-    }
-    __syncthreads();
-    const float delta = dsh[lane];
-    float o = 0.f;
-#pragma unroll
-    for (int i = 0; i < KR; ++i) {
-        col[i] = __fadd_rn(col[i], __fmul_rn(kg[i], delta));
-        o = __fmaf_rn(qg[i], col[i], o);
-    }
-    part[g][lane] = o;  // warp 0 read the key sums before the last barrier
-    __syncthreads();
-    float s = 0.f;
-    if (g == 0) {
-        s = part[0][lane];
-#pragma unroll
-        for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
-    }
-    return s;
-}
-
 extern "C" __global__ void __launch_bounds__(VT)
 delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
@@ -191,124 +137,53 @@ delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const f
         const float v = g == 0 && live ? m[2 * (i64)n_kh * KD + (i64)h * VD + j] : 0.f;
         const float a_row = a[row * ldab + h], b_row = b[row * ldab + h];
         __syncthreads();
-        norm_qk(qs, ks, red, q_scale);
-        const float s = delta_row(col, ks + g * KR, qs + g * KR, expf(decay_log(a_row, al, dtb)), v, b_row, part, dsh,
-                                  g, lane);
-        if (g == 0 && live) out[(row * vh + h) * VD + j] = s;
-    }
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < KR; ++i) S[(i64)i * VD + j] = col[i];
-    }
-}
-
-// ---- generated rows, the whole mixer between in_proj and out_proj in one launch: conv1d_silu,
-// delta_step and gated_rms_norm, each value computed by the same steps as in those kernels. A block
-// per (value head, sequence), NS slices of VT threads (slice s: delta_step's block for columns
-// [32 s, 32 s + 32)), then the head's outputs through the gated norm. y: in_proj's rows (ldy floats
-// apart: the conv's inputs [0, D), the gate z [D, D + vh VD), b, then a). The conv window is read
-// from the state for every row and moved on after the last: a value head's own channels by its
-// block, a key head's q and k channels by the last of its vh / n_kh blocks to finish reading them
-// (arrive: a counter per (sequence, key head), zero between launches).
-#ifdef NS
-#define NT (VT * NS)
-
-// conv1d_silu's output for channel c at row r of a sequence whose rows start at row0 (taps oldest
-// first: the window's values before the step's rows).
-__device__ __forceinline__ float conv_at(const float* __restrict__ y, i64 ldy, i64 row0, int r,
-                                         const float* win, int D, int c, const float* __restrict__ w, int K) {
-    float acc = 0.f;
-    for (int jt = 0; jt < K; ++jt) {
-        const int at = r - (K - 1) + jt;
-        const float hv = at >= 0 ? y[(row0 + at) * ldy + c] : win[(i64)(K - 1 + at) * D + c];
-        const float p = __fmul_rn(hv, w[(i64)c * K + jt]);
-        acc = jt == 0 ? p : __fadd_rn(acc, p);
-    }
-    return __fmul_rn(acc, sigmoid_f(acc));
-}
-
-// The window after n rows: its last K - 1 inputs (read first, then stored: one thread a channel).
-__device__ __forceinline__ void conv_move(const float* __restrict__ y, i64 ldy, i64 row0, int n, float* win, int D,
-                                          int c, int K) {
-    float v[MAXK];
-#pragma unroll
-    for (int jj = 0; jj + 1 < MAXK; ++jj) {
-        const int at = n - (K - 1) + jj;
-        if (jj < K - 1) v[jj] = at >= 0 ? y[(row0 + at) * ldy + c] : win[(i64)(K - 1 + at) * D + c];
-    }
-#pragma unroll
-    for (int jj = 0; jj + 1 < MAXK; ++jj)
-        if (jj < K - 1) win[(i64)jj * D + c] = v[jj];
-}
-
-extern "C" __global__ void __launch_bounds__(NT)
-delta_decode(const float* __restrict__ y, i64 ldy, const float* __restrict__ cw, int K,
-             const float* __restrict__ a_log, const float* __restrict__ dt_bias, const float* __restrict__ nw,
-             float eps, float* __restrict__ out, const i64* __restrict__ desc, int n_kh, int vh, int VD,
-             float q_scale, i64 layer_off, int* __restrict__ arrive) {
-    static_assert(KD % DW == 0, "the key rows split evenly across the warps");
-    pdl_start();
-    __shared__ float qs[KD], ks[KD], red[DW], part[NS][DW][32], dsh[NS][32], ov[NS * 32], scratch[8];
-    __shared__ int last;
-    const int h = blockIdx.x, tid = threadIdx.x, sl = tid / VT, lane = tid & 31, g = (tid % VT) >> 5;
-    const int j = sl * 32 + lane;
-    const bool live = j < VD;
-    const i64* d = desc + (i64)blockIdx.y * DESC;
-    const i64 row0 = d[0];
-    const int n = (int)d[1];
-    if (n == 0) return;  // the whole block: a padding row of a replayed decode graph
-    const int ratio = vh / n_kh, kh = h / ratio;
-    const int D = 2 * n_kh * KD + vh * VD;  // the conv's channels (q | k | v)
-    const i64 zo = D, bo = D + (i64)vh * VD, ao = bo + vh;
-    float* win = state_of(d, layer_off);
-    const i64 conv_len = (i64)(K - 1) * D;
-    float* S = state_of(d, layer_off + conv_len + (i64)h * KD * VD) + (i64)g * KR * VD;
-    const int vc = 2 * n_kh * KD + h * VD + j;  // this column's value channel
-    float col[KR];
-#pragma unroll
-    for (int i = 0; i < KR; ++i) col[i] = live ? S[(i64)i * VD + j] : 0.f;
-    const float al = a_log[h], dtb = dt_bias[h];
-    for (int r = 0; r < n; ++r) {
-        const i64 row = row0 + r;
-        __syncthreads();  // the previous row's readers are done with qs, ks, part, ov
-        for (int i = tid; i < KD; i += NT) {
-            qs[i] = conv_at(y, ldy, row0, r, win, D, kh * KD + i, cw, K);
-            ks[i] = conv_at(y, ldy, row0, r, win, D, (n_kh + kh) * KD + i, cw, K);
+        const float qi = l2_inv(block_sumsq(qs, KD, red));
+        const float ki = l2_inv(block_sumsq(ks, KD, red));
+        __syncthreads();
+        for (int i = threadIdx.x; i < KD; i += VT) {
+            qs[i] = __fmul_rn(__fmul_rn(qs[i], qi), q_scale);
+            ks[i] = __fmul_rn(ks[i], ki);
         }
-        const float v = g == 0 && live ? conv_at(y, ldy, row0, r, win, D, vc, cw, K) : 0.f;
-        const float a_row = y[row * ldy + ao + h], b_row = y[row * ldy + bo + h];
         __syncthreads();
-        norm_qk(qs, ks, red, q_scale);
-        const float s = delta_row(col, ks + g * KR, qs + g * KR, expf(decay_log(a_row, al, dtb)), v, b_row, part[sl],
-                                  dsh[sl], g, lane);
-        if (g == 0 && live) ov[j] = s;
+        const float* kg = ks + g * KR;
+        const float* qg = qs + g * KR;
+        const float decay = expf(decay_log(a_row, al, dtb));
+        float kv = 0.f;
+#pragma unroll
+        for (int i = 0; i < KR; ++i) {
+            col[i] = __fmul_rn(col[i], decay);
+            kv = __fmaf_rn(kg[i], col[i], kv);
+        }
+        part[g][lane] = kv;
         __syncthreads();
-        const float inv = rms_inv(ov, VD, eps, scratch);
-        for (int jj = tid; jj < VD; jj += NT) {
-            const float gt = y[row * ldy + zo + (i64)h * VD + jj];
-            out[(row * vh + h) * VD + jj] =
-                __fmul_rn(__fmul_rn(__fmul_rn(ov[jj], inv), nw[jj]), __fmul_rn(gt, sigmoid_f(gt)));
+        if (g == 0) {
+            float s = part[0][lane];
+#pragma unroll
+            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
+            dsh[lane] = __fmul_rn(__fsub_rn(v, s), sigmoid_f(b_row));
+        }
+        __syncthreads();
+        const float delta = dsh[lane];
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < KR; ++i) {
+            col[i] = __fadd_rn(col[i], __fmul_rn(kg[i], delta));
+            o = __fmaf_rn(qg[i], col[i], o);
+        }
+        part[g][lane] = o;  // warp 0 read the key sums before the last barrier
+        __syncthreads();
+        if (g == 0 && live) {
+            float s = part[0][lane];
+#pragma unroll
+            for (int w = 1; w < DW; ++w) s = __fadd_rn(s, part[w][lane]);
+            out[(row * vh + h) * VD + j] = s;
         }
     }
     if (live) {
 #pragma unroll
         for (int i = 0; i < KR; ++i) S[(i64)i * VD + j] = col[i];
     }
-    if (g == 0 && live) conv_move(y, ldy, row0, n, win, D, vc, K);  // this block's own channel
-    __syncthreads();  // every read of the q and k window is done in this block
-    if (tid == 0) {
-        __threadfence();
-        int* ctr = arrive + (i64)blockIdx.y * n_kh + kh;
-        last = atomicAdd(ctr, 1) == ratio - 1;
-        if (last) atomicExch(ctr, 0);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = tid; i < 2 * KD; i += NT)
-        conv_move(y, ldy, row0, n, win, D, (i < KD ? kh : n_kh + kh - 1) * KD + i, K);
 }
-#endif
 #endif
 
 // ---- prompt rows: chunks of CH positions by the WY form (transformers' chunk_gated_delta_rule).

@@ -21,7 +21,6 @@ import cupyx
 import numpy as np
 
 from kernels.base import RecurrentRows
-from kernels.cuda import dispatch, plan
 from kernels.cuda.arrays import index
 from kernels.cuda.launch import launch
 from kernels.cuda.modules import big_smem_kernel, kernel
@@ -29,7 +28,6 @@ from kernels.cuda.plan import DELTA_CHUNK as CHUNK
 
 DESC = 8  # int64 values per sequence descriptor (deltanet.cu)
 MAX_KERNEL = 8  # widest causal conv (deltanet.cu's MAXK)
-ARRIVE = 1 << 16  # delta_decode's counters: (sequence, key head) pairs a launch may hold
 CHUNK_THREADS = 256
 
 
@@ -124,8 +122,6 @@ class DeltaNetOps:
             raise ValueError(f"a causal conv of width {kernel_w} is not supported on CUDA (at most {MAX_KERNEL})")
         st = CudaRecurrentState(cp.zeros(0, cp.float32), n_layers, (kernel_w - 1, conv_dim), (v_heads, k_dim, v_dim))
         st.buf = cp.zeros(n_layers * st.per_layer, dtype=cp.float32)
-        if getattr(self, "_arrive", None) is None:  # before any step (a graph capture allocates nothing)
-            self._arrive = cp.zeros(ARRIVE, dtype=cp.int32)
         return st
 
     def state_read(self, state: CudaRecurrentState) -> list[np.ndarray]:
@@ -218,31 +214,6 @@ class DeltaNetOps:
             launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
                    (*common, meta.desc[meta.n_prompt :], *shape))
         return out
-
-    def delta_decode(self, y, conv, a_log, dt_bias, norm, eps: float, w_out, residual, rows: RecurrentRows,
-                     layer: int, n_k_heads: int):
-        """A step of generated rows only through the DeltaNet mixer after in_proj (y: its rows): conv1d_silu,
-        gated_delta and gated_norm_matmul's norm in one launch (deltanet.cu's delta_decode, their bits),
-        then out_proj with the residual; None where that launch does not apply (prompt rows in the step,
-        a head too wide for a block, out_proj on matvec.cu's gated prologue)."""
-        y, ldy = _strided(y)
-        t = int(y.shape[0])
-        if not plan.DELTA_FUSED or not rows.bounds or t == 0 or getattr(self, "_arrive", None) is None:
-            return None
-        meta, st = self._step_meta(rows), rows.states[0]
-        vh, kd, vd = st.ssm_shape
-        warps = next(w for w in (4, 2, 1) if kd % w == 0)
-        ns = (vd + 31) // 32
-        if (meta.n_prompt or 32 * warps * ns > 1024 or meta.n_decode * n_k_heads > ARRIVE
-                or (w_out.gate_up is None and plan.MV_GATED and dispatch.matvec_launch(self, t, w_out, "gated"))):
-            return None
-        out = cp.empty((t, vh * vd), dtype=cp.float32)
-        fn = kernel("deltanet.cu", "delta_decode", (("KD", kd), ("VT", 32 * warps), ("NS", ns)))
-        launch(fn, (vh, meta.n_decode), (32 * warps * ns,),
-               (y, np.int64(ldy), conv, np.int32(conv.shape[1]), a_log, dt_bias, norm, np.float32(eps), out,
-                meta.desc, np.int32(n_k_heads), np.int32(vh), np.int32(vd), np.float32(kd ** -0.5),
-                np.int64(layer * st.per_layer), self._arrive))
-        return self.matmul(out, w_out, residual=residual)
 
     def gated_rms_norm(self, x, weight, gate, eps: float):
         x, gate = cp.ascontiguousarray(x, dtype=cp.float32), cp.ascontiguousarray(gate, dtype=cp.float32)

@@ -206,8 +206,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         y = cp.empty_like(x)
         rows = x.size // d
         if rows:
-            name = "rms_norm_reg" if d <= plan.RMS_NORM_REGS else "rms_norm"  # the same bits
-            launch(kernel("rows.cu", name), (rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
+            launch(kernel("rows.cu", "rms_norm"), (rows,), (256,), (x, weight, y, _i32(d), np.float32(eps)))
         return y
 
     def matmul(self, x, w: CudaWeight, bias=None, residual=None):

@@ -48,8 +48,6 @@ ATTN_THREADS = 256  # one thread per key of a page-sized chunk
 ATTN_PART_BYTES = 256 << 20  # scratch for chunk partials; larger batches run in row slices
 BLOCKS_PER_SM = 4  # attention blocks wanted per SM before chunks are spread over workers
 DELTA_CHUNK = 32  # prompt positions per chunk of the gated delta rule (deltanet.cu), from position 0
-DELTA_FUSED = True  # decode-only steps: conv, delta rule and gated norm as one launch (delta_decode)
-RMS_NORM_REGS = 16 * 256  # rows up to this long: rms_norm_reg (values kept in registers), else rms_norm
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -15,40 +15,6 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
     for (int i = threadIdx.x; i < D; i += ROW_THREADS) yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
-// rms_norm with a thread's values (rows up to RN_PER * 256) loaded at once into registers and
-// reused for the output: the same sums in rms_inv's order (thread i's elements ascending, the warp
-// butterfly, the 8 warps in order), the same products, one round trip to memory fewer.
-#define RN_PER 16
-extern "C" __global__ void __launch_bounds__(ROW_THREADS)
-rms_norm_reg(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int D, float eps) {
-    pdl_start();
-    __shared__ float scratch[8];
-    const float* xr = x + (i64)blockIdx.x * D;
-    float* yr = y + (i64)blockIdx.x * D;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float v[RN_PER];
-#pragma unroll
-    for (int k = 0; k < RN_PER; ++k) {
-        const int i = threadIdx.x + k * ROW_THREADS;
-        v[k] = i < D ? xr[i] : 0.f;
-    }
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < RN_PER; ++k)
-        if (threadIdx.x + k * ROW_THREADS < D) acc = __fmaf_rn(v[k], v[k], acc);
-    acc = warp_sum(acc);
-    if (lane == 0) scratch[warp] = acc;
-    __syncthreads();
-    float s = scratch[0];
-    for (int k = 1; k < 8; ++k) s = __fadd_rn(s, scratch[k]);
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
-#pragma unroll
-    for (int k = 0; k < RN_PER; ++k) {
-        const int i = threadIdx.x + k * ROW_THREADS;
-        if (i < D) yr[i] = __fmul_rn(__fmul_rn(v[k], inv), w[i]);
-    }
-}
-
 // rms_norm's values rounded to the MMA's 16-bit pairs (bf16 or f16, pack_act's rounding), rows of
 // Dp >= D zero-padded: the input of the streaming matmul's PRO_X16 build (matmul.cu) or, with
 // `perm` (Dp a multiple of 32), of mm_wgmma in act_to_16's `perm` order (perm_word).
