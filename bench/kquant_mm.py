@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="qo,gate_up,down,lm_head")
     ap.add_argument("--all", action="store_true", help="every integer variant (tiled forced, tr at every type)")
     ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--types", default="", help="only these, e.g. 'q4_k:int,q6_k:int,q4_k:f16' (default: every one)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
     bw = copy_bandwidth()
@@ -72,6 +73,8 @@ def main() -> None:
         for m in (int(r) for r in args.rows.split(",")):
             for dtype, integer in (("f16", False), ("q4_k", False), ("q4_k", True), ("q6_k", False), ("q6_k", True),
                                    ("q5_k", True)):
+                if args.types and f"{dtype}:{'int' if integer else 'f16'}" not in args.types.split(","):
+                    continue
                 # K-quants: matmul.cu's f16 MMAs (wide batches: the dispatch's pick, then the 64-row tiled
                 # kernel, same bits) or kquant_mm.cu's integer kernels (the activations' quantisation
                 # included): the dispatch's pick; at 2-16 rows mmq_tc and mmq_*_tr (its rule's pick, 1, 2, 4 tiles a warp)
