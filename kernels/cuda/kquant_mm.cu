@@ -523,7 +523,7 @@ __device__ __forceinline__ void mmq_tr(const unsigned char* __restrict__ w, cons
                           out, M, N, flags, qkv, kv, ldo, h0);
 }
 
-// ---- batches, tiled: block = KQT_ROWS row tiles (warp & 3) x 2 token groups of TN token tiles
+// ---- batches, tiled: block = ROWS row tiles (KQT_ROWS; warp % ROWS) x 2 token groups of TN token tiles
 // (warp >> 2); no K slices among warps: a warp walks its K and closes plan.split_k's S slices as
 // mmq_one and mmq_tc do (a slice's chunks summed from 0 in order; slices added in order: p0, then
 // total + p1, ...), so an element gets their bits. Grid z = 1: a block walks all of K; z = S: block
@@ -535,7 +535,7 @@ __device__ __forceinline__ void mmq_tr(const unsigned char* __restrict__ w, cons
 #define KQT_ROWS 4
 #define KQT_THREADS (64 * KQT_ROWS)
 
-template <int WT, int TN>
+template <int WT, int TN, int ROWS>
 __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ aux,
                                          const unsigned char* __restrict__ xq, const float4* __restrict__ xs,
                                          const float* __restrict__ bias, const float* __restrict__ res,
@@ -550,9 +550,9 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     __shared__ __align__(16) float4 xs_s[2][BM][KQT_BK + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int C = Kp >> 5, tiles = (N + 15) >> 4, m_block = blockIdx.y * BM;
-    const int tile_at = blockIdx.x * KQT_ROWS + (warp & (KQT_ROWS - 1));
+    const int tile_at = blockIdx.x * ROWS + warp % ROWS;
     const i64 tile = tile_at < tiles ? tile_at : tiles - 1;
-    const int tok0 = (warp / KQT_ROWS) * 8 * TN;  // the warp's first token in the block
+    const int tok0 = (warp / ROWS) * 8 * TN;  // the warp's first token in the block
     const int SZ = gridDim.z, z = blockIdx.z, first = SZ > 1 ? z : 0;  // the block's first slice
     const int c_first = SZ > 1 ? (int)((i64)z * C / S) : 0, c_last = SZ > 1 ? (int)((i64)(z + 1) * C / S) : C;
     const KqPlanes kq = kq_planes(w, aux, TOP, tiles, C);
@@ -560,7 +560,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     // A stage: each token's KQT_BK records (contiguous in xq and xs), 16 bytes a copy.
     auto stage_acts = [&](int st, int c0) {
         constexpr int NQ = BM * KQT_BK * 4, NS = BM * KQT_BK;
-        for (int p = threadIdx.x; p < NQ + NS; p += KQT_THREADS) {
+        for (int p = threadIdx.x; p < NQ + NS; p += 64 * ROWS) {
             const int q = p < NQ ? p : p - NQ, per = p < NQ ? 4 * KQT_BK : KQT_BK;
             const int tok = q / per, j = q % per, cc = p < NQ ? j >> 2 : j;
             const i64 m = imin(m_block + tok, M - 1), c = imin(c0 + cc, C - 1);
@@ -622,7 +622,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     }
     if (SZ > 1) {  // slice z to part[z][m][n]; the tile's last block adds p0 + p1 + ... in order
         __shared__ int last;
-        const i64 np = (i64)gridDim.x * KQT_ROWS * 16, plane = (i64)gridDim.y * BM * np;
+        const i64 np = (i64)gridDim.x * ROWS * 16, plane = (i64)gridDim.y * BM * np;
         const int n = tile_at * 16 + g, m = m_block + tok0 + 2 * t;
 #pragma unroll
         for (int tm = 0; tm < TN; ++tm)
@@ -683,7 +683,14 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     }
 #define MMQ_TILE(NAME, WT, TN)                                                                               \
     extern "C" __global__ void __launch_bounds__(KQT_THREADS, 2) NAME(KQI_ARGS, float* part, int* count, int S) { \
-        mmq_tile<WT, TN>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, part, count, S); \
+        mmq_tile<WT, TN, KQT_ROWS>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, part, count, \
+                                   S);                                                                        \
+    }
+// 8 row tiles a block (one block an SM): every stage's activation records serve twice the rows
+// (bench/kquant_mm.py --types ...:int times them against the 4-row blocks; the dispatch never picks them)
+#define MMQ_TILE8(NAME, WT, TN)                                                                              \
+    extern "C" __global__ void __launch_bounds__(512, 1) NAME(KQI_ARGS, float* part, int* count, int S) {     \
+        mmq_tile<WT, TN, 8>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, part, count, S); \
     }
 #define MMQ_SET(T, WT)         \
     MMQ_ONE(mmq_##T##_one, WT) \
@@ -704,3 +711,5 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
 MMQ_SET(q4k, WT_Q4K)
 MMQ_SET(q5k, WT_Q5K)
 MMQ_SET(q6k, WT_Q6K)
+MMQ_TILE8(mmq_q4k_tile4r8, WT_Q4K, 4)
+MMQ_TILE8(mmq_q6k_tile4r8, WT_Q6K, 4)
