@@ -5,7 +5,7 @@
 # matmul micro-bench of the integer kernels at 512 and 16 rows; bench/throughput.py with
 # plan.KQ_INTEGER on (this copy's plan.py edited, then restored), exact on, on the 8B shape (solo, 16
 # chats, the 512-token prompt), then the 1B shape in the time left of T_ALL. JSON under $OUT as each ends.
-#   OUT=... bench/probes/kquant_magic_run.sh   (limits: T_TESTS T_MM T_8B T_ALL seconds)
+#   OUT=... bench/probes/kquant_magic_run.sh   (limits: T_TESTS T_MM T_ALL seconds)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kquant-magic}
@@ -20,18 +20,18 @@ for f in matmul.cu wgmma.cu attention_wgmma.cu pointwise.cu rows.cu kv_cache.cu 
 done | xargs -P 4 -I{} timeout 150 python3 -c "import sys; from kernels.cuda.modules import module; module(sys.argv[1]).compile()" {} \
   > "$work/compile.log" 2>&1 &
 stage tests
-timeout "${T_TESTS:-80}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
+timeout "${T_TESTS:-88}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
   --junitxml="$work/kq-tests.xml" tests/test_cuda_kquant_integer.py 2>&1 | tail -n 25 | tee "$OUT/kq-tests.txt"
 python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null
 stage mm
-timeout "${T_MM:-20}" python3 bench/kquant_mm.py --rows 512,16 --shapes qo,gate_up,down --types q4_k:int,q6_k:int \
+timeout "${T_MM:-28}" python3 bench/kquant_mm.py --rows 512,16 --shapes qo,gate_up,down --types q4_k:int,q6_k:int \
   --out "$OUT/kquant-mm-512-16.json" 2>&1 | grep -v "^kq_quant_x" | tail -n 40
 sed -i -e 's/^KQ_INTEGER = False/KQ_INTEGER = True/' kernels/cuda/plan.py
 for s in 8b 1b; do
   stage "$s"
   wait; cat "$work/write-$s.log"
-  limit=$([ "$s" = 8b ] && echo "${T_8B:-80}" || echo $(( ${T_ALL:-183} - ($(date +%s) - start) )))
-  [ "$limit" -gt 20 ] || { echo "no time left for $s"; break; }
+  limit=$(( ${T_ALL:-186} - ($(date +%s) - start) ))
+  [ "$limit" -gt 40 ] || { echo "no time left for $s"; break; }
   timeout "$limit" python3 bench/throughput.py -m "/tmp/$s-q4_k_m.gguf" --vocab 128256 --shape "$s" --quant q4_k_m \
     --cells 1,16 --repeats 1 --modes on --out "$work/throughput-$s-q4_k_m" > "$work/$s.log" 2>&1
   grep -E "^rep|ready|rror" "$work/$s.log" | tail -n 8 | tee "$OUT/throughput-$s.log"
