@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import cupy as cp
@@ -23,27 +22,18 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 from kernels.cuda.weights import CudaWeight  # noqa: E402
 
 PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
-KQ_LAUNCH = plan.kq_integer_launch
-
-
-def rows8_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> plan.MatmulLaunch:
-    """The dispatch's launch, its tiled kernel of 4 token tiles walking all of K swapped for the
-    8-row-tile one (mmq_*_tile4r8: twice the rows a block, one block an SM; same bits)."""
-    mm = KQ_LAUNCH(dtype, m, n, k, sm_count)
-    if not mm.kernel.endswith("_tile4") or mm.grid[2] != 1 or dtype == "q5_k":
-        return mm
-    return replace(mm, kernel=mm.kernel + "r8", grid=(-(-mm.grid[0] // 2), *mm.grid[1:]), block=(512, 1, 1))
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:
-    """Whether mmq_*_tile4r8 gives the 4-row-tile kernel's bits on one random weight and batch."""
+    """Whether mmq_*_tile4r8 (plan.KQ_TILE8) gives the 4-row-tile kernel's bits on one random weight and batch."""
     w, x = random_weight(n, k, dtype), cp.random.standard_normal((m, k), dtype=cp.float32)
+    plan.KQ_TILE8 = False
     ref = ops.matmul(x, w).copy()
-    plan.kq_integer_launch = rows8_launch
+    plan.KQ_TILE8 = True
     try:
         return bool(cp.array_equal(ops.matmul(x, w).view(cp.uint32), ref.view(cp.uint32)))
     finally:
-        plan.kq_integer_launch = KQ_LAUNCH
+        plan.KQ_TILE8 = False
 
 
 def measure(results: list, bw: float, run, label: str, **tags) -> None:
@@ -109,7 +99,7 @@ def main() -> None:
                     if dtype == "q4_k" or args.all:
                         variants += [("tr", True, 10**9, None, None)]  # kq_tr_tiles' pick
                         variants += [(f"tr{r}", True, 10**9, None, r) for r in (1, 2, 4)]
-                if integer and m >= 128 and dtype != "q5_k":  # 8 row tiles a block (the dispatch: 4)
+                if integer and m >= 128:  # 8 row tiles a block (plan.KQ_TILE8)
                     variants.append(("tile8", True, *pick))
                 if integer and m > 1 and args.all:  # the tiled kernel from 2 rows on: walking all of K, a block per slice
                     variants += [("tile-z1", True, 2, False, None), ("tile-zS", True, 2, True, None)]
@@ -121,14 +111,14 @@ def main() -> None:
                         guarded(check, lambda n=n, k=k, m=m, dtype=dtype: {"equal": rows8_bits(ops, n, k, m, dtype)})
                         tags["bits_equal_tile4"] = check[0].get("equal", check[0].get("error"))
                         print(f"{name:8} m={m:3} {dtype:5} tile4r8 bits equal to tile4: {tags['bits_equal_tile4']}")
-                        plan.kq_integer_launch = rows8_launch
+                        plan.KQ_TILE8 = True
                     family = ops.matmul_family(m, CudaWeight(dtype, (n, k), None))
                     kernel = (plan.kq_integer_launch(dtype, m, n, k, ops.sm_count).kernel
                               if integer and dtype in plan.KQUANT_TYPES else family)
                     measure(results, bw, lambda n=n, k=k, m=m, dtype=dtype: bench_matmul(ops, n, k, m, dtype),
                             f"{name:8} m={m:3} {dtype:5} {variant:11} {kernel:16}", shape=name, family=family,
                             kernel=kernel, integer=integer, variant=variant, **tags)
-                    plan.kq_integer_launch = KQ_LAUNCH
+                    plan.KQ_TILE8 = False
             ops.tiled, (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR) = True, pick
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))  # so far
     plan.KQ_INTEGER = True

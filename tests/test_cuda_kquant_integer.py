@@ -64,8 +64,8 @@ def test_activation_records_are_the_reference_bytes(gpu, dtype):
 @pytest.mark.parametrize("shape", [(40, 512), (256, 1024), (1000, 2048), (4096, 256)], ids=str)
 def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkeypatch, dtype, shape):
     """The dispatch's kernel at each row count, then the tiled kernel forced from 2 rows on (its
-    partial row blocks, partial token blocks, dead warps past N), a block walking all of K and (where
-    split_k > 1) a block per K slice."""
+    partial row blocks, partial token blocks, dead warps past N), a block walking all of K (4 or, from
+    33 rows, 8 row tiles a block: plan.KQ_TILE8) and (where split_k > 1) a block per K slice."""
     n, k = shape
     raw = _raw(n, k, dtype)
     split = plan.split_k(n, k, gpu.sm_count, dtype)
@@ -75,10 +75,14 @@ def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkey
         want = kquant_ref.matmul(raw, dtype, x, split)
         # the dispatch; 2-16 rows also on mmq_tc and mmq_*_tr at 1, 2, 4 tiles a warp; the tiled kernel forced
         trs = (None, 0, 1, 2, 4) if 2 <= m <= 16 else (None,)
-        for forced, by_slice, tr in [(False, None, tr) for tr in trs] + [(True, False, None), (True, True, None)]:
+        for forced, by_slice, tr, tile8 in ([(False, None, tr, False) for tr in trs]
+                                            + [(True, False, None, False), (True, True, None, False), (True, False, None, True)]):
             monkeypatch.setattr(plan, "KQ_TILE_ROWS", 2 if forced else 17)
             monkeypatch.setattr(plan, "KQ_TILE_SPLIT", by_slice)
             monkeypatch.setattr(plan, "KQ_TR", tr)
+            monkeypatch.setattr(plan, "KQ_TILE8", tile8)
+            if tile8 and m > 32:
+                assert plan.kq_integer_launch(dtype, m, n, k, gpu.sm_count).kernel.endswith("_tile4r8")
             want_tr = tr if tr is not None else plan.kq_tr_tiles(m, n, k, gpu.sm_count, dtype)
             for ops in (gpu, gpu_off):
                 if forced and m > 1:  # a block per slice needs slices
@@ -89,7 +93,7 @@ def test_matmul_gives_the_reference_bits_at_every_row_count(gpu, gpu_off, monkey
                 got = cp.asnumpy(ops.matmul(cp.asarray(x), dw))
                 diff = np.count_nonzero(got != want)
                 assert got.tobytes() == want.tobytes(), (f"m={m} tiled={forced} by_slice={by_slice} tr={tr} "
-                                                         f"exact={ops.exact}: {diff} of {got.size} differ")
+                                                         f"tile8={tile8} exact={ops.exact}: {diff} of {got.size} differ")
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)

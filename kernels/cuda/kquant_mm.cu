@@ -687,7 +687,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                                    S);                                                                        \
     }
 // 8 row tiles a block (one block an SM): every stage's activation records serve twice the rows
-// (bench/kquant_mm.py --types ...:int times them against the 4-row blocks; the dispatch never picks them)
+// (plan.KQ_TILE8; bench/kquant_mm.py times them against the 4-row blocks)
 #define MMQ_TILE8(NAME, WT, TN)                                                                              \
     extern "C" __global__ void __launch_bounds__(512, 1) NAME(KQI_ARGS, float* part, int* count, int S) {     \
         mmq_tile<WT, TN, 8>(w, aux, xq, xs, bias, res, out, M, N, Kp, flags, KQI_QKV, kv, ldo, h0, part, count, S); \
@@ -712,4 +712,5 @@ MMQ_SET(q4k, WT_Q4K)
 MMQ_SET(q5k, WT_Q5K)
 MMQ_SET(q6k, WT_Q6K)
 MMQ_TILE8(mmq_q4k_tile4r8, WT_Q4K, 4)
+MMQ_TILE8(mmq_q5k_tile4r8, WT_Q5K, 4)
 MMQ_TILE8(mmq_q6k_tile4r8, WT_Q6K, 4)

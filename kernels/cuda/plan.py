@@ -25,6 +25,7 @@ KQ_TILE_ROWS = 17  # batches of at least this many rows may take kquant_mm.cu's 
 KQ_TILE_FILL = 0.5  # ... where its blocks (2 an SM fit) number at least this many times the SMs
 KQ_TILE_SPLIT: bool | None = None  # its K slices in blocks of their own (True; kq_tile_grid)
 KQT_ROWS = 4  # its row tiles a block (kquant_mm.cu's KQT_ROWS)
+KQ_TILE8 = False  # its 4-token-tile blocks walking all of K as 8 row tiles (mmq_*_tile4r8, one an SM; same bits)
 # Batches of 2-16 rows on mmq_*_tr (row tiles a warp, activations staged once per chunk): None: kq_tr_tiles
 # picks the tiles a warp; 1, 2, 4: forced; 0: mmq_tc instead (same bits every way; mmq_*_tr the faster
 # at 16 rows on the H200, bench/evidence/kquant-cuda-h200.md)
@@ -176,6 +177,9 @@ def kq_integer_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> Matm
     tiled = kq_tile_grid(m, n, k, sm_count, dtype)
     if tiled is not None:  # the tiled kernel (mmq_*_tileN): whole K a warp, the same S slices
         grid, tn = tiled
+        if KQ_TILE8 and tn == 4 and grid[2] == 1:
+            return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_tile4r8", (ceil_div(grid[0], 2), *grid[1:]),
+                                (128 * KQT_ROWS, 1, 1), 0, mm.split, 8)
         return MatmulLaunch(f"mmq_{KERNEL_NAMES[dtype]}_tile{tn}", grid, (64 * KQT_ROWS, 1, 1), 0, mm.split, 2 * tn)
     r = kq_tr_tiles(m, n, k, sm_count, dtype)
     if r:  # mmq_*_tr: r tiles a warp, the same slices
