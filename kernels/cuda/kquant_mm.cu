@@ -16,7 +16,6 @@
 #define WT_Q5K 5  // Q4_K's scales, a fifth bit in Q6_K's top plane (kquant.py)
 #define KQ_MASK 0x0F0F0F0Fu
 #define KQX_MAX 16256  // 127 * 128: the largest |xq|
-#define KQ_MAGIC 0x4B400000  // the float 1.5 * 2^23 (kq_magic_float)
 #ifndef KQI_V
 #define KQI_V 2  // chunks a lane of the one-row kernel takes per batch (a batch is 4 * KQI_V chunks)
 #endif
@@ -37,16 +36,6 @@ __device__ __forceinline__ int redux_add(int v) {
     int r;
     asm volatile("redux.sync.add.s32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
     return r;
-}
-
-// d = a b + c in every element (c: KQ_MAGIC, so d's bits are floats, kq_magic_float)
-__device__ __forceinline__ void mma_s8c(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                        unsigned b1, int c) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c));
 }
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
@@ -97,17 +86,13 @@ kq_quant_x(const float* __restrict__ x, const float* __restrict__ nw, unsigned c
 
 // ---- the one float step of a chunk: (scales of the row: kq_scale_pair), its integer sums, the
 // token's chunk record. Q4_K: d*sc * dx*P - dmin*m * dx*(S0 + S1); Q6_K: d*sc1 * dx*P1 + d*sc0 * dx*P0.
-__device__ __forceinline__ float kqi_q4(float2 sc, float p, float4 r) {
-    return __fmaf_rn(sc.x, __fmul_rn(r.x, p), -__fmul_rn(sc.y, r.y));
+__device__ __forceinline__ float kqi_q4(float2 sc, int p, float4 r) {
+    return __fmaf_rn(sc.x, __fmul_rn(r.x, (float)p), -__fmul_rn(sc.y, r.y));
 }
 
-__device__ __forceinline__ float kqi_q4(float2 sc, int p, float4 r) { return kqi_q4(sc, (float)p, r); }
-
-__device__ __forceinline__ float kqi_q6(float2 sc, float p0, float p1, float4 r) {
-    return __fmaf_rn(sc.y, __fmul_rn(r.x, p1), __fmul_rn(sc.x, __fmul_rn(r.x, p0)));
+__device__ __forceinline__ float kqi_q6(float2 sc, int p0, int p1, float4 r) {
+    return __fmaf_rn(sc.y, __fmul_rn(r.x, (float)p1), __fmul_rn(sc.x, __fmul_rn(r.x, (float)p0)));
 }
-
-__device__ __forceinline__ float kqi_q6(float2 sc, int p0, int p1, float4 r) { return kqi_q6(sc, (float)p0, (float)p1, r); }
 
 // A plane word's 8 values (kquant.py: lane t's k 8t .. 8t+7 of one row) as two words of 4 bytes:
 // lo = k 8t + (0, 4, 1, 5), hi = k 8t + (2, 6, 3, 7), the order kq_quant_x writes activations in.
@@ -122,29 +107,11 @@ __device__ __forceinline__ void kq_bytes(unsigned w, unsigned tb, unsigned& lo, 
     }
 }
 
-// An integer as a float without the conversion unit (16 results a clock an SM on Hopper, a
-// sixteenth of the FMA pipes'): the bits of KQ_MAGIC + v are the float 1.5 * 2^23 + v for
-// -2^22 <= v < 2^22, so one subtraction gives v exactly, the value cvt.rn.f32.s32 gives.
-__device__ __forceinline__ float kq_magic_float(int v) {
-    return __fsub_rn(__int_as_float(KQ_MAGIC + v), __int_as_float(KQ_MAGIC));
-}
-
-// common.cuh's kq_scale_pair (the same values) with the byte conversions as kq_magic_float
-__device__ __forceinline__ float2 kqi_scale_pair(unsigned s, unsigned d, bool q6) {
-    if (q6) {
-        const float df = f16_to_f32((u16)(d & 0xffffu));
-        return make_float2(__fmul_rn(df, kq_magic_float((signed char)(s & 0xffu))),
-                           __fmul_rn(df, kq_magic_float((signed char)((s >> 8) & 0xffu))));
-    }
-    return make_float2(__fmul_rn(f16_to_f32((u16)(d & 0xffffu)), kq_magic_float((int)(s & 0xffu))),
-                       __fmul_rn(f16_to_f32((u16)(d >> 16)), kq_magic_float((int)((s >> 8) & 0xffu))));
-}
-
 // A chunk's scales of rows g, g + 8 from the scale words (kq_scale_words).
 template <bool Q6>
 __device__ __forceinline__ void kq_row_scales(unsigned s, uint2 d, float2& sa, float2& sb) {
-    sa = kqi_scale_pair(s, d.x, Q6);
-    sb = kqi_scale_pair(s >> 16, Q6 ? d.x >> 16 : d.y, Q6);
+    sa = kq_scale_pair(s, d.x, Q6);
+    sb = kq_scale_pair(s >> 16, Q6 ? d.x >> 16 : d.y, Q6);
 }
 
 // ---- epilogue: stream_stores of a part of a stack (kquant_ops.py), which writes its columns of a wider
@@ -264,50 +231,31 @@ __device__ __forceinline__ void mmq_one(const unsigned char* __restrict__ w, con
 
 // One chunk of a 16-row tile against one token tile on int8 MMAs (A = the rows' bytes, x = the
 // tokens' xh|xl words, r0, r1 = tokens 2t, 2t + 1's records), each element's value added to `acc`.
-// Q6_K: one MMA per half (lanes t < 2 hold k 0 .. 15). The integers become floats with no conversion
-// (kq_magic_float). Q4_K: the xl MMA accumulates onto 128 x the xh one's sums plus k = KQ_MAGIC - 8 S
-// (S = S0 + S1, the token's sum of xq), so it ends at KQ_MAGIC + P - 8 S, P - 8 S = sum((q - 8) xq)
-// within +-8 * 16256 * 32 < 2^22: that float less k's is P. Q5_K and Q6_K (whose bytes are q - 32,
-// kq_tc_chunk; P_h = sum((q - 32) xq) over half h is P - 32 S_h): each MMA from KQ_MAGIC, the xh and
-// xl sums within +-2^17, so 128 H + L in one rounding is P exactly (|P| < 2^24).
-template <int WT>
+// Q6_K: one MMA per half (lanes t < 2 hold k 0 .. 15).
+template <bool Q6>
 __device__ __forceinline__ void kqi_mma_chunk(float (&acc)[4], const unsigned (&a)[4], uint4 x, float4 r0, float4 r1,
                                               float2 sa, float2 sb) {
-    const float magic = __int_as_float(KQ_MAGIC);
-    auto value = [&](int h, int l) {  // 128 H + L, the sums of an MMA pair from KQ_MAGIC
-        return __fmaf_rn(__fsub_rn(__int_as_float(h), magic), 128.f, __fsub_rn(__int_as_float(l), magic));
-    };
-    if (WT == WT_Q4K) {
-        const int k0 = KQ_MAGIC - 8 * (__float_as_int(r0.z) + __float_as_int(r0.w));
-        const int k1 = KQ_MAGIC - 8 * (__float_as_int(r1.z) + __float_as_int(r1.w));
-        int d[4] = {0, 0, 0, 0};
-        mma_s8(d, a[0], a[1], a[2], a[3], x.x, x.y);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) d[i] = d[i] * 128 + ((i & 1) ? k1 : k0);
-        mma_s8(d, a[0], a[1], a[2], a[3], x.z, x.w);
+    if (Q6) {
+        const unsigned k0 = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, k1 = ~k0;
+        int hi0[4] = {0, 0, 0, 0}, lo0[4] = {0, 0, 0, 0}, hi1[4] = {0, 0, 0, 0}, lo1[4] = {0, 0, 0, 0};
+        mma_s8(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y);
+        mma_s8(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w);
+        mma_s8(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y);
+        mma_s8(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float p = __fsub_rn(__int_as_float(d[i]), __int_as_float((i & 1) ? k1 : k0));
-            acc[i] = __fadd_rn(acc[i], kqi_q4((i & 2) ? sb : sa, p, (i & 1) ? r1 : r0));
+            const float4 r = (i & 1) ? r1 : r0;
+            const int p0 = hi0[i] * 128 + lo0[i] - __float_as_int(r.z) * 32;
+            const int p1 = hi1[i] * 128 + lo1[i] - __float_as_int(r.w) * 32;
+            acc[i] = __fadd_rn(acc[i], kqi_q6((i & 2) ? sb : sa, p0, p1, r));
         }
-    } else if (WT == WT_Q6K) {
-        const unsigned k0 = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, k1 = ~k0;
-        int hi0[4], lo0[4], hi1[4], lo1[4];
-        mma_s8c(hi0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.x, x.y, KQ_MAGIC);
-        mma_s8c(lo0, a[0] & k0, a[1] & k0, a[2] & k0, a[3] & k0, x.z, x.w, KQ_MAGIC);
-        mma_s8c(hi1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.x, x.y, KQ_MAGIC);
-        mma_s8c(lo1, a[0] & k1, a[1] & k1, a[2] & k1, a[3] & k1, x.z, x.w, KQ_MAGIC);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            acc[i] = __fadd_rn(acc[i], kqi_q6((i & 2) ? sb : sa, value(hi0[i], lo0[i]), value(hi1[i], lo1[i]),
-                                              (i & 1) ? r1 : r0));
     } else {
-        int hi[4], lo[4];
-        mma_s8c(hi, a[0], a[1], a[2], a[3], x.x, x.y, KQ_MAGIC);
-        mma_s8c(lo, a[0], a[1], a[2], a[3], x.z, x.w, KQ_MAGIC);
+        int hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+        mma_s8(hi, a[0], a[1], a[2], a[3], x.x, x.y);
+        mma_s8(lo, a[0], a[1], a[2], a[3], x.z, x.w);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            acc[i] = __fadd_rn(acc[i], kqi_q4((i & 2) ? sb : sa, value(hi[i], lo[i]), (i & 1) ? r1 : r0));
+            acc[i] = __fadd_rn(acc[i], kqi_q4((i & 2) ? sb : sa, hi[i] * 128 + lo[i], (i & 1) ? r1 : r0));
     }
 }
 
@@ -342,13 +290,6 @@ template <bool TOP, bool Q6, int U>
 __device__ __forceinline__ void kq_tc_chunk(const KqTcBatch<U>& b, int u, unsigned (&a)[4], float2& sa, float2& sb) {
     kq_bytes<TOP>(b.q[u].x, b.tb[u], a[0], a[2]);
     kq_bytes<TOP>(b.q[u].y, b.tb[u] >> 8, a[1], a[3]);
-    if (Q6) {  // the bytes q - 32 (signed): the 6-bit q ^ 32 with its top bit copied up
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned v = a[i] ^ 0x20202020u;
-            a[i] = v | ((v & 0x20202020u) * 6u);
-        }
-    }
     kq_row_scales<Q6>(b.sw[u], b.dw[u], sa, sb);
 }
 
@@ -368,7 +309,7 @@ __device__ __forceinline__ void kq_tc_chunks(const KqTcBatch<U>& b, int c0, int 
 
 // Chunk c's MMAs for mmq_tc's TM token tiles from m_base, tokens past M read as zeros (xq and xs
 // restrict here: read through the lambda that calls this, they would lose their read-only loads)
-template <int WT, int TM>
+template <bool Q6, int TM>
 __device__ __forceinline__ void mmq_tc_tiles(float (&acc)[TM][4], const unsigned (&a)[4], float2 sa, float2 sb,
                                              const unsigned char* __restrict__ xq, const float4* __restrict__ xs, int M,
                                              int C, int c, int m_base, int g, int t) {
@@ -379,7 +320,7 @@ __device__ __forceinline__ void mmq_tc_tiles(float (&acc)[TM][4], const unsigned
         const uint4 x = mg < M ? *reinterpret_cast<const uint4*>(xq + ((i64)mg * C + c) * 64 + 16 * t) : zero;
         const float4 fz = make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 r0 = m0 < M ? xs[(i64)m0 * C + c] : fz, r1 = m0 + 1 < M ? xs[(i64)(m0 + 1) * C + c] : fz;
-        kqi_mma_chunk<WT>(acc[tm], a, x, r0, r1, sa, sb);
+        kqi_mma_chunk<Q6>(acc[tm], a, x, r0, r1, sa, sb);
     }
 }
 
@@ -411,7 +352,7 @@ __device__ __forceinline__ void mmq_tc(const unsigned char* __restrict__ w, cons
         const bool more = c0 + U < c_end;
         if (more) load_weights(next, c0 + U);
         kq_tc_chunks<TOP, Q6>(cur, c0, c_end, [&](int, int c, const unsigned (&a)[4], float2 sa, float2 sb) {
-            mmq_tc_tiles<WT, TM>(acc, a, sa, sb, xq, xs, M, C, c, m_base, g, t);
+            mmq_tc_tiles<Q6, TM>(acc, a, sa, sb, xq, xs, M, C, c, m_base, g, t);
         });
         if (more) cur = next;
     }
@@ -506,7 +447,7 @@ __device__ __forceinline__ void mmq_tr(const unsigned char* __restrict__ w, cons
                 float2 sa, sb;
                 kq_tc_chunk<TOP, Q6>(cur[r], u, a, sa, sb);
 #pragma unroll
-                for (int tm = 0; tm < TM; ++tm) kqi_mma_chunk<WT>(acc[r * TM + tm], a, x[tm], r0[tm], r1[tm], sa, sb);
+                for (int tm = 0; tm < TM; ++tm) kqi_mma_chunk<Q6>(acc[r * TM + tm], a, x[tm], r0[tm], r1[tm], sa, sb);
             }
         }
         __syncwarp();  // every lane's reads of the stage, before the next batch's copies overwrite it
@@ -582,8 +523,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
     for (int i = 0; i < TN; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = total[i][j] = 0.f;
-    // the chunk that ends slice `slice` (S * C < 2^31: 32-bit division, not the 64-bit routine's call)
-    int slice = first, bound = (first + 1) * C / S;
+    int slice = first, bound = (int)(((i64)(first + 1) * C) / S);  // the chunk that ends slice `slice`
     const int stages = (c_last - c_first + KQT_BK - 1) / KQT_BK;
     for (int it = 0; it < stages; ++it) {
         const int c0 = c_first + it * KQT_BK, st = it & 1;
@@ -603,7 +543,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                 const int piece = (4 * u + t) ^ ((g & 1) << 2);
                 const uint4 x = *reinterpret_cast<const uint4*>(&xq_s[st][tb + g][16 * piece]);
                 const float4 r0 = xs_s[st][tb + 2 * t][u], r1 = xs_s[st][tb + 2 * t + 1][u];
-                kqi_mma_chunk<WT>(acc[tm], a, x, r0, r1, sa, sb);
+                kqi_mma_chunk<Q6>(acc[tm], a, x, r0, r1, sa, sb);
             }
             if (c + 1 == bound) {  // the slice ends: as combine_slices adds it
 #pragma unroll
@@ -614,7 +554,7 @@ __device__ __forceinline__ void mmq_tile(const unsigned char* __restrict__ w, co
                         acc[tm][i] = 0.f;
                     }
                 ++slice;
-                bound = (slice + 1) * C / S;
+                bound = (int)(((i64)(slice + 1) * C) / S);
             }
         });
         __syncthreads();  // the next stage's copies overwrite this one
