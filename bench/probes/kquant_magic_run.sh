@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One H200 call for the conversion-free integer K-quant kernels (kquant_mm.cu: sums to floats by
-# KQ_MAGIC, no I2F): the 8B and 1B Q4_K_M shapes written and the other kernel sources compiled in the
+# One H200 call for the integer K-quant kernels (kquant_mm.cu; run for the KQ_MAGIC conversion-free form,
+# bench/evidence/kquant-magic-h200.txt): the 8B and 1B Q4_K_M shapes written and the other kernel sources compiled in the
 # background while the integer K-quant GPU tests run (bits of every kernel = kquant_ref.py's); the
 # matmul micro-bench of the integer kernels at 512 and 16 rows; bench/throughput.py with
 # plan.KQ_INTEGER on (this copy's plan.py edited, then restored), exact on, on the 8B shape (solo, 16
