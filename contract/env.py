@@ -31,6 +31,7 @@ PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
+ATTN_WS = "LOCKSTEP_ATTN_WS"
 THREADS = "LLAMA_ARG_THREADS"
 
 REGISTRY: tuple[EnvVar, ...] = (
@@ -54,6 +55,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),
+    EnvVar(ATTN_WS, ("kernels",), "a switch: attention_wgmma.cu's two-warpgroup prefills take attention_ws.cu "
+           "(the same bits, warp-specialised: a producer warpgroup, mbarrier ring, ping-pong consumers; default off)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

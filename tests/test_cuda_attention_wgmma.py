@@ -115,3 +115,24 @@ def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma):
             a.view(cp.uint16)[p] = 0xFFFF
     dirty = _attend(gpu, cache, q, seqs, positions, scale)
     assert np.isfinite(dirty).all() and dirty.tobytes() == clean.tobytes()
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma, monkeypatch, config):
+    """attention_ws.cu (the producer/ping-pong build) on every launch of two warpgroups a block, its
+    fill threshold forced to 0 so the 65-row and mixed launches (several passes a block) take it too;
+    a group of 2 (64 rows a warpgroup past 32 query rows a block) keeps one warpgroup."""
+    from kernels.cuda import plan
+
+    hd, n_heads, n_kv, kv_type = config
+    monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)
+    monkeypatch.setattr(gpu, "attention_ws", True)
+    cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
+    scale = hd**-0.5
+    for seqs, positions in _launches(LENGTHS):
+        wt = plan.wgmma_attention_launch(len(seqs), n_heads, n_kv, hd, cache.width, gpu.sm_count, kv_type, True)
+        assert wt.ws == (wt.groups == 2) and wt.ws == (128 // wt.gp <= plan.MMA_MAX_RB)
+        q = RNG.standard_normal((len(seqs), n_heads, hd)).astype(np.float32)
+        got, want = _both(gpu, wgmma, cache, q, seqs, positions, scale)
+        diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+        assert np.isfinite(got).all() and not diff.size, f"{diff.size} values differ from attn_mma's"

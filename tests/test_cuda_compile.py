@@ -141,9 +141,23 @@ def test_wgmma_attention_keeps_its_mmas_in_flight(job, compiled):
     assert "C75" not in done.stderr, done.stderr
 
 
+# attention_ws.cu per (head dim, MMA rows per query row, stages, KV type): the plan's two-warpgroup builds
+WS_ATTENTION = [Job("attention_ws.cu", (("HEAD_DIM", d), ("GP", gp), ("NS", plan.WGMMA_WS_STAGES), ("KV_T", kv),
+                                         ("OUT16", kv))) for d, gp, kv in ((128, 4, 1), (128, 8, 2), (64, 16, 2))]
+
+
+@pytest.mark.parametrize("job", WS_ATTENTION, ids=lambda j: "-".join(str(v) for _, v in j.defines[:4]))
+def test_ws_attention_keeps_its_mmas_in_flight(job, compiled):
+    _, done = compiled(job)
+    assert_clean(done)
+    assert "C75" not in done.stderr, done.stderr
+
+
 def test_the_wgmma_attention_plan_builds_only_compiled_variants():
     for t, heads, kv, d in ((512, 32, 8, 128), (4096, 32, 8, 128), (100, 32, 8, 128), (512, 28, 4, 128),
                             (512, 32, 2, 64), (512, 16, 8, 64)):
         wt = plan.wgmma_attention_launch(t, heads, kv, d, 64, 132)
         assert wt is not None
         assert any(v[:4] == (d, wt.gp, wt.groups, wt.stages) for v in WGMMA_ATTENTION_VARIANTS), (t, heads, kv, d)
+        ws = plan.wgmma_attention_launch(t, heads, kv, d, 64, 132, ws=True)
+        assert not ws.ws or any(j.defines[:3] == (("HEAD_DIM", d), ("GP", ws.gp), ("NS", ws.stages)) for j in WS_ATTENTION)

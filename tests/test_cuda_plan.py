@@ -309,3 +309,16 @@ def test_wgmma_attention_blocks_fit_an_sm(t):
         # two one-warpgroup blocks an SM; and the kernel's own static shared memory beside
         assert (wt.shared + 1024 + 256) * (2 if wt.groups == 1 else 1) <= plan.SM_SHARED
         assert wt.subgroups * wt.gp >= heads // kv
+        ws = plan.wgmma_attention_launch(t, heads, kv, d, 128, 132, ws=True)
+        # attention_ws.cu serves the two-warpgroup launches alone, with a producer warpgroup beside
+        assert ws.ws == (wt.groups == 2) and (ws == wt if not ws.ws else ws.threads == 384 and ws.rb == wt.rb)
+        assert ws.shared + 1024 + 512 <= plan.SM_SHARED
+
+
+def test_attention_ws_is_off_unless_switched_on():
+    from contract.env import ATTN_WS
+    from kernels.cuda import dispatch
+
+    assert dispatch.attention_ws_on({}) is False
+    assert dispatch.attention_ws_on({ATTN_WS: "1"}) is True
+    assert dispatch.attention_ws_on({ATTN_WS: "0"}) is False

@@ -1,7 +1,7 @@
 """One layer's prefill attention (8B shape: 32 heads, 8 KV, 128, f16 cache): attn_mma against
-attention_wgmma.cu as planned and with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced),
-512 rows ending at each context length, bits compared with attn_mma's; each variant's ms the median of
-three 20-call runs.
+attention_wgmma.cu as planned, with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced) and
+warp-specialised (attention_ws.cu, --ws), 512 rows ending at each context length, bits compared with
+attn_mma's; each variant's ms the median of three 20-call runs.
 
     python3 bench/probes/attn_wgmma_ab.py --out /tmp/attn-wgmma.json      # on an sm_90 GPU
 """
@@ -24,12 +24,16 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 
 H, HKV, D, ROWS = 32, 8, 128, 512
 VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
+# --ws: attention_ws.cu beside, as planned and with its ping-pong (PP) or softmax overlap (OV) off
+WS = {"mma": None, "ws": plan.WGMMA_ATTN_FILL, "ws_pp0": plan.WGMMA_ATTN_FILL, "ws_ov0": plan.WGMMA_ATTN_FILL,
+      "wgmma": plan.WGMMA_ATTN_FILL}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="2048,8192,30000")
     ap.add_argument("--out", default="/tmp/attn-wgmma.json")
+    ap.add_argument("--ws", action="store_true", help="attn_mma, attention_ws.cu and attention_wgmma.cu as planned")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
     contexts = [int(x) for x in args.contexts.split(",")]
@@ -47,13 +51,16 @@ def main() -> int:
         flops = 4 * H * D * float((pos.astype(np.int64) + 1).sum())
         cell: dict = {"context": ctx, "rows": ROWS}
         outs = {}
-        for name, fill in VARIANTS.items():
+        for name, fill in (WS if args.ws else VARIANTS).items():
             ops.wgmma_attention = fill is not None
-            saved = plan.WGMMA_ATTN_FILL
+            ops.attention_ws = name.startswith("ws")
+            saved, knobs = plan.WGMMA_ATTN_FILL, (plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP)
+            plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP = name != "ws_pp0" and knobs[0], name != "ws_ov0" and knobs[1]
             plan.WGMMA_ATTN_FILL = fill if fill is not None else saved
             try:
                 build = ops.attention_build(ROWS, H, HKV, D, width)
-                wt = plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count) if fill is not None else None
+                wt = (plan.wgmma_attention_launch(ROWS, H, HKV, D, width, ops.sm_count, ws=ops.attention_ws)
+                      if fill is not None else None)
                 runs = sorted(back_to_back_ms(lambda q=q, rows=rows: ops.attention(q, layer, rows, D**-0.5), 20)
                               for _ in range(3))
                 ms = runs[1]  # the median of three
@@ -63,8 +70,10 @@ def main() -> int:
                 continue
             finally:
                 plan.WGMMA_ATTN_FILL = saved
+                plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP = knobs
                 ops.wgmma_attention = False
-            cell[name] = {"build": build, "groups": wt.groups if wt else None, "stages": wt.stages if wt else None,
+            cell[name] = {"build": build + ("+ws" if wt and wt.ws else ""), "groups": wt.groups if wt else None,
+                          "stages": wt.stages if wt else None,
                           "ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs], "tflops": round(flops / ms / 1e9, 1)}
             if name != "mma" and "mma" in outs:
                 a, b = outs[name], outs["mma"]

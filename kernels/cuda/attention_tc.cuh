@@ -51,43 +51,53 @@ __device__ __forceinline__ float quad_sum(float v) {
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// One sub-tile's online softmax: scores s of keys past a row's position p (from key kbase + 8 j + x of
-// tile j) -inf; the running max mc and sum lc updated; the weights left in s; O (oc) scaled by alpha.
+// Row e's part of one sub-tile's online softmax: scores s of keys past its position p (from key kbase +
+// 8 j + x of tile j) -inf; its running max mc and sum lc updated; its weights left in s; the factor its
+// O takes (alpha) returned.
+template <int USE_EX2, int NS_>
+__device__ __forceinline__ float row_weights(float (&s)[NS_][4], float& mc, float& lc, int p, int kbase, int e) {
+    float mx = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < NS_; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (kbase + j * 8 + x > p) s[j][2 * e + x] = NEG_INF;
+            mx = fmaxf(mx, s[j][2 * e + x]);
+        }
+    const float mn = fmaxf(mc, quad_max(mx));
+    const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
+    // a sub-tile past the row's position (all -inf) leaves the state as it is: alpha 1
+    const float alpha = mc == mu ? 1.f : USE_EX2 ? ex2(__fmul_rn(__fsub_rn(mc, mu), LOG2E)) : expf(__fsub_rn(mc, mu));
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NS_; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const float pv = softmax_weight<USE_EX2>(s[j][2 * e + x], mu, mul);
+            s[j][2 * e + x] = pv;
+            sum = __fadd_rn(sum, pv);
+        }
+    lc = __fadd_rn(__fmul_rn(lc, alpha), quad_sum(sum));
+    mc = mn;
+    return alpha;
+}
+
+// Row e's O (oc) times alpha
+template <int NO_>
+__device__ __forceinline__ void rescale_row(float (&oc)[NO_][4], float alpha, int e) {
+#pragma unroll
+    for (int n = 0; n < NO_; ++n) {
+        oc[n][2 * e] = __fmul_rn(oc[n][2 * e], alpha);
+        oc[n][2 * e + 1] = __fmul_rn(oc[n][2 * e + 1], alpha);
+    }
+}
+
+// One sub-tile's online softmax (row_weights) of both rows, O scaled by alpha
 template <int USE_EX2, int NS_, int NO_>
 __device__ __forceinline__ void online_softmax(float (&s)[NS_][4], float (&oc)[NO_][4], float (&mc)[2], float (&lc)[2],
                                                const int (&p)[2], int kbase) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        float mx = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < NS_; ++j)
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                if (kbase + j * 8 + x > p[e]) s[j][2 * e + x] = NEG_INF;
-                mx = fmaxf(mx, s[j][2 * e + x]);
-            }
-        const float mn = fmaxf(mc[e], quad_max(mx));
-        const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
-        // a sub-tile past the row's position (all -inf) leaves the state as it is: alpha 1
-        const float alpha = mc[e] == mu ? 1.f : USE_EX2 ? ex2(__fmul_rn(__fsub_rn(mc[e], mu), LOG2E))
-                                                        : expf(__fsub_rn(mc[e], mu));
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < NS_; ++j)
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                const float pv = softmax_weight<USE_EX2>(s[j][2 * e + x], mu, mul);
-                s[j][2 * e + x] = pv;
-                sum = __fadd_rn(sum, pv);
-            }
-        lc[e] = __fadd_rn(__fmul_rn(lc[e], alpha), quad_sum(sum));
-        mc[e] = mn;
-#pragma unroll
-        for (int n = 0; n < NO_; ++n) {
-            oc[n][2 * e] = __fmul_rn(oc[n][2 * e], alpha);
-            oc[n][2 * e + 1] = __fmul_rn(oc[n][2 * e + 1], alpha);
-        }
-    }
+    for (int e = 0; e < 2; ++e) rescale_row(oc, row_weights<USE_EX2>(s, mc[e], lc[e], p[e], kbase, e), e);
 }
 
 // A finished chunk's (oc, mc, lc) of row e folded into the row's state: the first copied, later ones

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import WGMMA_ATTN, switch
+from contract.env import ATTN_WS, WGMMA_ATTN, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -148,4 +148,11 @@ def wgmma_attention(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, wi
     a prefill's; else None (attn_mma)."""
     if not getattr(dev, "wgmma_attention", False):
         return None
-    return plan.wgmma_attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count, kv_type)
+    return plan.wgmma_attention_launch(t, n_heads, n_kv, head_dim, width, dev.sm_count, kv_type,
+                                       getattr(dev, "attention_ws", False))
+
+
+def attention_ws_on(env: Mapping[str, str]) -> bool:
+    """Whether attention_wgmma.cu's two-warpgroup launches take attention_ws.cu (LOCKSTEP_ATTN_WS; off
+    until a device run measures it faster with the same bits)."""
+    return switch(env, ATTN_WS, default=False)

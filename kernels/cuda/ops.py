@@ -107,6 +107,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.matvec = switch(os.environ, MATVEC, default=False)
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
+        self.attention_ws = dispatch.attention_ws_on(os.environ)
 
     # --- data movement
     def plan_weights(self, weights: dict[str, Weight]) -> None:
@@ -619,9 +620,12 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         k16, v16 = layer.k.view(cp.uint16), layer.v.view(cp.uint16)
         wt = dispatch.wgmma_attention(self, t, n_heads, n_kv, d, width, layer.kv_type)
         if wt is not None:
-            fn = big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
-                                 (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages),
-                                  ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2)))
+            kv = (("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
+            fn = (big_smem_kernel("attention_ws.cu", "attn_ws", wt.shared,
+                                  (("HEAD_DIM", d), ("GP", wt.gp), ("NS", wt.stages), ("PP", int(plan.WGMMA_WS_PINGPONG)),
+                                   ("OV", int(plan.WGMMA_WS_OVERLAP)), *kv)) if wt.ws else
+                  big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
+                                  (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages), *kv)))
             launch(fn, (plan.ceil_div(t, wt.rb), n_kv * wt.subgroups, 1), (wt.threads,),
                    (q, k16, v16, positions, seq, tables, _i32(t), _i32(n_heads), _i32(n_kv), _i32(width),
                     np.float32(scale), out), shared=wt.shared)

@@ -523,6 +523,9 @@ def mma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: 
 WGMMA_ATTN_HEAD_DIMS = (64, 128)  # the swizzled K/V tiles are 64-dim halves
 WGMMA_ATTN_FILL = 0.9  # two warpgroups a block (sharing K/V tiles) while their blocks fill this share of the SMs
 WGMMA_ATTN_STAGES = {1: 2, 2: 3}  # K/V stages by warpgroups: one-warpgroup blocks fit two an SM
+WGMMA_WS_STAGES = 4  # attention_ws.cu's ring: its block is alone on an SM
+WGMMA_WS_PINGPONG = True  # its consumers take turns issuing MMAs (PP)
+WGMMA_WS_OVERLAP = True  # a consumer's softmax of sub-tile i + 1 beside its P V of i (OV)
 
 
 @dataclass(frozen=True)
@@ -534,6 +537,7 @@ class WgmmaAttentionLaunch:
     stages: int  # NS
     threads: int
     shared: int
+    ws: bool = False  # attention_ws.cu (two consumer warpgroups and a producer; the same bits)
 
 
 def wgmma_attention_smem(head_dim: int, groups: int, stages: int) -> int:
@@ -543,10 +547,11 @@ def wgmma_attention_smem(head_dim: int, groups: int, stages: int) -> int:
 
 
 def wgmma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width: int, sm_count: int,
-                           kv_type: str = "f16") -> WgmmaAttentionLaunch | None:
+                           kv_type: str = "f16", ws: bool = False) -> WgmmaAttentionLaunch | None:
     """Prefill-sized launches of a 16-bit cache whose group fills 64-row warpgroups with at most
     MMA_MAX_RB query rows a block (a group of 1 stays on attn_mma); decode-sized ones (attn_mma's
-    one-row blocks) never. No split over blocks: the chunks are folded in registers."""
+    one-row blocks) never. No split over blocks: the chunks are folded in registers. With ws, the
+    two-warpgroup launches take attention_ws.cu (a third warpgroup loads)."""
     if kv_type not in ("f16", "bf16") or head_dim not in WGMMA_ATTN_HEAD_DIMS or t <= MMA_ONE_ROW_MAX:
         return None
     group = n_heads // n_kv
@@ -556,6 +561,9 @@ def wgmma_attention_launch(t: int, n_heads: int, n_kv: int, head_dim: int, width
         return None
     two = 128 // gp <= MMA_MAX_RB and ceil_div(t, 128 // gp) * n_kv * sub >= WGMMA_ATTN_FILL * sm_count
     groups = 2 if two else 1
+    if ws and two:
+        return WgmmaAttentionLaunch(gp, 2, 128 // gp, sub, WGMMA_WS_STAGES, 384,
+                                    wgmma_attention_smem(head_dim, 2, WGMMA_WS_STAGES), True)
     stages = WGMMA_ATTN_STAGES[groups]
     return WgmmaAttentionLaunch(gp, groups, 64 * groups // gp, sub, stages, 128 * groups,
                                 wgmma_attention_smem(head_dim, groups, stages))

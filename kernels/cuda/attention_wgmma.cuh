@@ -1,0 +1,52 @@
+// The warpgroup MMAs attention_wgmma.cu and attention_ws.cu issue (sm_90a): S = q K^T and O += P V with
+// A from registers in mma.sync's fragment layout, B from 128-byte-swizzled shared memory. Pasted after
+// common.cuh and attention_tc.cuh (kernels/cuda/modules.py).
+
+typedef unsigned u32;
+typedef unsigned long long u64;
+
+#define WG_RS_N64(T, TB) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+
+#define WG_RS_N128(T, TB) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, " TB ";\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+
+// wgmma with A (4 registers a thread, mma.sync's A fragment) and B from shared memory; TB 1: B N-major
+template <int N, int TB>
+__device__ __forceinline__ void wgmma_rs(float (&acc)[N / 8][4], const u32 (&a)[4], u64 desc) {
+    static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
+    float(&d)[N / 2] = reinterpret_cast<float(&)[N / 2]>(acc);  // d[4 j + i] is tile j's c[i]
+    if constexpr (N == 64 && TB == 0 && KV_T == 2) {
+        WG_RS_N64("bf16", "0");
+    } else if constexpr (N == 64 && TB == 0) {
+        WG_RS_N64("f16", "0");
+    } else if constexpr (N == 64 && KV_T == 2) {
+        WG_RS_N64("bf16", "1");
+    } else if constexpr (N == 64) {
+        WG_RS_N64("f16", "1");
+    } else if constexpr (KV_T == 2) {
+        WG_RS_N128("bf16", "1");
+    } else {
+        WG_RS_N128("f16", "1");
+    }
+}
+
+// 128-byte swizzle descriptors. K-major (K for S): 8-key groups 1024 bytes apart, the leading offset
+// unused (a 16-dim step stays inside a 128-byte row). N-major (V for P V): 8-key groups 1024 bytes
+// apart (stride), 64-dim halves HALF bytes apart (leading).
+__device__ __forceinline__ u64 desc128(u32 addr, u32 lead) {
+    return (u64)((addr >> 4) & 0x3fff) | ((u64)((lead >> 4) & 0x3fff) << 16) | ((u64)((1024 >> 4) & 0x3fff) << 32) |
+           (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ u32 pack16(float lo, float hi) { return pack16_kv<KV_T>(lo, hi); }

@@ -1,0 +1,261 @@
+// Paged prefill attention on wgmma, warp-specialised (sm_90a; plan.WgmmaAttentionLaunch.ws): the bits of
+// attention_wgmma.cu (so attn_mma's, whose header fixes them) in FlashAttention-3's block structure.
+//
+// A block is three warpgroups: a producer that fills an NS-stage K/V ring by cp.async (the same
+// swizzled tiles, keys past the pass's last position zero-filled), each stage guarded by a "full"
+// mbarrier (cp.async.mbarrier.arrive: the producer's 128 copies landed) and an "empty" one (every
+// consumer thread done with it), so no block-wide barrier runs in the key loop; and two consumers of 64
+// MMA rows each. A consumer issues S of sub-tile i + 1 together with P V of sub-tile i (one commit
+// group) and takes turns with the other one through two named barriers (ping-pong), so one's softmax
+// runs while the other's MMAs keep the tensor cores busy. The producer gives up registers to the
+// consumers (setmaxnreg). A row's arithmetic is unchanged: the softmax of sub-tile i + 1 runs after
+// P V of sub-tile i has landed (and after its chunk was folded), in the order attention_wgmma.cu has.
+// Shared memory: plan.wgmma_attention_smem(head_dim, 2, NS).
+#include "common.cuh"
+#include "attention_tc.cuh"
+#include "attention_wgmma.cuh"
+
+#ifndef NS
+#define NS 4  // K/V stages (plan.WGMMA_WS_STAGES)
+#endif
+#ifndef PP
+#define PP 1  // the consumers take turns issuing their MMAs (plan.WGMMA_WS_PINGPONG)
+#endif
+#ifndef OV
+#define OV 1  // a consumer's softmax of sub-tile i + 1 overlaps its P V of i (plan.WGMMA_WS_OVERLAP)
+#endif
+
+#define D HEAD_DIM
+#define KT 64                  // keys per sub-tile (part of the arithmetic)
+#define MR 128                 // MMA rows a block: two consumer warpgroups
+#define RB (MR / GP)           // query rows a block
+#define CONSUMERS 256
+#define THREADS (CONSUMERS + 128)
+#define HALF (KT * 128)        // bytes of one 64-dim half of a K or V sub-tile
+#define TILE (HALF * (D / 64)) // bytes of a K or V sub-tile
+#define LD (D + 8)             // q staging row stride in 16-bit values
+#if D % 64
+#error "the swizzled tiles are 64-dim halves: HEAD_DIM 64 or 128"
+#endif
+#if RB > 32
+#error "a block's rows are kept in 32-bit masks"
+#endif
+
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// arrives on bar once this thread's cp.asyncs so far have landed (counted in the barrier's init count)
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+        const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables, int T,
+        int n_heads, int n_kv, int W, float scale, float* __restrict__ out) {
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ int s_pos[RB], s_seq[RB];
+    __shared__ __align__(8) u64 s_bar[2 * NS];  // full[NS], then empty[NS]
+    const u32 raw = (u32)__cvta_generic_to_shared(smem_raw);
+    unsigned char* const smem = smem_raw + (((raw + 1023) & ~1023u) - raw);  // swizzle atoms 1024-aligned
+    const u32 kbase = (raw + 1023) & ~1023u, vbase = kbase + NS * TILE;  // [NS][TILE] of K, then of V
+    const u32 full = (u32)__cvta_generic_to_shared(s_bar), empty = full + 8 * NS;
+    float* Os = reinterpret_cast<float*>(smem + 2 * NS * TILE);  // folded O, [D / 2][CONSUMERS]
+    u16* Qs = reinterpret_cast<u16*>(Os);                          // q staged there first, [MR][LD]
+
+    int G, h, g0, ng;
+    head_group<GP>(n_heads, n_kv, G, h, g0, ng);
+    const int r0 = blockIdx.x * RB;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const i64 cell = (i64)n_kv * D;
+
+    if (tid == 0)
+        for (int st = 0; st < NS; ++st) {
+            mbar_init(full + 8 * st, 128);
+            mbar_init(empty + 8 * st, CONSUMERS);
+        }
+    stage_rows<RB>(s_pos, s_seq, positions, seq, r0, T, tid, THREADS);  // its barrier publishes the inits
+    pdl_start();
+    stage_q<D, GP, MR, MR, false, KV_T>(Qs, LD, q, scale, s_pos, r0, n_heads, h, G, g0, ng, tid, THREADS);
+
+    if (warp >= CONSUMERS / 32) {  // the producer: every pass's sub-tiles in order, stage k % NS
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        const int pt = tid - CONSUMERS;
+        unsigned todo = live_rows(s_pos, RB);
+        int k = 0;
+        while (todo) {
+            int sq, pmax;
+            todo &= ~pass_rows(todo, s_seq, s_pos, RB, sq, pmax);
+            const int* table = tables + (i64)sq * W;
+            for (int i = 0; i < pmax / KT + 1; ++i, ++k) {
+                const int st = k % NS;
+                if (k >= NS) mbar_wait(empty + 8 * st, (k / NS - 1) & 1);
+                const i64 page = table[i / (PAGE / KT)];
+                const int key0 = i * KT;
+                for (int x = pt; x < KT * (D / 8); x += 128) {
+                    const int kr = x / (D / 8), u = x % (D / 8);
+                    const i64 off = (page * PAGE + key0 % PAGE + kr) * cell + (i64)h * D + u * 8;
+                    const int at = st * TILE + (u >> 3) * HALF + kr * 128 + (((u & 7) ^ (kr & 7)) << 4);
+                    const int bytes = key0 + kr <= pmax ? 16 : 0;
+                    cp_async16(smem + at, kc + off, bytes);
+                    cp_async16(smem + NS * TILE + at, vc + off, bytes);
+                }
+                cp_async_arrive(full + 8 * st);
+            }
+        }
+        for (int j = k < NS ? 0 : k - NS; j < k; ++j) mbar_wait(empty + 8 * (j % NS), (j / NS) & 1);  // all landed
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int wg = warp >> 2;
+    u32 qa[D / 16][4];  // the warp's 16 rows of q as A fragments (attn_mma's)
+    q_fragments<D>(qa, Qs, LD, warp * 16, lane);
+    bar_sync(3, CONSUMERS);  // every fragment read before a fold writes Os over Qs
+
+    int jr[2], qh[2];
+    bool ok[2];
+    row_slots<GP, RB, MR, false>(jr, qh, ok, warp * 16, g, h, G, g0, ng, s_pos);
+    // turns: warpgroup w issues its MMAs after bar_sync(1 + w), then lets the other one go; 0 first
+    const int mine = 1 + wg, other = 2 - wg;
+    if (PP && wg == 1) bar_arrive(other, CONSUMERS);
+
+    unsigned todo = live_rows(s_pos, RB);
+    int k = 0;  // sub-tiles consumed so far, all passes: stage k % NS, its round k / NS
+    while (todo) {
+        int sq, pmax;
+        const unsigned act = pass_rows(todo, s_seq, s_pos, RB, sq, pmax);
+        todo &= ~act;
+        const int n = pmax / KT + 1;  // sub-tiles of the pass: chunk i / 4, sub-tile i % 4
+        int p[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[e] = ok[e] && ((act >> jr[e]) & 1u) ? s_pos[jr[e]] : -1;
+
+        float oc[D / 8][4], M[2], L[2], mc[2], lc[2], s[KT / 8][4];
+        u32 pa[KT / 16][4];  // P as A fragments (attn_mma's), all packed before the first MMA reads any
+        bool have[2] = {false, false};
+        clear_chunk(oc, mc, lc);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f;
+
+        auto scores = [&](int st) {  // S of the sub-tile in stage st into s (issued, not waited for)
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ++ks)
+                wgmma_rs<KT, 0>(s, qa[ks], desc128(kbase + st * TILE + (ks >> 2) * HALF + (ks & 3) * 32, 0));
+        };
+        auto values = [&](int st) {  // O += P V of the sub-tile in stage st
+#pragma unroll
+            for (int kk = 0; kk < KT / 16; ++kk)
+                wgmma_rs<D, 1>(oc, pa[kk], desc128(vbase + st * TILE + kk * 16 * 128, HALF));
+        };
+        auto zero_s = [&]() {
+#pragma unroll
+            for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+                for (int x = 0; x < 4; ++x) s[j][x] = 0.f;
+        };
+        auto pack = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < KT / 16; ++kk) {
+                pa[kk][0] = pack16(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = pack16(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = pack16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = pack16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+        };
+        auto arrived = [&](int kk) {  // sub-tile kk's stage filled and visible to the MMAs
+            mbar_wait(full + 8 * (kk % NS), (kk / NS) & 1);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async wrote it, wgmma reads it
+        };
+        auto chunk_end = [&](int i) { return (i + 1) % (PAGE / KT) == 0 || i + 1 == n; };
+        auto fold = [&](int i, const float (&m)[2], const float (&l)[2]) {  // chunk of sub-tile i into the rows
+            const int c = i / (PAGE / KT);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (p[e] < 0 || c > p[e] / PAGE) continue;
+                fold_chunk(e, oc, m[e], l[e], have[e], M[e], L[e], Os, tid, CONSUMERS);
+            }
+        };
+        auto turn = [&]() {
+            if (PP) bar_sync(mine, CONSUMERS);
+        };
+        auto hand_over = [&]() {
+            if (PP) bar_arrive(other, CONSUMERS);
+        };
+
+        // every warpgroup, in the pass or not: wgmma in a divergent branch is serialised
+        arrived(k);
+        turn();
+        zero_s();
+        wg_fence();
+        scores(k % NS);
+        wg_commit();
+        hand_over();
+        wg_wait0();
+        online_softmax<EX2>(s, oc, mc, lc, p, 2 * t);
+        pack();
+        for (int i = 0; i + 1 < n; ++i) {  // S of i + 1 with P V of i
+            arrived(k + i + 1);
+            turn();
+            zero_s();
+            wg_fence();
+            scores((k + i + 1) % NS);
+            wg_commit();
+            values((k + i) % NS);
+            wg_commit();
+            hand_over();
+            const bool end = chunk_end(i);
+            const int kb = (i + 1) * KT + 2 * t;
+#if OV  // S of i + 1's weights while P V of i runs (it reads pa, adds into oc: neither touched)
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            float m[2] = {mc[0], mc[1]}, l[2] = {lc[0], lc[1]}, alpha[2];
+            if (end)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;  // the next chunk's state
+#pragma unroll
+            for (int e = 0; e < 2; ++e) alpha[e] = row_weights<EX2>(s, mc[e], lc[e], p[e], kb, e);
+            // the sums depend on every weight: the compiler may not move the softmax past the wait
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" : "+f"(lc[0]), "+f"(lc[1])::"memory");
+            mbar_arrive(empty + 8 * ((k + i) % NS));
+            if (end) {
+                fold(i, m, l);
+                clear_chunk(oc, m, l);
+            }
+#pragma unroll
+            for (int e = 0; e < 2; ++e) rescale_row(oc, alpha[e], e);
+#else
+            wg_wait0();
+            mbar_arrive(empty + 8 * ((k + i) % NS));
+            if (end) {
+                fold(i, mc, lc);
+                clear_chunk(oc, mc, lc);
+            }
+            online_softmax<EX2>(s, oc, mc, lc, p, kb);
+#endif
+            pack();
+        }
+        turn();
+        wg_fence();
+        values((k + n - 1) % NS);
+        wg_commit();
+        hand_over();
+        wg_wait0();
+        mbar_arrive(empty + 8 * ((k + n - 1) % NS));
+        fold(n - 1, mc, lc);
+        k += n;
+        store_rows<OUT16, D, D / 8>(out, p, jr, qh, r0, n_heads, t, 0, Os, tid, CONSUMERS, L);
+    }
+    if (PP && wg == 0) bar_sync(mine, CONSUMERS);  // the other's last turn handed over
+}
