@@ -206,8 +206,8 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
         wg_wait0();
         online_softmax<EX2>(s, oc, mc, lc, p, 2 * t);
         pack();
+        if (n > 1) arrived(k + 1);
         for (int i = 0; i + 1 < n; ++i) {  // S of i + 1 with P V of i
-            arrived(k + i + 1);
             turn();
             zero_s();
             wg_fence();
@@ -226,8 +226,9 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
                 for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;  // the next chunk's state
 #pragma unroll
             for (int e = 0; e < 2; ++e) alpha[e] = row_weights<EX2>(s, mc[e], lc[e], p[e], kb, e);
-            // the sums depend on every weight: the compiler may not move the softmax past the wait
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" : "+f"(lc[0]), "+f"(lc[1])::"memory");
+            // the next sub-tile's wait here (a loop) keeps ptxas from hoisting the wait for P V above the softmax
+            if (i + 2 < n) arrived(k + i + 2);
+            wg_wait0();
             mbar_arrive(empty + 8 * ((k + i) % NS));
             if (end) {
                 fold(i, m, l);
@@ -236,6 +237,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
 #pragma unroll
             for (int e = 0; e < 2; ++e) rescale_row(oc, alpha[e], e);
 #else
+            if (i + 2 < n) arrived(k + i + 2);
             wg_wait0();
             mbar_arrive(empty + 8 * ((k + i) % NS));
             if (end) {
