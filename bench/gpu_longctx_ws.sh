@@ -3,10 +3,11 @@
 # attention_wgmma.cu on the H200 in one device call (< 210 s), JSON under $OUT as each stage ends, summary
 # last. Stages, each under its own limit (WS_T_<stage> seconds):
 #   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma, attention_ws.cu (as planned,
-#           ping-pong off, softmax overlap off) and attention_wgmma.cu as planned: bits against attn_mma's,
-#           ms (median of three 20-call runs)                                                          [40]
+#           ping-pong off, softmax overlap off, position compares skipped) and attention_wgmma.cu as
+#           planned: bits against attn_mma's,
+#           ms (median of three 20-call runs)                                                          [45]
 #   tests   test_cuda_attention_wgmma.py with LOCKSTEP_ATTN_WS=1 (its launches of two warpgroups on
-#           attention_ws.cu, compared bit for bit with attn_mma) and with the default, side by side       [75]
+#           attention_ws.cu, compared bit for bit with attn_mma) and with the default, side by side       [70]
 #   engine  bench/longctx.py on the 8B shape, prompts 8192 and 30000, exact on: the default and
 #           LOCKSTEP_ATTN_WS=1 (the fastest build with attn_mma's bits in the probe; none: skipped), cells
 #           interleaved (the engine's load self-check runs under each)                                     [85]
@@ -22,13 +23,13 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
   > "$work/shape.log" 2>&1 &
 shape=$!
 stage "probe"
-timeout "$(lim probe 40)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-ws-ab-h200.json" > "$work/probe.log" 2>&1
+timeout "$(lim probe 45)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-ws-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-600 "$work/probe.log" | tail -n 8
 stage "tests"
 pids=()
 for v in ws default; do
   [ "$v" = ws ] && export LOCKSTEP_ATTN_WS=1 || unset LOCKSTEP_ATTN_WS
-  timeout "$(lim tests 75)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 6 \
+  timeout "$(lim tests 70)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 6 \
     --junitxml="$work/tests-$v.xml" tests/test_cuda_attention_wgmma.py > "$work/tests-$v.txt" 2>&1 &
   pids+=($!)
 done
@@ -45,11 +46,12 @@ stage "engine"
 pick=$(python3 -c '
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
-ok = [v for v in ("ws", "ws_ov0", "ws_pp0") if all(c.get(v, {}).get("same_bits_as_mma") for c in cells)]
+ok = [v for v in ("ws", "ws_ov0", "ws_pp0", "ws_mk") if all(c.get(v, {}).get("same_bits_as_mma") for c in cells)]
 print(min(ok, key=lambda v: cells[-1][v]["ms"]) if ok and len(cells) == 3 else "none")' "$OUT/attn-ws-ab-h200.json" 2>/dev/null || echo none)
 echo "engine build: $pick" | tee -a "$OUT/summary.txt"
 [ "$pick" = ws_ov0 ] && sed -i 's/^WGMMA_WS_OVERLAP = True/WGMMA_WS_OVERLAP = False/' kernels/cuda/plan.py
 [ "$pick" = ws_pp0 ] && sed -i 's/^WGMMA_WS_PINGPONG = True/WGMMA_WS_PINGPONG = False/' kernels/cuda/plan.py
+[ "$pick" = ws_mk ] && sed -i 's/^WGMMA_WS_SKIP_MASK = False/WGMMA_WS_SKIP_MASK = True/' kernels/cuda/plan.py
 wait "$shape"; echo "shape rc $?"; stage "shape written"
 [ "$pick" != none ] && timeout "$(lim engine 85)" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${WS_PROMPTS:-8192,30000}" \
   --modes on --env-variant ws:LOCKSTEP_ATTN_WS=1 --out "$OUT/longctx-ws-h200" > "$work/longctx.log" 2>&1

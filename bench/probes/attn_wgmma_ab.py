@@ -24,9 +24,10 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 
 H, HKV, D, ROWS = 32, 8, 128, 512
 VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
-# --ws: attention_ws.cu beside, as planned and with its ping-pong (PP) or softmax overlap (OV) off
+# --ws: attention_ws.cu beside, as planned, with its ping-pong (PP) or softmax overlap (OV) off, the
+# position compares skipped (MK)
 WS = {"mma": None, "ws": plan.WGMMA_ATTN_FILL, "ws_pp0": plan.WGMMA_ATTN_FILL, "ws_ov0": plan.WGMMA_ATTN_FILL,
-      "wgmma": plan.WGMMA_ATTN_FILL}
+      "ws_mk": plan.WGMMA_ATTN_FILL, "wgmma": plan.WGMMA_ATTN_FILL}
 
 
 def main() -> int:
@@ -54,8 +55,10 @@ def main() -> int:
         for name, fill in (WS if args.ws else VARIANTS).items():
             ops.wgmma_attention = fill is not None
             ops.attention_ws = name.startswith("ws")
-            saved, knobs = plan.WGMMA_ATTN_FILL, (plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP)
+            saved = plan.WGMMA_ATTN_FILL
+            knobs = plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP, plan.WGMMA_WS_SKIP_MASK
             plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP = name != "ws_pp0" and knobs[0], name != "ws_ov0" and knobs[1]
+            plan.WGMMA_WS_SKIP_MASK = name == "ws_mk" or knobs[2]
             plan.WGMMA_ATTN_FILL = fill if fill is not None else saved
             try:
                 build = ops.attention_build(ROWS, H, HKV, D, width)
@@ -70,7 +73,7 @@ def main() -> int:
                 continue
             finally:
                 plan.WGMMA_ATTN_FILL = saved
-                plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP = knobs
+                plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP, plan.WGMMA_WS_SKIP_MASK = knobs
                 ops.wgmma_attention = False
             cell[name] = {"build": build + ("+ws" if wt and wt.ws else ""), "groups": wt.groups if wt else None,
                           "stages": wt.stages if wt else None,

@@ -53,17 +53,24 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // Row e's part of one sub-tile's online softmax: scores s of keys past its position p (from key kbase +
 // 8 j + x of tile j) -inf; its running max mc and sum lc updated; its weights left in s; the factor its
-// O takes (alpha) returned.
-template <int USE_EX2, int NS_>
+// O takes (alpha) returned. SKIP_: no key compared where the thread's last one is at or before p.
+template <int USE_EX2, int NS_, bool SKIP_ = false>
 __device__ __forceinline__ float row_weights(float (&s)[NS_][4], float& mc, float& lc, int p, int kbase, int e) {
     float mx = NEG_INF;
+    if (!SKIP_ || kbase + (NS_ - 1) * 8 + 1 > p) {
 #pragma unroll
-    for (int j = 0; j < NS_; ++j)
+        for (int j = 0; j < NS_; ++j)
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (kbase + j * 8 + x > p) s[j][2 * e + x] = NEG_INF;
-            mx = fmaxf(mx, s[j][2 * e + x]);
-        }
+            for (int x = 0; x < 2; ++x) {
+                if (kbase + j * 8 + x > p) s[j][2 * e + x] = NEG_INF;
+                mx = fmaxf(mx, s[j][2 * e + x]);
+            }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NS_; ++j)
+#pragma unroll
+            for (int x = 0; x < 2; ++x) mx = fmaxf(mx, s[j][2 * e + x]);
+    }
     const float mn = fmaxf(mc, quad_max(mx));
     const float mu = mn == NEG_INF ? 0.f : mn, mul = __fmul_rn(mu, LOG2E);
     // a sub-tile past the row's position (all -inf) leaves the state as it is: alpha 1

@@ -24,6 +24,9 @@
 #ifndef OV
 #define OV 1  // a consumer's softmax of sub-tile i + 1 overlaps its P V of i (plan.WGMMA_WS_OVERLAP)
 #endif
+#ifndef MK
+#define MK 0  // the key-past-position compares skipped where a row sees the whole sub-tile (plan.WGMMA_WS_SKIP_MASK)
+#endif
 
 #define D HEAD_DIM
 #define KT 64                  // keys per sub-tile (part of the arithmetic)
@@ -225,7 +228,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
 #pragma unroll
                 for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;  // the next chunk's state
 #pragma unroll
-            for (int e = 0; e < 2; ++e) alpha[e] = row_weights<EX2>(s, mc[e], lc[e], p[e], kb, e);
+            for (int e = 0; e < 2; ++e) alpha[e] = row_weights<EX2, KT / 8, MK>(s, mc[e], lc[e], p[e], kb, e);
             // the next sub-tile's wait here (a loop) keeps ptxas from hoisting the wait for P V above the softmax
             if (i + 2 < n) arrived(k + i + 2);
             wg_wait0();

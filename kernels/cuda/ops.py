@@ -623,7 +623,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             kv = (("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
             fn = (big_smem_kernel("attention_ws.cu", "attn_ws", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("NS", wt.stages), ("PP", int(plan.WGMMA_WS_PINGPONG)),
-                                   ("OV", int(plan.WGMMA_WS_OVERLAP)), *kv)) if wt.ws else
+                                   ("OV", int(plan.WGMMA_WS_OVERLAP)), ("MK", int(plan.WGMMA_WS_SKIP_MASK)), *kv))
+                  if wt.ws else
                   big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages), *kv)))
             launch(fn, (plan.ceil_div(t, wt.rb), n_kv * wt.subgroups, 1), (wt.threads,),
