@@ -31,19 +31,11 @@
 #define NS 3  // K/V stages in shared memory (plan.WGMMA_ATTN_STAGES)
 #endif
 
-#define D HEAD_DIM
-#define KT 64                  // keys per sub-tile (part of the arithmetic)
 #define MR (64 * WQ)           // MMA rows a block
 #define RB (MR / GP)           // query rows a block
 #define RQ (64 / GP)           // query rows a warpgroup
 #define NW (4 * WQ)            // warps
 #define THREADS (NW * 32)
-#define HALF (KT * 128)        // bytes of one 64-dim half of a K or V sub-tile
-#define TILE (HALF * (D / 64)) // bytes of a K or V sub-tile
-#define LD (D + 8)             // q staging row stride in 16-bit values
-#if D % 64
-#error "the swizzled tiles are 64-dim halves: HEAD_DIM 64 or 128"
-#endif
 #if RB > 32
 #error "a block's rows are kept in 32-bit masks"
 #endif
@@ -72,16 +64,7 @@ attn_wgmma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* _
     stage_rows<RB>(s_pos, s_seq, positions, seq, r0, T, tid, THREADS);
     // sub-tile i of a sequence (table) into stage i % NS; keys past pmax zero-filled
     auto load = [&](const int* table, int pmax, int i) {
-        const i64 page = table[i / (PAGE / KT)];
-        const int key0 = i * KT, st = i % NS;
-        for (int x = tid; x < KT * (D / 8); x += THREADS) {
-            const int kr = x / (D / 8), u = x % (D / 8);
-            const i64 off = (page * PAGE + key0 % PAGE + kr) * cell + (i64)h * D + u * 8;
-            const int at = st * TILE + (u >> 3) * HALF + kr * 128 + (((u & 7) ^ (kr & 7)) << 4);
-            const int bytes = key0 + kr <= pmax ? 16 : 0;
-            cp_async16(smem + at, kc + off, bytes);
-            cp_async16(smem + NS * TILE + at, vc + off, bytes);
-        }
+        load_kv(smem, NS, kc, vc, table, pmax, i, i % NS, h, cell, tid, THREADS);
     };
     pdl_start();
 

@@ -5,6 +5,32 @@
 typedef unsigned u32;
 typedef unsigned long long u64;
 
+#define D HEAD_DIM
+#define KT 64                  // keys per sub-tile (part of the arithmetic)
+#define HALF (KT * 128)        // bytes of one 64-dim half of a K or V sub-tile
+#define TILE (HALF * (D / 64)) // bytes of a K or V sub-tile
+#define LD (D + 8)             // q staging row stride in 16-bit values
+#if D % 64
+#error "the swizzled tiles are 64-dim halves: HEAD_DIM 64 or 128"
+#endif
+
+// Sub-tile i of a sequence (its page table) by cp.async into stage st of the K ring at smem and of the V
+// ring ns stages on, as two 64-dim halves of 64 keys x 128 bytes, 16-byte unit u of key row r at unit
+// u ^ (r & 7); units x0, x0 + step, ...; keys past pmax zero-filled (never read from the cache)
+__device__ __forceinline__ void load_kv(unsigned char* smem, int ns, const u16* kc, const u16* vc, const int* table,
+                                        int pmax, int i, int st, int h, i64 cell, int x0, int step) {
+    const i64 page = table[i / (PAGE / KT)];
+    const int key0 = i * KT;
+    for (int x = x0; x < KT * (D / 8); x += step) {
+        const int kr = x / (D / 8), u = x % (D / 8);
+        const i64 off = (page * PAGE + key0 % PAGE + kr) * cell + (i64)h * D + u * 8;
+        const int at = st * TILE + (u >> 3) * HALF + kr * 128 + (((u & 7) ^ (kr & 7)) << 4);
+        const int bytes = key0 + kr <= pmax ? 16 : 0;
+        cp_async16(smem + at, kc + off, bytes);
+        cp_async16(smem + ns * TILE + at, vc + off, bytes);
+    }
+}
+
 #define WG_RS_N64(T, TB) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n" \

@@ -28,18 +28,10 @@
 #define MK 0  // the key-past-position compares skipped where a row sees the whole sub-tile (plan.WGMMA_WS_SKIP_MASK)
 #endif
 
-#define D HEAD_DIM
-#define KT 64                  // keys per sub-tile (part of the arithmetic)
 #define MR 128                 // MMA rows a block: two consumer warpgroups
 #define RB (MR / GP)           // query rows a block
 #define CONSUMERS 256
 #define THREADS (CONSUMERS + 128)
-#define HALF (KT * 128)        // bytes of one 64-dim half of a K or V sub-tile
-#define TILE (HALF * (D / 64)) // bytes of a K or V sub-tile
-#define LD (D + 8)             // q staging row stride in 16-bit values
-#if D % 64
-#error "the swizzled tiles are 64-dim halves: HEAD_DIM 64 or 128"
-#endif
 #if RB > 32
 #error "a block's rows are kept in 32-bit masks"
 #endif
@@ -105,16 +97,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
             for (int i = 0; i < pmax / KT + 1; ++i, ++k) {
                 const int st = k % NS;
                 if (k >= NS) mbar_wait(empty + 8 * st, (k / NS - 1) & 1);
-                const i64 page = table[i / (PAGE / KT)];
-                const int key0 = i * KT;
-                for (int x = pt; x < KT * (D / 8); x += 128) {
-                    const int kr = x / (D / 8), u = x % (D / 8);
-                    const i64 off = (page * PAGE + key0 % PAGE + kr) * cell + (i64)h * D + u * 8;
-                    const int at = st * TILE + (u >> 3) * HALF + kr * 128 + (((u & 7) ^ (kr & 7)) << 4);
-                    const int bytes = key0 + kr <= pmax ? 16 : 0;
-                    cp_async16(smem + at, kc + off, bytes);
-                    cp_async16(smem + NS * TILE + at, vc + off, bytes);
-                }
+                load_kv(smem, NS, kc, vc, table, pmax, i, st, h, cell, pt, 128);
                 cp_async_arrive(full + 8 * st);
             }
         }
