@@ -56,7 +56,7 @@ REGISTRY: tuple[EnvVar, ...] = (
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),
     EnvVar(ATTN_WS, ("kernels",), "a switch: attention_wgmma.cu's two-warpgroup prefills take attention_ws.cu "
-           "(the same bits, warp-specialised: a producer warpgroup, mbarrier ring, ping-pong consumers; default off)"),
+           "(the same bits, warp-specialised: a producer warpgroup, mbarrier ring, ping-pong consumers; default on where attention_wgmma.cu runs, 0 keeps attention_wgmma.cu)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

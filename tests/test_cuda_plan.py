@@ -315,10 +315,10 @@ def test_wgmma_attention_blocks_fit_an_sm(t):
         assert ws.shared + 1024 + 512 <= plan.SM_SHARED
 
 
-def test_attention_ws_is_off_unless_switched_on():
+def test_attention_ws_is_on_unless_switched_off():
     from contract.env import ATTN_WS
     from kernels.cuda import dispatch
 
-    assert dispatch.attention_ws_on({}) is False
+    assert dispatch.attention_ws_on({}) is True
     assert dispatch.attention_ws_on({ATTN_WS: "1"}) is True
     assert dispatch.attention_ws_on({ATTN_WS: "0"}) is False

@@ -153,6 +153,6 @@ def wgmma_attention(dev: Any, t: int, n_heads: int, n_kv: int, head_dim: int, wi
 
 
 def attention_ws_on(env: Mapping[str, str]) -> bool:
-    """Whether attention_wgmma.cu's two-warpgroup launches take attention_ws.cu (LOCKSTEP_ATTN_WS; off
-    until a device run measures it faster with the same bits)."""
-    return switch(env, ATTN_WS, default=False)
+    """Whether attention_wgmma.cu's two-warpgroup launches take attention_ws.cu (LOCKSTEP_ATTN_WS; on: the
+    H200 measured it faster with attn_mma's bits, bench/evidence/attn-ws-ab-h200.json; 0 turns it off)."""
+    return switch(env, ATTN_WS, default=True)

@@ -525,7 +525,8 @@ WGMMA_ATTN_FILL = 0.9  # two warpgroups a block (sharing K/V tiles) while their 
 WGMMA_ATTN_STAGES = {1: 2, 2: 3}  # K/V stages by warpgroups: one-warpgroup blocks fit two an SM
 WGMMA_WS_STAGES = 4  # attention_ws.cu's ring: its block is alone on an SM
 WGMMA_WS_PINGPONG = True  # its consumers take turns issuing MMAs (PP)
-WGMMA_WS_OVERLAP = True  # a consumer's softmax of sub-tile i + 1 beside its P V of i (OV)
+WGMMA_WS_OVERLAP = False  # a consumer's softmax of sub-tile i + 1 beside its P V of i (OV): 0.786 ms at
+# 30000 keys without it against 0.819 with it (attn-ws-ab-h200.json), bits equal either way
 WGMMA_WS_SKIP_MASK = False  # no position compares where a row sees the whole sub-tile (MK)
 
 
