@@ -55,12 +55,23 @@ def timed(fn, reps: int = 7, graph: bool = True) -> float:
     return float(np.median(times))
 
 
-def back_to_back_ms(fn, calls: int) -> float:
+# Spins `cycles` clocks: launched before a run, it holds the GPU while Python queues the run's calls
+_HOLD = cp.RawKernel(r"""extern "C" __global__ void hold(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}""", "hold")
+
+
+def back_to_back_ms(fn, calls: int, hold_cycles: int = 0) -> float:
     """Milliseconds per call of `fn` issued `calls` times back to back on the current stream (after one
-    warm-up call): each call's launches overlap the previous one's tail, as a serving loop's do."""
+    warm-up call): each call's launches overlap the previous one's tail, as a serving loop's do.
+    hold_cycles > 0 queues the calls behind a spinning kernel, so calls whose host side outlasts their
+    GPU work are timed by the GPU's work."""
     fn()
     cp.cuda.get_current_stream().synchronize()
     a, b = cp.cuda.Event(), cp.cuda.Event()
+    if hold_cycles:
+        _HOLD((1,), (1,), (np.int64(hold_cycles),))
     a.record()
     for _ in range(calls):
         fn()

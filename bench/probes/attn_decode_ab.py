@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_ops import write_json  # noqa: E402
+from bench.gpu_ops import back_to_back_ms, write_json  # noqa: E402
 from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
 from kernels.cuda import plan  # noqa: E402
 from kernels.cuda.ops import CudaOps  # noqa: E402
@@ -29,25 +29,8 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 H, HKV, D = 32, 8, 128
 PAGE_BYTES = PAGE_SIZE * HKV * D * 2 * 2  # K and V
 POOL = 2400  # pages (~2.5 GB)
-# A kernel that spins ~20 ms: launched first, it holds the GPU while Python queues a run's calls, so the
-# run times the GPU's work (a call's host side, ~0.1 ms, is longer than a decode layer's attention)
-HOLD = cp.RawKernel(r"""extern "C" __global__ void hold(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {}
-}""", "hold")
-
-
-def gpu_ms(fn, calls: int) -> float:
-    fn()
-    cp.cuda.get_current_stream().synchronize()
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    HOLD((1,), (1,), (np.int64(40_000_000),))
-    a.record()
-    for _ in range(calls):
-        fn()
-    b.record()
-    b.synchronize()
-    return cp.cuda.get_elapsed_time(a, b) / calls
+# ~20 ms of spinning before each run: a call's host side (~0.1 ms) is longer than a layer's decode attention
+HOLD_CYCLES = 40_000_000
 VARIANTS = {"old": (0, 0), "share_s": (1, 0), "new": (1, 1)}  # (MMA_SHARE_S, MERGE_SCAN)
 
 
@@ -89,7 +72,7 @@ def main() -> int:
                 return ops.attention(q, layer, rows, D**-0.5)
 
             try:
-                runs = sorted(gpu_ms(call, 20) for _ in range(3))
+                runs = sorted(back_to_back_ms(call, 20, HOLD_CYCLES) for _ in range(3))
                 outs[name] = cp.asnumpy(ops.attention(q, layer, row_sets[0], D**-0.5))
             except Exception as e:  # a failing build is a result too
                 cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
