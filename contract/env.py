@@ -30,6 +30,7 @@ MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
 PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
+MM_CLUSTER = "LOCKSTEP_MM_CLUSTER"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 THREADS = "LLAMA_ARG_THREADS"
@@ -52,6 +53,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
     EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel, the "
            "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),
+    EnvVar(MM_CLUSTER, ("kernels",), "2|4|8: one-row 16-bit matmuls on CUDA whose row tiles fill the SMs' last wave "
+           "poorly run their K slices on clusters of that many blocks (the same bits); 0 or unset: off"),
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),

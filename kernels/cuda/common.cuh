@@ -254,6 +254,38 @@ __device__ __forceinline__ bool combine_slices(float (&acc)[TM][4], float* red) 
     return true;
 }
 
+// combine_slices over a cluster of CL blocks (1-D, CL consecutive blocks; __cluster_dims__), block rank r
+// holding slices r * W .. r * W + W - 1 (W warps a block): each slice's partial lands in rank 0's `red`
+// (distributed shared memory), and rank 0's warp 0 adds them in slice order, as combine_slices does.
+// Returns false on every other warp.
+template <int TM>
+__device__ __forceinline__ bool combine_cluster(float (&acc)[TM][4], float* red, int CL) {
+    const int W = blockDim.x >> 5, S = W * CL, lane = threadIdx.x & 31;
+    const int s = (threadIdx.x >> 5) + (int)(blockIdx.x % CL) * W;
+    if (s > 0) {
+        const unsigned local = (unsigned)__cvta_generic_to_shared(red + ((s - 1) * 32 + lane) * (TM * 4));
+        unsigned remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(remote) : "r"(local));
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+            asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote + 16 * tm),
+                         "f"(acc[tm][0]), "f"(acc[tm][1]), "f"(acc[tm][2]), "f"(acc[tm][3])
+                         : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    if (s != 0) return false;
+#pragma unroll 4
+    for (int p = 1; p < S; ++p) {
+        const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
+#pragma unroll
+        for (int tm = 0; tm < TM; ++tm)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
+    }
+    return true;
+}
+
 // EPI_ROPE of the streaming kernels' accumulators (c0, c1: row n0 + g, tokens 2t, 2t + 1; c2, c3: row
 // n0 + g + 8): head h0 + n0 / D, dims j and j + D/2 (q rotated into out, k and v into the cache);
 // h0 > 0 for a run of a stack that starts past the first head.

@@ -297,18 +297,22 @@ __device__ __forceinline__ void row_pairs(unsigned q0, unsigned q1, int u, unsig
     for (int i = 0; i < 4; ++i) b[i] = lane < 4 ? b[i] : 0u;
 }
 
-template <int WT, int TM, int U, int PRO>
+// CL > 1 (one row, 16-bit or int8 weights): a row tile's S slices spread over a cluster of CL blocks of
+// S / CL warps (block rank r holds slices r * S / CL ..), combined by combine_cluster: mm_tc's sums.
+template <int WT, int TM, int U, int PRO, int CL = 1>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags, const float* __restrict__ nw, float eps,
                                       int ldx, const QkvOut& qkv, int kv, int m_base,
                                       const int* __restrict__ rows = nullptr) {
+    static_assert(CL == 1 || (PRO == PRO_ONE && !KQ(WT)), "clusters split one-row tiles of whole rows");
     extern __shared__ float red[];
-    const int S = blockDim.x >> 5;
-    const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int S = (blockDim.x >> 5) * CL;
+    const int s = (threadIdx.x >> 5) + (CL > 1 ? (int)(blockIdx.x % CL) * (int)(blockDim.x >> 5) : 0);
+    const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16;
+    const int n0 = (CL > 1 ? blockIdx.x / CL : blockIdx.x) * 16;
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
@@ -504,7 +508,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     }
 
     // The fixed combine: warp 0 adds the S partial sums in slice order (combine_slices).
-    if (!combine_slices<TM>(acc, red)) return;
+    if (CL > 1 ? !combine_cluster<TM>(acc, red, CL) : !combine_slices<TM>(acc, red)) return;
 
     stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc, n0, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
 }
@@ -547,6 +551,22 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
 MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
 MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
+
+// One row on clusters of CL blocks (plan.cluster_launch): where a weight's row tiles fill the SMs'
+// last wave poorly, CL times the blocks of 1 / CL the warps even the SMs' shares out.
+#define MM_TC_CL(NAME, WT, U, CL)                                                                        \
+    extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(MM_THREADS(WT, 1), 1) NAME(  \
+        const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
+        int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
+        const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
+        int kv) {                                                                                        \
+        mm_tc<WT, 1, U, PRO_ONE, CL>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,      \
+                                     QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv, 0); \
+    }
+#define MM_TC_CL_SET(T, WT) MM_TC_CL(mm_##T##_one_c2, WT, 4, 2) MM_TC_CL(mm_##T##_one_c4, WT, 4, 4) \
+    MM_TC_CL(mm_##T##_one_c8, WT, 4, 8)
+MM_TC_CL_SET(f16, WT_F16)
+MM_TC_CL_SET(bf16, WT_BF16)
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

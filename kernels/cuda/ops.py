@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import MATVEC, switch
+from contract.env import MATVEC, MM_CLUSTER, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -105,6 +105,9 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
         # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off until measured on a device
         self.matvec = switch(os.environ, MATVEC, default=False)
+        # One-row matmuls whose row tiles fill the SMs' last wave poorly: blocks in clusters of this
+        # many (plan.cluster_launch), 0 none.
+        self.mm_cluster = int(os.environ.get(MM_CLUSTER, "0"))
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
@@ -315,6 +318,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
             return self._matvec(mv, x, w, out, bias, res, flags, norm_weight, eps)
         mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
+        if not qkv_out and (cl := plan.cluster_launch(mm, w.dtype, self.mm_cluster, self.sm_count)):
+            mm = cl
         launch(streaming_kernel(mm), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out

@@ -215,6 +215,24 @@ def moe_tiles(pairs: int, experts: int, rows: int) -> int:
     return ceil_div(pairs, rows) + min(experts, pairs)
 
 
+CLUSTER_TYPES = ("f16", "bf16")  # weights with one-row kernels on clusters (matmul.cu's mm_*_one_c*)
+CLUSTER_SIZES = (2, 4, 8)
+CLUSTER_WASTE = 1.25  # SM waves a one-row launch's blocks need over the waves its tiles fill, past which it clusters
+
+
+def cluster_launch(mm: MatmulLaunch, dtype: str, cluster: int, sm_count: int) -> MatmulLaunch | None:
+    """A one-row launch (mm_*_one) with each row tile's K slices spread over a cluster of `cluster`
+    blocks (the same slices, combined in the same order: mm_tc's bits), where its tiles leave the
+    SMs' last wave mostly idle (160 tiles on 132 SMs: the 4B hybrid's out_proj and down); else None."""
+    if cluster not in CLUSTER_SIZES or dtype not in CLUSTER_TYPES or not mm.kernel.endswith("_one"):
+        return None
+    tiles = mm.grid[0]
+    if mm.split < cluster or ceil_div(tiles, sm_count) * sm_count < CLUSTER_WASTE * tiles:
+        return None
+    return MatmulLaunch(f"{mm.kernel}_c{cluster}", (tiles * cluster, 1, 1), (32 * mm.split // cluster, 1, 1),
+                        mm.shared, mm.split, 1)
+
+
 def reads_16bit(m: int, n: int, k: int, sm_count: int, dtype: str = "f16") -> bool:
     """Whether a normalised input of m rows reaches the streaming kernel rounded to 16 bits already
     (rms_norm_16, the pairs the MMAs take): the 9-16-row kernel, whose float32 rows with a batch's

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One-row matmuls on clusters (issue 31: the 4B hybrid's solo decode; plan.cluster_launch) on a GPU
+# machine in one call: the cluster kernels' GPU tests, and the tiny hybrid models' GPU tests with every
+# one-row launch they can cluster clustered (LOCKSTEP_MM_CLUSTER=2), beside the 4B hybrid's build; then
+# its decode cells (exact on, solo and 16 chats, plain and launched ahead) with clusters off (the base
+# build), of 4, 8 and 2 blocks, each with a profile of the solo graph's kernels (profiles.tgz); last the
+# one-row A/B (bench/probes/cluster_ab.py: times and bits).   OUT=/tmp/x bench/gpu_cluster.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-cluster}
+source bench/gpu_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+pack() { tar -czf "$OUT/profiles.tgz" -C "$work" . 2>/dev/null; }
+stage "tests beside the 4B build"
+( timeout "${TESTS_S:-50}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=5 \
+    --junitxml="$work/pytest-cluster.xml" tests/test_cuda_matmul_cluster.py > "$OUT/pytest.txt" 2>&1
+  LOCKSTEP_MM_CLUSTER=2 timeout "${MODEL_S:-40}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
+    --junitxml="$work/pytest-model.xml" tests/test_cuda_hybrid_ahead.py \
+    "tests/test_cuda_deltanet.py::test_tiny_qwen3_5_decode_graphs_give_the_uncaptured_bits" \
+    "tests/test_cuda_deltanet.py::test_tiny_qwen3_5_logits_match_the_cpu_backend" >> "$OUT/pytest.txt" 2>&1
+  python3 bench/gpu_summary.py --tests "$work/pytest-cluster.xml" "$OUT/gpu-tests-cluster-h200.json"
+  touch "$work/tests.done" ) &
+side=$!
+timeout "${BENCH_S:-165}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-cluster-h200.json" \
+  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,4,8,2}" \
+  --profile "$work/hybrid-4b-profile-cluster-h200.json" > "$OUT/hybrid-4b.log" 2>&1
+stage "4b hybrid done"
+grep -v "first layers" "$OUT/hybrid-4b.log" | tail -n 70
+pack
+wait "$side"
+stage "tests done"
+grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -n 8
+timeout "${AB_S:-40}" python3 bench/probes/cluster_ab.py --out "$OUT/cluster-ab-h200.json" 2>&1 | tail -n 24
+pack
+stage "done"

@@ -1,0 +1,82 @@
+"""matmul.cu's one-row kernel on clusters (mm_*_one_cN, plan.cluster_launch: a row tile's K slices over
+N blocks, combined through distributed shared memory) against the one-row kernel itself: the same sums,
+so the same bits, at every split it takes, padded K, with bias and residual, inside a graph of PDL
+launches too, and in a tiny hybrid model's decode."""
+
+import numpy as np
+import pytest
+
+from tests.cuda_fixtures import cp
+
+pytestmark = pytest.mark.gpu
+
+from kernels.cuda import plan  # noqa: E402
+from kernels.cuda.ops import CudaOps  # noqa: E402
+from kernels.weights import Weight  # noqa: E402
+
+RNG = np.random.default_rng()
+# (n, k): splits 2 (40 x 70: K padded), 16, 32 (300 x 1000), and the 4B hybrid's out_proj and down
+SHAPES = [(40, 70), (300, 1000), (2560, 4096), (2560, 9216), (4096, 2560)]
+
+
+def _rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.fixture
+def every_shape(monkeypatch):
+    """Clusters for every one-row launch whose split allows them, not only those with an idle last wave."""
+    monkeypatch.setattr(plan, "CLUSTER_WASTE", 0.0)
+
+
+def _ops(cluster: int) -> CudaOps:
+    ops = CudaOps(exact=True)
+    ops.mm_cluster = cluster
+    return ops
+
+
+@pytest.mark.parametrize("cluster", plan.CLUSTER_SIZES)
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_cluster_kernel_gives_the_one_row_kernels_bits(every_shape, cluster, dtype, shape):
+    n, k = shape
+    new, old = _ops(cluster), _ops(0)
+    dw = new.upload(Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype))
+    mm = plan.matmul_launch(dtype, 1, n, k, new.sm_count)
+    if plan.cluster_launch(mm, dtype, cluster, new.sm_count) is None:
+        pytest.skip(f"split {mm.split} < cluster {cluster}")
+    bias, res = new.tensor(_rand(n)), cp.asarray(_rand(1, n))
+    for _ in range(3):
+        x = cp.asarray(_rand(1, k, scale=3.0))
+        for args in ((None, None), (bias, None), (None, res), (bias, res)):
+            got, want = (cp.asnumpy(o.matmul(x, dw, *args)) for o in (new, old))
+            assert got.tobytes() == want.tobytes(), f"bias/res {[a is not None for a in args]}"
+
+
+@pytest.mark.parametrize("cluster", [4, 8])
+def test_cluster_kernel_in_a_graph_of_pdl_launches(cluster):
+    """Back to back in a captured graph (the decode step's PDL launches), each reading the one before."""
+    n = k = 2560
+    new, old = _ops(cluster), _ops(0)
+    ws = [new.upload(Weight.from_f32(_rand(n, k, scale=k**-0.5), "f16")) for _ in range(4)]
+    mm = plan.matmul_launch("f16", 1, 2560, 9216, new.sm_count)
+    assert plan.cluster_launch(mm, "f16", cluster, new.sm_count) is not None  # down on an H200: 160 tiles
+    x0 = cp.asarray(_rand(1, k))
+
+    def chain(ops):
+        x = x0
+        for w in ws:
+            x = ops.matmul(x, w, None, x)
+        return x
+
+    want = cp.asnumpy(chain(old))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        out = chain(new)
+        g = stream.end_capture()
+        for _ in range(3):
+            g.launch(stream)
+            stream.synchronize()
+            assert cp.asnumpy(out).tobytes() == want.tobytes()
+
