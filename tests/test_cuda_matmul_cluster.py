@@ -59,8 +59,9 @@ def test_cluster_kernel_in_a_graph_of_pdl_launches(cluster):
     n = k = 2560
     new, old = _ops(cluster), _ops(0)
     ws = [new.upload(Weight.from_f32(_rand(n, k, scale=k**-0.5), "f16")) for _ in range(4)]
-    mm = plan.matmul_launch("f16", 1, 2560, 9216, new.sm_count)
-    assert plan.cluster_launch(mm, "f16", cluster, new.sm_count) is not None  # down on an H200: 160 tiles
+    mm = plan.matmul_launch("f16", 1, n, k, new.sm_count)
+    if plan.cluster_launch(mm, "f16", cluster, new.sm_count) is None:  # 160 tiles: clusters on an H200's 132 SMs
+        pytest.skip(f"{n} rows fill this device's waves")
     x0 = cp.asarray(_rand(1, k))
 
     def chain(ops):
@@ -70,6 +71,7 @@ def test_cluster_kernel_in_a_graph_of_pdl_launches(cluster):
         return x
 
     want = cp.asnumpy(chain(old))
+    assert cp.asnumpy(chain(new)).tobytes() == want.tobytes()  # also builds the kernel before the capture
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

@@ -41,7 +41,7 @@ def probe(name: str, n: int, k: int, dtype: str, sm: int) -> list[dict]:
             plan.CLUSTER_WASTE = waste
             if mm is None:
                 continue
-        fn = streaming_kernel(mm)
+        fn = streaming_kernel(mm, () if cl == 0 else plan.CLUSTER_BUILD)
         outs = [cp.empty((1, n), cp.float32) for _ in ws]
 
         def run(fn=fn, mm=mm, outs=outs):

@@ -553,7 +553,9 @@ MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
 MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
 
 // One row on clusters of CL blocks (plan.cluster_launch): where a weight's row tiles fill the SMs'
-// last wave poorly, CL times the blocks of 1 / CL the warps even the SMs' shares out.
+// last wave poorly, CL times the blocks of 1 / CL the warps even the SMs' shares out. A build of their
+// own (MM_CLUSTERS=1), so the other kernels' module stays as it was.
+#if MM_CLUSTERS
 #define MM_TC_CL(NAME, WT, U, CL)                                                                        \
     extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(MM_THREADS(WT, 1), 1) NAME(  \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
@@ -567,6 +569,7 @@ MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
     MM_TC_CL(mm_##T##_one_c8, WT, 4, 8)
 MM_TC_CL_SET(f16, WT_F16)
 MM_TC_CL_SET(bf16, WT_BF16)
+#endif
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

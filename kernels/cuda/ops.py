@@ -318,9 +318,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
             return self._matvec(mv, x, w, out, bias, res, flags, norm_weight, eps)
         mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
+        defines = ()
         if not qkv_out and (cl := plan.cluster_launch(mm, w.dtype, self.mm_cluster, self.sm_count)):
-            mm = cl
-        launch(streaming_kernel(mm), mm.grid, mm.block,
+            mm, defines = cl, plan.CLUSTER_BUILD
+        launch(streaming_kernel(mm, defines), mm.grid, mm.block,
                mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
 

@@ -217,6 +217,7 @@ def moe_tiles(pairs: int, experts: int, rows: int) -> int:
 
 CLUSTER_TYPES = ("f16", "bf16")  # weights with one-row kernels on clusters (matmul.cu's mm_*_one_c*)
 CLUSTER_SIZES = (2, 4, 8)
+CLUSTER_BUILD = (("MM_CLUSTERS", 1),)  # matmul.cu's defines of the build that has them
 CLUSTER_WASTE = 1.25  # SM waves a one-row launch's blocks need over the waves its tiles fill, past which it clusters
 
 
