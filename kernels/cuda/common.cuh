@@ -268,9 +268,10 @@ __device__ __forceinline__ bool combine_cluster(float (&acc)[TM][4], float* red,
         asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(remote) : "r"(local));
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm)
-            asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote + 16 * tm),
-                         "f"(acc[tm][0]), "f"(acc[tm][1]), "f"(acc[tm][2]), "f"(acc[tm][3])
-                         : "memory");
+#pragma unroll
+            for (int i = 0; i < 4; ++i)  // one word at a time: `red` is only 4-byte aligned
+                asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote + 4 * (tm * 4 + i)), "f"(acc[tm][i])
+                             : "memory");
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
