@@ -158,8 +158,9 @@ def main(argv=None) -> int:
                     help="one-row kernels, comma-separated cells: on (matvec.cu as planned), off (matmul.cu's), or a "
                          "JSON file of matvec.cu builds (bench/probes/matvec_pick.py) to plan with")
     ap.add_argument("--cluster", default="0",
-                    help="cells of one-row matmuls on clusters of this many blocks (plan.cluster_launch; 0: none), "
-                         "comma-separated: the first is the base build, the others label their cells mode/cN")
+                    help="cells of one-row matmuls on clusters of this many blocks (plan.cluster_launch; 0: none), a "
+                         "trailing g: the DeltaNet out_proj takes its gated norm itself (plan.gated_launch); "
+                         "comma-separated: the first is the base build, the others label their cells mode/cN[g]")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -175,12 +176,12 @@ def main(argv=None) -> int:
     per_seq = pages_for(args.prompt + 2 * args.gen + 8)
     report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
-    clusters = [int(c) for c in args.cluster.split(",")]
+    clusters = args.cluster.split(",")
     cells = [(mode, mv, cl) for cl in clusters for mv in args.matvec.split(",") for mode in args.modes.split(",")]
     for mode, mv, cl in cells:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
-        ops.mm_cluster = cl
+        ops.mm_cluster, ops.gated_prologue = int(cl.rstrip("g")), cl.endswith("g")
         use_matvec_table(None if mv in ("on", "off") else Path(mv))
         label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
         label += f"/c{cl}" if cl != clusters[0] else ""

@@ -31,6 +31,7 @@ PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
 MM_CLUSTER = "LOCKSTEP_MM_CLUSTER"
+MM_GATED = "LOCKSTEP_MM_GATED"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 THREADS = "LLAMA_ARG_THREADS"
@@ -55,6 +56,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),
     EnvVar(MM_CLUSTER, ("kernels",), "2|4|8: one-row 16-bit matmuls on CUDA whose row tiles fill the SMs' last wave "
            "poorly run their K slices on clusters of that many blocks (the same bits); 0 or unset: off"),
+    EnvVar(MM_GATED, ("kernels",), "a switch: a one-row DeltaNet out_proj on CUDA normalises its gated heads itself "
+           "(matmul.cu's mm_*_gated: gated_rms_norm's and the matmul's bits) instead of after a gated_rms_norm launch; "
+           "default off"),
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),

@@ -82,3 +82,27 @@ def test_cluster_kernel_in_a_graph_of_pdl_launches(cluster):
             stream.synchronize()
             assert cp.asnumpy(out).tobytes() == want.tobytes()
 
+
+
+@pytest.mark.parametrize("cluster", (0, *plan.CLUSTER_SIZES))
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("n, heads", [(2560, 32), (4096, 32), (2560, 64)], ids=str)
+def test_gated_prologue_gives_the_separate_ops_bits(every_shape, cluster, dtype, n, heads):
+    """A DeltaNet out_proj's row: gated_rms_norm of each 128-value head, then the matmul with its residual,
+    in one launch (mm_*_gated, alone or on clusters): the bits of the two launches."""
+    d = plan.GATED_SEG
+    k = heads * d
+    new, old = _ops(cluster), _ops(0)
+    new.gated_prologue = True
+    dw = new.upload(Weight.from_f32(_rand(n, k, scale=k**-0.5), dtype))
+    mm = plan.gated_launch(dtype, 1, n, k, dw.kp, d, new.sm_count, cluster)
+    assert mm is not None and mm.kernel.startswith(f"mm_{dtype}_gated")
+    nw = new.tensor(_rand(d))
+    for _ in range(3):
+        x, gate = cp.asarray(_rand(heads, d, scale=2.0)), cp.asarray(_rand(heads, d, scale=2.0))
+        res = cp.asarray(_rand(1, n))
+        got = cp.asnumpy(new.gated_norm_matmul(x, nw, gate, 1e-6, dw, res))
+        apart = cp.asnumpy(old.matmul(old.gated_rms_norm(x, nw, gate, 1e-6).reshape(1, k), dw, residual=res))
+        assert got.tobytes() == apart.tobytes()
+        assert cp.asnumpy(new.gated_norm_matmul(x, nw, gate, 1e-6, dw, None)).tobytes() == \
+            cp.asnumpy(old.matmul(old.gated_rms_norm(x, nw, gate, 1e-6).reshape(1, k), dw)).tobytes()

@@ -200,6 +200,28 @@ __device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int D, fl
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
 }
 
+__device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+// gated_rms_norm's (deltanet.cu) value of x in a head of inverse rms `inv`: ((x * inv) * w) * silu(gate).
+__device__ __forceinline__ float gated_value(float x, float inv, float w, float g) {
+    return __fmul_rn(__fmul_rn(__fmul_rn(x, inv), w), __fmul_rn(g, sigmoid_f(g)));
+}
+
+// rms_inv of one head of 128 values (xh) by one warp, rms_inv's sums in rms_inv's order: virtual warp vw < 4
+// of its 256 threads holds values 32 vw .. 32 vw + 31 (one each), the other four hold zeros.
+__device__ __forceinline__ float gated_head_inv(const float* __restrict__ xh, float eps) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.f;
+#pragma unroll
+    for (int vw = 0; vw < 8; ++vw) {
+        float acc = 0.f;
+        if (vw < 4) acc = __fmaf_rn(xh[vw * 32 + lane], xh[vw * 32 + lane], acc);
+        acc = warp_sum(acc);
+        s = vw == 0 ? acc : __fadd_rn(s, acc);
+    }
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, 128.0f), eps)));
+}
+
 // gate * sigmoid(gate) * up, as every kernel that gates a product computes it.
 __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);

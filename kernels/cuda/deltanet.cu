@@ -19,7 +19,6 @@
 #define CONV_THREADS 128
 #define CHUNK_THREADS 256
 
-__device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 
 // torch's softplus threshold: above 20, softplus(x) is x in float32
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

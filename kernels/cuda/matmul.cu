@@ -54,6 +54,11 @@ MMA_16(bf16)
 #define PRO_X16 8
 // Token m's activations are row rows[m] of x (the grouped kernels' gather; rows null: row m).
 #define PRO_ROWS 16
+// One row of heads of 128 values (a DeltaNet layer's out_proj), each normalised on the way in as
+// gated_rms_norm does it (gated_head: its bits), gate values at `gate`, the norm's weights nw: a warp's
+// batch of four chunks is one head (plan.gated_launch keeps slices to whole heads).
+#define PRO_GATED 32
+#define GATED_SEG 128
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -305,8 +310,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags, const float* __restrict__ nw, float eps,
                                       int ldx, const QkvOut& qkv, int kv, int m_base,
-                                      const int* __restrict__ rows = nullptr) {
-    static_assert(CL == 1 || (PRO == PRO_ONE && !KQ(WT)), "clusters split one-row tiles of whole rows");
+                                      const int* __restrict__ rows = nullptr, const float* __restrict__ gate = nullptr) {
+    static_assert(CL == 1 || ((PRO == PRO_ONE || PRO == PRO_GATED) && !KQ(WT)), "clusters split one-row tiles of whole rows");
     extern __shared__ float red[];
     const int S = (blockDim.x >> 5) * CL;
     const int s = (threadIdx.x >> 5) + (CL > 1 ? (int)(blockIdx.x % CL) * (int)(blockDim.x >> 5) : 0);
@@ -409,10 +414,13 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
-    static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
-    if (PRO & (PRO_ONE | PRO_NORM)) {
+    static_assert(!(PRO & (PRO_ONE | PRO_NORM | PRO_GATED)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
+    static_assert(PRO != PRO_GATED || U * 32 == GATED_SEG, "a gated batch is one head");
+    if (PRO & (PRO_ONE | PRO_NORM | PRO_GATED)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (c0 != c_begin) load_weights(c0);
+            float head_inv = 0.f;
+            if (PRO == PRO_GATED) head_inv = gated_head_inv(x + c0 * 32, eps);
             unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
             for (int h = 0; h < U / 4; ++h) {
@@ -430,6 +438,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
                         for (int i = 0; i < 4; ++i)
                             if (k + i < K) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[k + i]);
+                    }
+                    if (PRO == PRO_GATED) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) v[i] = gated_value(v[i], head_inv, nw[(k + i) % GATED_SEG], gate[k + i]);
                     }
                 }
                 p0[h] = pack_act<WT>(v[0], v[1]);
@@ -569,6 +581,24 @@ MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
     MM_TC_CL(mm_##T##_one_c8, WT, 4, 8)
 MM_TC_CL_SET(f16, WT_F16)
 MM_TC_CL_SET(bf16, WT_BF16)
+
+// A DeltaNet layer's gated_rms_norm, then its out_proj with the residual, in one launch (PRO_GATED),
+// on blocks alone or (CL > 1) on clusters.
+#define MM_TC_GATED_ARGS                                                                                 \
+    (const void* w, const u16* scales, const float* x, const float* res, float* out, int N, int K, int Kp, \
+     int flags, const float* nw, float eps, const float* gate)
+#define MM_TC_GATED_BODY(WT, CL) \
+    { mm_tc<WT, 1, 4, PRO_GATED, CL>(w, scales, x, nullptr, res, out, 1, N, K, Kp, flags, nw, eps, K, QkvOut{}, 0, 0, \
+                                     nullptr, gate); }
+#define MM_TC_GATED(NAME, WT, CL) \
+    extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(MM_THREADS(WT, 1), 1) NAME \
+    MM_TC_GATED_ARGS MM_TC_GATED_BODY(WT, CL)
+#define MM_TC_GATED_SET(T, WT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1), 1) mm_##T##_gated MM_TC_GATED_ARGS        \
+    MM_TC_GATED_BODY(WT, 1)                                                                                      \
+    MM_TC_GATED(mm_##T##_gated_c2, WT, 2) MM_TC_GATED(mm_##T##_gated_c4, WT, 4) MM_TC_GATED(mm_##T##_gated_c8, WT, 8)
+MM_TC_GATED_SET(f16, WT_F16)
+MM_TC_GATED_SET(bf16, WT_BF16)
 #endif
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride

@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import MATVEC, MM_CLUSTER, switch
+from contract.env import MATVEC, MM_CLUSTER, MM_GATED, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -108,6 +108,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         # One-row matmuls whose row tiles fill the SMs' last wave poorly: blocks in clusters of this
         # many (plan.cluster_launch), 0 none.
         self.mm_cluster = int(os.environ.get(MM_CLUSTER, "0"))
+        # A one-row DeltaNet out_proj takes its gated norm in its own launch (plan.gated_launch).
+        self.gated_prologue = switch(os.environ, MM_GATED, default=False)
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
@@ -383,12 +385,29 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         seg, k = int(weight.shape[0]), w.shape[1]
         t = int(x.size) // k
         mv = dispatch.matvec_launch(self, t, w, "gated") if w.gate_up is None and plan.MV_GATED else None
+        one = (None if mv is not None or not self.gated_prologue or w.gate_up is not None else
+               plan.gated_launch(w.dtype, t, w.shape[0], k, w.kp, seg, self.sm_count, self.mm_cluster))
+        if one is not None:
+            return self._gated_one(one, x, weight, gate, eps, w, residual)
         if mv is None or k % seg or k // seg > plan.MV_MAX_SEGS:
             return self.matmul(self.gated_rms_norm(x, weight, gate, eps).reshape(t, k), w, residual=residual)
         row = cp.ascontiguousarray(x, dtype=cp.float32).reshape(1, k)
         gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
         return self._matvec(mv, row, w, cp.empty((1, w.shape[0]), dtype=cp.float32), None, _rows(residual),
                             EPI_RESIDUAL, weight, eps, gate, seg)
+
+    def _gated_one(self, mm: plan.MatmulLaunch, x, weight, gate, eps: float, w: CudaWeight, residual):
+        """gated_rms_norm of one row's heads, then its matmul with the residual: one launch (mm_*_gated)."""
+        k = w.shape[1]
+        row = cp.ascontiguousarray(x, dtype=cp.float32).reshape(1, k)
+        gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
+        out = cp.empty((1, w.shape[0]), dtype=cp.float32)
+        res = self._dummy if residual is None else _rows(residual)
+        launch(kernel("matmul.cu", mm.kernel, plan.CLUSTER_BUILD), mm.grid, mm.block,
+               (w.data, self._dummy if w.scales is None else w.scales, row, res, out, _i32(w.shape[0]), _i32(k),
+                _i32(w.kp), _i32(0 if residual is None else EPI_RESIDUAL), weight, np.float32(eps), gate),
+               shared=mm.shared)
+        return out
 
     def _to_wgmma(self, t: int, k: int, w: CudaWeight) -> plan.MatmulLaunch | None:
         return dispatch.to_wgmma(self, t, k, w)

@@ -8,7 +8,7 @@ decides which rows share a launch, never a row's arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROW_TILE = 16  # weight rows per MMA tile (the 16-side)
 TOKEN_TILE = 8  # token rows per MMA tile (the 8-side)
@@ -232,6 +232,23 @@ def cluster_launch(mm: MatmulLaunch, dtype: str, cluster: int, sm_count: int) ->
         return None
     return MatmulLaunch(f"{mm.kernel}_c{cluster}", (tiles * cluster, 1, 1), (32 * mm.split // cluster, 1, 1),
                         mm.shared, mm.split, 1)
+
+
+GATED_SEG = 128  # matmul.cu's PRO_GATED: heads of this many values, one a warp's batch of four chunks
+
+
+def gated_launch(dtype: str, m: int, n: int, k: int, kp: int, seg: int, sm_count: int,
+                 cluster: int = 0) -> MatmulLaunch | None:
+    """The one launch of gated_rms_norm (heads of `seg` values) then a one-row matmul (mm_*_gated:
+    the one-row kernel's sums of the normalised row, and the norm's bits), on clusters where
+    cluster_launch puts the one-row kernel; None where a warp's K slice would not be whole heads."""
+    if m != 1 or seg != GATED_SEG or dtype not in CLUSTER_TYPES or kp != k:
+        return None
+    mm = matmul_launch(dtype, 1, n, k, sm_count)
+    if (k // K_CHUNK) % (4 * mm.split):
+        return None
+    base = cluster_launch(mm, dtype, cluster, sm_count) or mm
+    return replace(base, kernel=base.kernel.replace("_one", "_gated"))
 
 
 def reads_16bit(m: int, n: int, k: int, sm_count: int, dtype: str = "f16") -> bool:
