@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One-row matmuls on clusters (issue 31: the 4B hybrid's solo decode; plan.cluster_launch) on a GPU
 # machine in one call: the cluster kernels' GPU tests (bits against the one-row kernel), beside the 4B
-# hybrid's build; then its decode cells (exact on, solo and 16 chats, plain and launched ahead) with
-# clusters off (the base build), of 4 and 8 blocks, 4 with the gated out_proj (4g: plan.gated_launch),
-# the gated out_proj alone (0g), clusters of 2, each with a profile of the solo graph's kernels
-# (profiles.tgz); last the one-row A/B (bench/probes/cluster_ab.py: times and bits).
+# hybrid's build; then its decode cells (exact on, solo and 16 chats, plain and launched ahead): the
+# base build (0), clusters of 4, with the gated out_proj (g: plan.gated_launch) and the residual rows'
+# sums for their norms (s: CudaOps.row_sums), 0gs, 8, 4g, 0s, each with a profile of the solo graph's
+# kernels (profiles.tgz); last the one-row A/B (bench/probes/cluster_ab.py: times and bits).
 #   OUT=/tmp/x bench/gpu_cluster.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +18,8 @@ stage "tests beside the 4B build"
   python3 bench/gpu_summary.py --tests "$work/pytest-cluster.xml" "$OUT/gpu-tests-cluster-h200.json"
   touch "$work/tests.done" ) &
 side=$!
-timeout "${BENCH_S:-165}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-cluster-h200.json" \
-  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,4,8,4g,0g,2}" \
+timeout "${BENCH_S:-190}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-cluster-h200.json" \
+  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,4,4gs,0gs,8,4g,0s}" \
   --profile "$work/hybrid-4b-profile-cluster-h200.json" > "$OUT/hybrid-4b.log" 2>&1
 stage "4b hybrid done"
 grep -v "first layers" "$OUT/hybrid-4b.log" | tail -n 70
@@ -27,6 +27,6 @@ pack
 wait "$side"
 stage "tests done"
 grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -n 8
-timeout "${AB_S:-40}" python3 bench/probes/cluster_ab.py --out "$OUT/cluster-ab-h200.json" 2>&1 | tail -n 24
+timeout "${AB_S:-35}" python3 bench/probes/cluster_ab.py --out "$OUT/cluster-ab-h200.json" 2>&1 | tail -n 24
 pack
 stage "done"

@@ -159,8 +159,9 @@ def main(argv=None) -> int:
                          "JSON file of matvec.cu builds (bench/probes/matvec_pick.py) to plan with")
     ap.add_argument("--cluster", default="0",
                     help="cells of one-row matmuls on clusters of this many blocks (plan.cluster_launch; 0: none), a "
-                         "trailing g: the DeltaNet out_proj takes its gated norm itself (plan.gated_launch); "
-                         "comma-separated: the first is the base build, the others label their cells mode/cN[g]")
+                         "trailing g: the DeltaNet out_proj takes its gated norm itself (plan.gated_launch), s: "
+                         "residual rows' sums taken by their matmuls for the norms after them (CudaOps.row_sums); "
+                         "comma-separated: the first is the base build, the others label their cells mode/cN[g][s]")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
     for mode, mv, cl in cells:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
-        ops.mm_cluster, ops.gated_prologue = int(cl.rstrip("g")), cl.endswith("g")
+        ops.mm_cluster, ops.gated_prologue, ops.row_sums = int(cl.rstrip("gs")), "g" in cl, "s" in cl
         use_matvec_table(None if mv in ("on", "off") else Path(mv))
         label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
         label += f"/c{cl}" if cl != clusters[0] else ""

@@ -32,6 +32,7 @@ DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
 MM_CLUSTER = "LOCKSTEP_MM_CLUSTER"
 MM_GATED = "LOCKSTEP_MM_GATED"
+MM_SUMS = "LOCKSTEP_MM_SUMS"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 THREADS = "LLAMA_ARG_THREADS"
@@ -59,6 +60,9 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(MM_GATED, ("kernels",), "a switch: a one-row DeltaNet out_proj on CUDA normalises its gated heads itself "
            "(matmul.cu's mm_*_gated: gated_rms_norm's and the matmul's bits) instead of after a gated_rms_norm launch; "
            "default off"),
+    EnvVar(MM_SUMS, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA that write a residual row take its "
+           "rms_norm sum of squares (their last block), so the norm of that row runs in the next matmul without a "
+           "launch or reduction of its own (the same bits); default off"),
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),

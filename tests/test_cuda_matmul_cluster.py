@@ -106,3 +106,45 @@ def test_gated_prologue_gives_the_separate_ops_bits(every_shape, cluster, dtype,
         assert got.tobytes() == apart.tobytes()
         assert cp.asnumpy(new.gated_norm_matmul(x, nw, gate, 1e-6, dw, None)).tobytes() == \
             cp.asnumpy(old.matmul(old.gated_rms_norm(x, nw, gate, 1e-6).reshape(1, k), dw)).tobytes()
+
+
+def _layer(ops, x, g, r, ws, nw, eps=1e-6):
+    """A hybrid layer's one-row matmuls around its norms: out_proj (gated) with the residual, the FFN (norm,
+    gate|up, down with the residual), the next layer's normed in_proj and a normed q|k|v-sized one."""
+    w_out, gate_up, down, w_in = ws
+    heads = w_out.shape[1] // plan.GATED_SEG
+    h = ops.gated_norm_matmul(x.reshape(heads, plan.GATED_SEG), nw[: plan.GATED_SEG], g.reshape(heads, -1), eps,
+                              w_out, r)
+    h2 = ops.ffn(h, nw, eps, gate_up, down)
+    return h, h2, ops.norm_matmul(h2, nw, eps, w_in)
+
+
+@pytest.mark.parametrize("build", ["s", "c4s", "gs", "c4gs"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_row_sums_give_the_norms_bits(build, dtype):
+    """Producers taking their row's sums (mm_*_s) and the norms that then take them (mm_*_sums, the FFN's
+    and in_proj's): the bits of the launches without them, plain and in a graph of PDL launches."""
+    hidden, ffn, k_out = 2560, 9216, 4096
+    new, old = _ops(4 if "c4" in build else 0), _ops(0)
+    new.row_sums, new.gated_prologue = True, "g" in build
+    up = new.upload
+    ws = (up(Weight.from_f32(_rand(hidden, k_out, scale=k_out**-0.5), dtype)),
+          new.upload_gate_up(Weight.from_f32(_rand(ffn, hidden, scale=hidden**-0.5), dtype),
+                             Weight.from_f32(_rand(ffn, hidden, scale=hidden**-0.5), dtype)),
+          up(Weight.from_f32(_rand(hidden, ffn, scale=ffn**-0.5), dtype)),
+          up(Weight.from_f32(_rand(2048, hidden, scale=hidden**-0.5), dtype)))
+    nw = new.tensor(_rand(hidden))
+    x, g, r = cp.asarray(_rand(1, k_out, scale=2.0)), cp.asarray(_rand(1, k_out)), cp.asarray(_rand(1, hidden))
+    want = [cp.asnumpy(a).tobytes() for a in _layer(old, x, g, r, ws, nw)]
+    got = _layer(new, x, g, r, ws, nw)
+    assert new._sums_of(got[1]) is not None  # the down projection took its row's sums
+    assert [cp.asnumpy(a).tobytes() for a in got] == want
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        outs = _layer(new, x, g, r, ws, nw)
+        graph = stream.end_capture()
+        for _ in range(3):
+            graph.launch(stream)
+            stream.synchronize()
+            assert [cp.asnumpy(a).tobytes() for a in outs] == want

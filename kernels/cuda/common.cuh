@@ -222,6 +222,45 @@ __device__ __forceinline__ float gated_head_inv(const float* __restrict__ xh, fl
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, 128.0f), eps)));
 }
 
+// rms_inv's last step from its sum of squares s of a row of D.
+__device__ __forceinline__ float inv_of_sums(float s, int D, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
+}
+
+// After a one-row matmul's blocks have stored their outputs (row `y` of D), the last of its `tiles`
+// blocks to finish (counted in *counter, set back to 0 for the next launch, as moe_sum_tail's counts)
+// takes the row's sum of squares in rms_inv's order into sums[0] (read through L2: other SMs wrote
+// the row), so that the norm of the row needs no reduction of its own (PRO_SUMS). Every thread of the
+// block calls it (barriers).
+__device__ __forceinline__ void row_sums_tail(const float* __restrict__ y, int D, float* __restrict__ sums,
+                                              int* __restrict__ counter, int tiles) {
+    __shared__ float scratch[8];
+    __shared__ int last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == tiles - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' outputs are read after their counts
+    for (int vw = warp; vw < 8; vw += nwarps) {  // rms_inv's virtual warps
+        float acc = 0.f;
+        for (int i = vw * 32 + lane; i < D; i += 256) {
+            const float v = __ldcg(y + i);
+            acc = __fmaf_rn(v, v, acc);
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) scratch[vw] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = scratch[0];
+        for (int w = 1; w < 8; ++w) s = __fadd_rn(s, scratch[w]);
+        sums[0] = s;
+        *counter = 0;
+    }
+}
+
 // gate * sigmoid(gate) * up, as every kernel that gates a product computes it.
 __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);

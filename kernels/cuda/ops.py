@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import MATVEC, MM_CLUSTER, MM_GATED, switch
+from contract.env import MATVEC, MM_CLUSTER, MM_GATED, MM_SUMS, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -110,6 +110,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.mm_cluster = int(os.environ.get(MM_CLUSTER, "0"))
         # A one-row DeltaNet out_proj takes its gated norm in its own launch (plan.gated_launch).
         self.gated_prologue = switch(os.environ, MM_GATED, default=False)
+        # One-row matmuls that write a residual row take its sum of squares for the norm that follows
+        # (row_sums_tail), which then needs no reduction or launch of its own (PRO_SUMS).
+        self.row_sums = switch(os.environ, MM_SUMS, default=False)
+        self._row_sums, self._sum_counters, self._sum_slot = None, None, 0
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
@@ -319,13 +323,39 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         t = int(out.shape[0])
         if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
             return self._matvec(mv, x, w, out, bias, res, flags, norm_weight, eps)
+        if prologue == "norm" and t == 1 and w.dtype in plan.CLUSTER_TYPES and self._sums_of(x) is not None:
+            prologue = "sums"
         mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
-        defines = ()
+        defines, extra = (), ()
         if not qkv_out and (cl := plan.cluster_launch(mm, w.dtype, self.mm_cluster, self.sm_count)):
             mm, defines = cl, plan.CLUSTER_BUILD
+        d = self._dummy
+        if prologue == "sums":
+            defines, extra = plan.CLUSTER_BUILD, (d, self._sums_of(x), d, d)
+        elif (self.row_sums and t == 1 and prologue is None and int(flags) == EPI_RESIDUAL and not qkv_out
+              and w.dtype in plan.CLUSTER_TYPES and "_one" in mm.kernel):
+            mm, defines = replace(mm, kernel=mm.kernel + "_s"), plan.CLUSTER_BUILD
+            extra = (d, d, *self._take_sums(out))
         launch(streaming_kernel(mm, defines), mm.grid, mm.block,
-               mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
+               mm_tc_args(w, x, out, d, bias, res, flags, norm_weight, eps, qkv_out) + extra, shared=mm.shared)
         return out
+
+    def _sums_of(self, x):
+        """rms_inv's sum of squares of the one row x, where the matmul that wrote x took it (mm_*_s), or None."""
+        if not self.row_sums or self._row_sums is None:
+            return None
+        row, sums = self._row_sums
+        return sums if x.data.ptr == row.data.ptr and x.size == row.size else None
+
+    def _take_sums(self, out) -> tuple:
+        """A producer's (sums, counter) for its output row `out`, which a norm may then take (_sums_of)."""
+        if self._sum_counters is None:  # the launches' own counters: each sets its own back to 0
+            self._sum_counters = cp.zeros(256, dtype=cp.int32)
+        slot = self._sum_slot % 256
+        self._sum_slot += 1
+        sums = cp.empty(1, dtype=cp.float32)
+        self._row_sums = (out, sums)  # out kept alive: no later array has its address while it stands here
+        return sums, self._sum_counters[slot : slot + 1]
 
     def _matvec(self, mv: plan.MatmulLaunch, x, w: CudaWeight, out, bias, res, flags, norm_weight=None, eps=0.0,
                 gate=None, seg: int = 0):
@@ -344,7 +374,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
 
     def _normed(self, x, norm_weight, eps: float, w: CudaWeight, prologue: str | None):
         """The streaming kernel's input for `prologue` (see _prologue)."""
-        if prologue == "norm":
+        if prologue in ("norm", "sums"):
             return x
         if prologue != "x16":
             return self.rms_norm(x, norm_weight, eps)
@@ -369,6 +399,9 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             return self._kq_norm_matmul(x, norm_weight, eps, w, bias)
         prologue = self._prologue(t, k, w)
         wgmma = prologue is None and self._to_wgmma(t, k, w)
+        if (prologue is None and not wgmma and t == 1 and w.dtype in plan.CLUSTER_TYPES and w.gate_up != "halves"
+                and w.shape[1] == k and self._sums_of(x) is not None and self._streams(t, w)):
+            prologue = "sums"  # the row's norm in the matmul, from the sums its writer took
         if prologue is None and not wgmma:
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
@@ -403,10 +436,15 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
         out = cp.empty((1, w.shape[0]), dtype=cp.float32)
         res = self._dummy if residual is None else _rows(residual)
-        launch(kernel("matmul.cu", mm.kernel, plan.CLUSTER_BUILD), mm.grid, mm.block,
-               (w.data, self._dummy if w.scales is None else w.scales, row, res, out, _i32(w.shape[0]), _i32(k),
-                _i32(w.kp), _i32(0 if residual is None else EPI_RESIDUAL), weight, np.float32(eps), gate),
-               shared=mm.shared)
+        flags = 0 if residual is None else EPI_RESIDUAL
+        if self.row_sums and residual is not None:  # its row's sums for the norm that follows (mm_*_gated*_s)
+            args = mm_tc_args(w, row, out, self._dummy, None, res, flags, weight, eps) + (gate, self._dummy,
+                                                                                          *self._take_sums(out))
+            mm = replace(mm, kernel=mm.kernel + "_s")
+        else:
+            args = (w.data, self._dummy if w.scales is None else w.scales, row, res, out, _i32(w.shape[0]), _i32(k),
+                    _i32(w.kp), _i32(flags), weight, np.float32(eps), gate)
+        launch(kernel("matmul.cu", mm.kernel, plan.CLUSTER_BUILD), mm.grid, mm.block, args, shared=mm.shared)
         return out
 
     def _to_wgmma(self, t: int, k: int, w: CudaWeight) -> plan.MatmulLaunch | None:
