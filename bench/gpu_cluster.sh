@@ -2,9 +2,9 @@
 # One-row matmuls on clusters (issue 31: the 4B hybrid's solo decode; plan.cluster_launch) on a GPU
 # machine in one call: the cluster kernels' GPU tests (bits against the one-row kernel), beside the 4B
 # hybrid's build; then its decode cells (exact on, solo and 16 chats, plain and launched ahead): the
-# base build (0), clusters of 4, with the gated out_proj (g: plan.gated_launch) and the residual rows'
-# sums for their norms (s: CudaOps.row_sums), 0gs, 8, 4g, 0s, each with a profile of the solo graph's
-# kernels (profiles.tgz); last the one-row A/B (bench/probes/cluster_ab.py: times and bits).
+# base build (0), the gated out_proj (g: plan.gated_launch) with the residual rows' sums for their norms
+# (s: CudaOps.row_sums), clusters of 4 (plan.cluster_launch), 4gs, 8, 4g, 0s, each with a profile of the
+# solo graph's kernels (profiles.tgz); last the one-row A/B (bench/probes/cluster_ab.py: times and bits).
 #   OUT=/tmp/x bench/gpu_cluster.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ stage "tests beside the 4B build"
   touch "$work/tests.done" ) &
 side=$!
 timeout "${BENCH_S:-190}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-cluster-h200.json" \
-  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,4,4gs,0gs,8,4g,0s}" \
+  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,0gs,4,4gs,8,4g,0s}" \
   --profile "$work/hybrid-4b-profile-cluster-h200.json" > "$OUT/hybrid-4b.log" 2>&1
 stage "4b hybrid done"
 grep -v "first layers" "$OUT/hybrid-4b.log" | tail -n 70

@@ -179,7 +179,8 @@ def main(argv=None) -> int:
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
     clusters = args.cluster.split(",")
     cells = [(mode, mv, cl) for cl in clusters for mv in args.matvec.split(",") for mode in args.modes.split(",")]
-    for mode, mv, cl in cells:
+
+    def run_build(mode: str, mv: str, cl: str) -> None:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
         ops.mm_cluster, ops.gated_prologue, ops.row_sums = int(cl.rstrip("gs")), "g" in cl, "s" in cl
@@ -215,6 +216,15 @@ def main(argv=None) -> int:
             print_profile(prof)
         del runner
         cp.get_default_memory_pool().free_all_blocks()
+
+    for mode, mv, cl in cells:
+        try:
+            run_build(mode, mv, cl)
+        except Exception as e:  # a build that fails leaves the others' cells
+            print(f"cell {mode} {mv} {cl} failed: {type(e).__name__}: {e}", flush=True)
+            report.setdefault("errors", {})[f"{mode} {mv} {cl}"] = f"{type(e).__name__}: {e}"[:500]
+            Path(args.out).write_text(json.dumps(report, indent=1))
+            cp.get_default_memory_pool().free_all_blocks()
     on = {c["chats"]: c for c in report["cells"].get("on", [])}
     if 1 in on and len(on) > 1:
         report["aggregate_over_solo"] = {c: round(v["decode_tps"] / on[1]["decode_tps"], 2) for c, v in on.items()}
