@@ -3,8 +3,8 @@
 # machine in one call: the cluster kernels' GPU tests (bits against the one-row kernel), beside the 4B
 # hybrid's build; then its decode cells (exact on, solo and 16 chats, plain and launched ahead): the
 # base build (0), the gated out_proj (g: plan.gated_launch) with the residual rows' sums for their norms
-# (s: CudaOps.row_sums), clusters of 4 (plan.cluster_launch), 4gs, 8, 4g, 0s, each with a profile of the
-# solo graph's kernels (profiles.tgz); last the one-row A/B (bench/probes/cluster_ab.py: times and bits).
+# (s: CudaOps.row_sums), clusters of 4 (plan.cluster_launch), 4gs and 8, the first four with a profile of
+# the solo graph's kernels (profiles.tgz); last the one-row A/B (bench/probes/cluster_ab.py: times, bits).
 #   OUT=/tmp/x bench/gpu_cluster.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,13 +13,14 @@ source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 pack() { tar -czf "$OUT/profiles.tgz" -C "$work" . 2>/dev/null; }
 stage "tests beside the 4B build"
-( timeout "${TESTS_S:-90}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=5 \
+( timeout "${TESTS_S:-120}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --durations=5 \
     --junitxml="$work/pytest-cluster.xml" tests/test_cuda_matmul_cluster.py > "$OUT/pytest.txt" 2>&1
   python3 bench/gpu_summary.py --tests "$work/pytest-cluster.xml" "$OUT/gpu-tests-cluster-h200.json"
   touch "$work/tests.done" ) &
 side=$!
-timeout "${BENCH_S:-190}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-cluster-h200.json" \
-  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,0gs,4,4gs,8,4g,0s}" \
+timeout "${BENCH_S:-200}" python3 bench/hybrid_decode.py --out "$OUT/hybrid-4b-cluster-h200.json" \
+  --quiet-after "$work/tests.done" --matvec off --modes on --cluster "${CLUSTERS:-0,0gs,4,4gs,8}" \
+  --profile-builds 0,0gs,4,4gs \
   --profile "$work/hybrid-4b-profile-cluster-h200.json" > "$OUT/hybrid-4b.log" 2>&1
 stage "4b hybrid done"
 grep -v "first layers" "$OUT/hybrid-4b.log" | tail -n 70
@@ -27,6 +28,6 @@ pack
 wait "$side"
 stage "tests done"
 grep -E "passed|failed|error" "$OUT/pytest.txt" | tail -n 8
-timeout "${AB_S:-35}" python3 bench/probes/cluster_ab.py --out "$OUT/cluster-ab-h200.json" 2>&1 | tail -n 24
+timeout "${AB_S:-30}" python3 bench/probes/cluster_ab.py --out "$OUT/cluster-ab-h200.json" 2>&1 | tail -n 24
 pack
 stage "done"

@@ -162,6 +162,7 @@ def main(argv=None) -> int:
                          "trailing g: the DeltaNet out_proj takes its gated norm itself (plan.gated_launch), s: "
                          "residual rows' sums taken by their matmuls for the norms after them (CudaOps.row_sums); "
                          "comma-separated: the first is the base build, the others label their cells mode/cN[g][s]")
+    ap.add_argument("--profile-builds", help="the --cluster builds profiled (comma-separated; default every one)")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -204,7 +205,8 @@ def main(argv=None) -> int:
                   f"prefill {cell['prefill_tps']:8.1f} tok/s",
                   flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
-        if args.profile and label.split("/")[0] == "on" and mv == args.matvec.split(",")[0]:
+        profiled = args.profile_builds is None or cl in args.profile_builds.split(",")
+        if args.profile and profiled and label.split("/")[0] == "on" and mv == args.matvec.split(",")[0]:
             from hybrid_profile import print_profile, profile_solo
 
             prof = profile_solo(runner)
