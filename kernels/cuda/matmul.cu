@@ -55,8 +55,8 @@ MMA_16(bf16)
 // Token m's activations are row rows[m] of x (the grouped kernels' gather; rows null: row m).
 #define PRO_ROWS 16
 // One row of heads of 128 values (a DeltaNet layer's out_proj), each normalised on the way in as
-// gated_rms_norm does it (gated_head: its bits), gate values at `gate`, the norm's weights nw: a warp's
-// batch of four chunks is one head (plan.gated_launch keeps slices to whole heads).
+// gated_rms_norm does it (gated_head_inv, gated_value: its bits), gate values at `gate`, the norm's
+// weights nw: a warp's batch of four chunks is one head (plan.gated_launch keeps slices to whole heads).
 #define PRO_GATED 32
 #define GATED_SEG 128
 // PRO_NORM's row with rms_inv's sum of squares `sums[0]` already taken (by the matmul that wrote the row:
