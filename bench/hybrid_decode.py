@@ -160,8 +160,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", default="0",
                     help="cells of one-row matmuls on clusters of this many blocks (plan.cluster_launch; 0: none), a "
                          "trailing g: the DeltaNet out_proj takes its gated norm itself (plan.gated_launch), s: "
-                         "residual rows' sums taken by their matmuls for the norms after them (CudaOps.row_sums); "
-                         "comma-separated: the first is the base build, the others label their cells mode/cN[g][s]")
+                         "residual rows' sums taken by their matmuls for the norms after them (CudaOps.row_sums), c: "
+                         "the DeltaNet conv in the delta rule's launch (CudaOps.delta_conv); comma-separated: the "
+                         "first is the base build, the others label their cells mode/cN[g][s][c]")
     ap.add_argument("--profile-builds", help="the --cluster builds profiled (comma-separated; default every one)")
     args = ap.parse_args(argv)
     import cupy as cp
@@ -184,7 +185,8 @@ def main(argv=None) -> int:
     def run_build(mode: str, mv: str, cl: str) -> None:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
-        ops.mm_cluster, ops.gated_prologue, ops.row_sums = int(cl.rstrip("gs")), "g" in cl, "s" in cl
+        ops.mm_cluster, ops.gated_prologue, ops.row_sums = int(cl.rstrip("gsc")), "g" in cl, "s" in cl
+        ops.delta_conv = "c" in cl
         use_matvec_table(None if mv in ("on", "off") else Path(mv))
         label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
         label += f"/c{cl}" if cl != clusters[0] else ""

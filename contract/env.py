@@ -33,6 +33,7 @@ MATVEC = "LOCKSTEP_MATVEC"
 MM_CLUSTER = "LOCKSTEP_MM_CLUSTER"
 MM_GATED = "LOCKSTEP_MM_GATED"
 MM_SUMS = "LOCKSTEP_MM_SUMS"
+DELTA_CONV = "LOCKSTEP_DELTA_CONV"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 THREADS = "LLAMA_ARG_THREADS"
@@ -63,6 +64,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(MM_SUMS, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA that write a residual row take its "
            "rms_norm sum of squares (their last block), so the norm of that row runs in the next matmul without a "
            "launch or reduction of its own (the same bits); default off"),
+    EnvVar(DELTA_CONV, ("kernels",), "a switch: a decode step's DeltaNet conv1d_silu runs inside its delta rule's "
+           "launch on CUDA (delta_step_conv, the same bits); default off"),
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),

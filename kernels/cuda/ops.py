@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import MATVEC, MM_CLUSTER, MM_GATED, MM_SUMS, switch
+from contract.env import DELTA_CONV, MATVEC, MM_CLUSTER, MM_GATED, MM_SUMS, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -113,7 +113,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         # One-row matmuls that write a residual row take its sum of squares for the norm that follows
         # (row_sums_tail), which then needs no reduction or launch of its own (PRO_SUMS).
         self.row_sums = switch(os.environ, MM_SUMS, default=False)
-        self._row_sums, self._sum_counters, self._sum_slot = None, None, 0
+        # the launches' own counters (made before any capture): each launch sets its own back to 0
+        self._row_sums, self._sum_counters, self._sum_slot = None, cp.zeros(256, dtype=cp.int32), 0
+        # A decode step's DeltaNet conv in its delta rule's launch (DeltaNetOps.conv_gated_delta).
+        self.delta_conv = switch(os.environ, DELTA_CONV, default=False)
+        self._delta_counters = cp.zeros(4096, dtype=cp.int32)
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
@@ -349,8 +353,6 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
 
     def _take_sums(self, out) -> tuple:
         """A producer's (sums, counter) for its output row `out`, which a norm may then take (_sums_of)."""
-        if self._sum_counters is None:  # the launches' own counters: each sets its own back to 0
-            self._sum_counters = cp.zeros(256, dtype=cp.int32)
         slot = self._sum_slot % 256
         self._sum_slot += 1
         sums = cp.empty(1, dtype=cp.float32)
