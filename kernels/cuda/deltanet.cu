@@ -31,8 +31,8 @@ __device__ __forceinline__ float decay_log(float a, float a_log, float dt_bias) 
 __device__ __forceinline__ float* state_of(const i64* d, i64 off) { return reinterpret_cast<float*>(d[4]) + off; }
 
 // One row of a channel's causal conv and silu: the window hist (K - 1 inputs, oldest first) then xin,
-// times the taps wt, added oldest first; the window moves on by xin.
-__device__ __forceinline__ float conv_step(float (&hist)[MAXK], const float (&wt)[MAXK], float xin, int K) {
+// times the taps wt, added oldest first; conv_shift then moves the window on by xin.
+__device__ __forceinline__ float conv_out(float (&hist)[MAXK], const float (&wt)[MAXK], float xin, int K) {
 #pragma unroll
     for (int j = 0; j < MAXK; ++j)  // the window then the new input: K values (static indices: registers)
         if (j == K - 1) hist[j] = xin;
@@ -40,10 +40,19 @@ __device__ __forceinline__ float conv_step(float (&hist)[MAXK], const float (&wt
 #pragma unroll
     for (int j = 1; j < MAXK; ++j)
         if (j < K) acc = __fadd_rn(acc, __fmul_rn(hist[j], wt[j]));
-    const float y = __fmul_rn(acc, sigmoid_f(acc));
+    return __fmul_rn(acc, sigmoid_f(acc));
+}
+
+__device__ __forceinline__ void conv_shift(float (&hist)[MAXK], int K) {
 #pragma unroll
     for (int j = 0; j + 1 < MAXK; ++j)
         if (j < K - 1) hist[j] = hist[j + 1];
+}
+
+// conv_out, then the window moved on.
+__device__ __forceinline__ float conv_step(float (&hist)[MAXK], const float (&wt)[MAXK], float xin, int K) {
+    const float y = conv_out(hist, wt, xin, K);
+    conv_shift(hist, K);
     return y;
 }
 
@@ -72,7 +81,8 @@ conv1d_silu(const float* __restrict__ x, i64 ldx, const float* __restrict__ w, f
     int sk = (int)d[5];
     const int shi = (int)d[6];
     for (int r = 0; r < n; ++r) {
-        out[(row0 + r) * D + c] = conv_step(hist, wt, x[(row0 + r) * ldx + c], K);
+        out[(row0 + r) * D + c] = conv_out(hist, wt, x[(row0 + r) * ldx + c], K);
+        conv_shift(hist, K);
         for (; sk < shi && snap_rel[sk] == r + 1; ++sk) {
 #pragma unroll
             for (int j = 0; j + 1 < MAXK; ++j)
