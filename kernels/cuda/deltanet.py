@@ -186,8 +186,8 @@ class DeltaNetOps:
     def conv_gated_delta(self, x, weight, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int):
         """conv1d_silu then gated_delta; a step of decode rows only in one launch where `delta_conv` is on
         (delta_step_conv: the two launches' bits, outputs and states)."""
-        meta = self._step_meta(rows) if rows.bounds else None
-        if not self.delta_conv or meta is None or meta.n_prompt or meta.snap_keys:
+        meta = self._step_meta(rows) if self.delta_conv and rows.bounds else None
+        if meta is None or meta.n_prompt or meta.snap_keys:
             return self.gated_delta(self.conv1d_silu(x, weight, rows, layer), a, b, a_log, dt_bias, rows, layer,
                                     n_k_heads)
         x, ldx = _strided(x)
