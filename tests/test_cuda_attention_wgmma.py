@@ -117,8 +117,23 @@ def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma):
     assert np.isfinite(dirty).all() and dirty.tobytes() == clean.tobytes()
 
 
+# attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build with
+# its compares skipped and ex2.approx.ftz weights, and that with the softmax overlap
+WS_BUILDS = {"planned": {}, "lean": {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True},
+             "lean_ov": {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True,
+                         "WGMMA_WS_OVERLAP": True}}
+
+
+def _ws_build(monkeypatch, build):
+    from kernels.cuda import plan
+
+    for k, v in WS_BUILDS[build].items():
+        monkeypatch.setattr(plan, k, v)
+
+
+@pytest.mark.parametrize("build", WS_BUILDS)
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma, monkeypatch, config):
+def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma, monkeypatch, config, build):
     """attention_ws.cu (the producer/ping-pong build) on every launch of two warpgroups a block, its
     fill threshold forced to 0 so the 65-row and mixed launches (several passes a block) take it too;
     a group of 2 (64 rows a warpgroup past 32 query rows a block) keeps one warpgroup."""
@@ -127,6 +142,7 @@ def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma,
     hd, n_heads, n_kv, kv_type = config
     monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)
     monkeypatch.setattr(gpu, "attention_ws", True)
+    _ws_build(monkeypatch, build)
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
     scale = hd**-0.5
     for seqs, positions in _launches(LENGTHS):
@@ -136,3 +152,23 @@ def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma,
         got, want = _both(gpu, wgmma, cache, q, seqs, positions, scale)
         diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
         assert np.isfinite(got).all() and not diff.size, f"{diff.size} values differ from attn_mma's"
+
+
+@pytest.mark.parametrize("build", ["planned", "lean"])
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=str)
+def test_warp_specialised_kernel_keeps_the_bits_of_subnormal_weights(gpu, wgmma, monkeypatch, config, build):
+    """Scores spread over hundreds (q times 40): many softmax weights under 2^-126, which the lean
+    build's ex2.approx.ftz makes +0 (f16 caches only); P in f16 and a sum of at least 1 lose them
+    anyway, so the bits stay attn_mma's."""
+    from kernels.cuda import plan
+
+    hd, n_heads, n_kv, kv_type = config
+    monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)
+    monkeypatch.setattr(gpu, "attention_ws", True)
+    _ws_build(monkeypatch, build)
+    cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
+    seqs, positions = next(_launches(LENGTHS))
+    q = 40 * RNG.standard_normal((len(seqs), n_heads, hd)).astype(np.float32)
+    got, want = _both(gpu, wgmma, cache, q, seqs, positions, hd**-0.5)
+    diff = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert np.isfinite(got).all() and not diff.size, f"{diff.size} values differ from attn_mma's"

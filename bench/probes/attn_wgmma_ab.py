@@ -1,7 +1,7 @@
 """One layer's prefill attention (8B shape: 32 heads, 8 KV, 128, f16 cache): attn_mma against
 attention_wgmma.cu as planned, with one or two warpgroups a block (plan.WGMMA_ATTN_FILL forced) and
-warp-specialised (attention_ws.cu, --ws), 512 rows ending at each context length, bits compared with
-attn_mma's; each variant's ms the median of three 20-call runs.
+warp-specialised (attention_ws.cu, --ws: as planned and with its knobs set, SETS), 512 rows ending at each
+context length, bits compared with attn_mma's; each variant's ms the median of three 20-call runs.
 
     python3 bench/probes/attn_wgmma_ab.py --out /tmp/attn-wgmma.json      # on an sm_90 GPU
 """
@@ -24,10 +24,15 @@ from kernels.cuda.ops import CudaOps  # noqa: E402
 
 H, HKV, D, ROWS = 32, 8, 128, 512
 VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
-# --ws: attention_ws.cu beside, as planned, with its ping-pong (PP) or softmax overlap (OV) off, the
-# position compares skipped (MK)
-WS = {"mma": None, "ws": plan.WGMMA_ATTN_FILL, "ws_pp0": plan.WGMMA_ATTN_FILL, "ws_ov0": plan.WGMMA_ATTN_FILL,
-      "ws_mk": plan.WGMMA_ATTN_FILL, "wgmma": plan.WGMMA_ATTN_FILL}
+# --ws: attention_ws.cu beside, as planned ("ws") and with its knobs (plan.WGMMA_WS_*) set: the position
+# compares skipped (MK), the lean build (LN), its weights by ex2.approx.ftz (FZ), the softmax overlap (OV)
+WS = {"mma": None, "ws": plan.WGMMA_ATTN_FILL, "ws_mk": plan.WGMMA_ATTN_FILL, "ws_ln": plan.WGMMA_ATTN_FILL,
+      "ws_lnfz": plan.WGMMA_ATTN_FILL, "ws_lnfz_ov": plan.WGMMA_ATTN_FILL, "wgmma": plan.WGMMA_ATTN_FILL}
+KNOBS = ("WGMMA_WS_PINGPONG", "WGMMA_WS_OVERLAP", "WGMMA_WS_SKIP_MASK", "WGMMA_WS_LEAN", "WGMMA_WS_FTZ")
+SETS = {"ws_mk": {"WGMMA_WS_OVERLAP": False, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_LEAN": False, "WGMMA_WS_FTZ": False},
+        "ws_ln": {"WGMMA_WS_OVERLAP": False, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": False},
+        "ws_lnfz": {"WGMMA_WS_OVERLAP": False, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True},
+        "ws_lnfz_ov": {"WGMMA_WS_OVERLAP": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True}}
 
 
 def main() -> int:
@@ -35,6 +40,7 @@ def main() -> int:
     ap.add_argument("--contexts", default="2048,8192,30000")
     ap.add_argument("--out", default="/tmp/attn-wgmma.json")
     ap.add_argument("--ws", action="store_true", help="attn_mma, attention_ws.cu and attention_wgmma.cu as planned")
+    ap.add_argument("--variants", default="", help="with --ws: these of WS only (comma-separated; mma always)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
     contexts = [int(x) for x in args.contexts.split(",")]
@@ -52,13 +58,15 @@ def main() -> int:
         flops = 4 * H * D * float((pos.astype(np.int64) + 1).sum())
         cell: dict = {"context": ctx, "rows": ROWS}
         outs = {}
-        for name, fill in (WS if args.ws else VARIANTS).items():
+        chosen = {v for v in args.variants.split(",") if v} | {"mma"}
+        table = {k: v for k, v in WS.items() if len(chosen) == 1 or k in chosen} if args.ws else VARIANTS
+        for name, fill in table.items():
             ops.wgmma_attention = fill is not None
             ops.attention_ws = name.startswith("ws")
             saved = plan.WGMMA_ATTN_FILL
-            knobs = plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP, plan.WGMMA_WS_SKIP_MASK
-            plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP = name != "ws_pp0" and knobs[0], name != "ws_ov0" and knobs[1]
-            plan.WGMMA_WS_SKIP_MASK = name == "ws_mk" or knobs[2]
+            knobs = {k: getattr(plan, k) for k in KNOBS}
+            for k, v in SETS.get(name, {}).items():
+                setattr(plan, k, v)
             plan.WGMMA_ATTN_FILL = fill if fill is not None else saved
             try:
                 build = ops.attention_build(ROWS, H, HKV, D, width)
@@ -73,7 +81,8 @@ def main() -> int:
                 continue
             finally:
                 plan.WGMMA_ATTN_FILL = saved
-                plan.WGMMA_WS_PINGPONG, plan.WGMMA_WS_OVERLAP, plan.WGMMA_WS_SKIP_MASK = knobs
+                for k, v in knobs.items():
+                    setattr(plan, k, v)
                 ops.wgmma_attention = False
             cell[name] = {"build": build + ("+ws" if wt and wt.ws else ""), "groups": wt.groups if wt else None,
                           "stages": wt.stages if wt else None,

@@ -35,9 +35,18 @@ __device__ __forceinline__ float ex2(float x) {  // 2^x by the SFU; -inf gives +
     return y;
 }
 
-// e^(s - mu) of a score, mul = mu log2 e (USE_EX2 0: expf)
-template <int USE_EX2>
+// ex2's value where it is normal, +0 where it would be subnormal (no operand or result fix-up): one
+// SFU instruction where ex2 takes four
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// e^(s - mu) of a score, mul = mu log2 e (USE_EX2 0: expf; FTZ_: ex2_ftz)
+template <int USE_EX2, bool FTZ_ = false>
 __device__ __forceinline__ float softmax_weight(float s, float mu, float mul) {
+    if (FTZ_ && USE_EX2) return ex2_ftz(__fmaf_rn(s, LOG2E, -mul));
     return USE_EX2 ? ex2(__fmaf_rn(s, LOG2E, -mul)) : expf(__fsub_rn(s, mu));
 }
 
@@ -51,20 +60,48 @@ __device__ __forceinline__ float quad_sum(float v) {
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+// The max of row e's 2 NS_ scores of s, as a tree: max is exact in any order (only a zero's sign may
+// differ, and no weight, sum or fold depends on it)
+template <int NS_>
+__device__ __forceinline__ float row_max_tree(const float (&s)[NS_][4], int e) {
+    float m[NS_];
+#pragma unroll
+    for (int j = 0; j < NS_; ++j) m[j] = fmaxf(s[j][2 * e], s[j][2 * e + 1]);
+#pragma unroll
+    for (int w = 1; w < NS_; w *= 2)
+#pragma unroll
+        for (int j = 0; j + w < NS_; j += 2 * w) m[j] = fmaxf(m[j], m[j + w]);
+    return m[0];
+}
+
 // Row e's part of one sub-tile's online softmax: scores s of keys past its position p (from key kbase +
 // 8 j + x of tile j) -inf; its running max mc and sum lc updated; its weights left in s; the factor its
 // O takes (alpha) returned. SKIP_: no key compared where the thread's last one is at or before p.
-template <int USE_EX2, int NS_, bool SKIP_ = false>
+// LEAN_: the max as a tree and the weights by ex2_ftz (FTZ_): the same bits where P is rounded to f16
+// (a weight under 2^-126 rounds to +0 there) and lc >= 1 takes the sum (the max's own weight is 1).
+template <int USE_EX2, int NS_, bool SKIP_ = false, bool LEAN_ = false, bool FTZ_ = false>
 __device__ __forceinline__ float row_weights(float (&s)[NS_][4], float& mc, float& lc, int p, int kbase, int e) {
     float mx = NEG_INF;
     if (!SKIP_ || kbase + (NS_ - 1) * 8 + 1 > p) {
+        if (LEAN_) {
+            const int last = p - kbase;  // keys j 8 + x past it -inf: compares with immediates
 #pragma unroll
-        for (int j = 0; j < NS_; ++j)
+            for (int j = 0; j < NS_; ++j)
 #pragma unroll
-            for (int x = 0; x < 2; ++x) {
-                if (kbase + j * 8 + x > p) s[j][2 * e + x] = NEG_INF;
-                mx = fmaxf(mx, s[j][2 * e + x]);
-            }
+                for (int x = 0; x < 2; ++x)
+                    if (j * 8 + x > last) s[j][2 * e + x] = NEG_INF;
+            mx = row_max_tree(s, e);
+        } else {
+#pragma unroll
+            for (int j = 0; j < NS_; ++j)
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    if (kbase + j * 8 + x > p) s[j][2 * e + x] = NEG_INF;
+                    mx = fmaxf(mx, s[j][2 * e + x]);
+                }
+        }
+    } else if (LEAN_) {
+        mx = row_max_tree(s, e);
     } else {
 #pragma unroll
         for (int j = 0; j < NS_; ++j)
@@ -80,7 +117,7 @@ __device__ __forceinline__ float row_weights(float (&s)[NS_][4], float& mc, floa
     for (int j = 0; j < NS_; ++j)
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-            const float pv = softmax_weight<USE_EX2>(s[j][2 * e + x], mu, mul);
+            const float pv = softmax_weight<USE_EX2, FTZ_>(s[j][2 * e + x], mu, mul);
             s[j][2 * e + x] = pv;
             sum = __fadd_rn(sum, pv);
         }

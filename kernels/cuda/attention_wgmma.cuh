@@ -31,36 +31,46 @@ __device__ __forceinline__ void load_kv(unsigned char* smem, int ns, const u16* 
     }
 }
 
-#define WG_RS_N64(T, TB) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+#define WG_RS_N64(T, TB, SD, ...) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD ", 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc) __VA_ARGS__)
 
-#define WG_RS_N128(T, TB) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+#define WG_RS_N128(T, TB, SD, ...) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD ", 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, " TB ";\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc) __VA_ARGS__)
 
-// wgmma with A (4 registers a thread, mma.sync's A fragment) and B from shared memory; TB 1: B N-major
-template <int N, int TB>
-__device__ __forceinline__ void wgmma_rs(float (&acc)[N / 8][4], const u32 (&a)[4], u64 desc) {
+// wgmma with A (4 registers a thread, mma.sync's A fragment) and B from shared memory; TB 1: B N-major.
+// SD_ 1: acc += A B; 0: acc = A B (acc's old values unread); -1: as sd (non-zero: accumulate)
+template <int N, int TB, int SD_ = 1>
+__device__ __forceinline__ void wgmma_rs(float (&acc)[N / 8][4], const u32 (&a)[4], u64 desc, int sd = 1) {
     static_assert(N == 64 || N == 128, "m64n64k16 or m64n128k16");
     float(&d)[N / 2] = reinterpret_cast<float(&)[N / 2]>(acc);  // d[4 j + i] is tile j's c[i]
-    if constexpr (N == 64 && TB == 0 && KV_T == 2) {
-        WG_RS_N64("bf16", "0");
-    } else if constexpr (N == 64 && TB == 0) {
-        WG_RS_N64("f16", "0");
-    } else if constexpr (N == 64 && KV_T == 2) {
-        WG_RS_N64("bf16", "1");
-    } else if constexpr (N == 64) {
-        WG_RS_N64("f16", "1");
-    } else if constexpr (KV_T == 2) {
-        WG_RS_N128("bf16", "1");
-    } else {
-        WG_RS_N128("f16", "1");
+#define WG_RS_ALL(SD64, SD128, ...) \
+    if constexpr (N == 64 && TB == 0 && KV_T == 2) { \
+        WG_RS_N64("bf16", "0", SD64, __VA_ARGS__); \
+    } else if constexpr (N == 64 && TB == 0) { \
+        WG_RS_N64("f16", "0", SD64, __VA_ARGS__); \
+    } else if constexpr (N == 64 && KV_T == 2) { \
+        WG_RS_N64("bf16", "1", SD64, __VA_ARGS__); \
+    } else if constexpr (N == 64) { \
+        WG_RS_N64("f16", "1", SD64, __VA_ARGS__); \
+    } else if constexpr (KV_T == 2) { \
+        WG_RS_N128("bf16", "1", SD128, __VA_ARGS__); \
+    } else { \
+        WG_RS_N128("f16", "1", SD128, __VA_ARGS__); \
     }
+    if constexpr (SD_ == 1) {
+        WG_RS_ALL("1", "1", );
+    } else if constexpr (SD_ == 0) {
+        WG_RS_ALL("0", "0", );
+    } else {
+        WG_RS_ALL("%37", "%69", , "r"(sd));
+    }
+#undef WG_RS_ALL
 }
 
 // 128-byte swizzle descriptors. K-major (K for S): 8-key groups 1024 bytes apart, the leading offset

@@ -27,6 +27,21 @@
 #ifndef MK
 #define MK 0  // the key-past-position compares skipped where a row sees the whole sub-tile (plan.WGMMA_WS_SKIP_MASK)
 #endif
+#ifndef LN
+// fewer instructions a sub-tile, the same arithmetic (plan.WGMMA_WS_LEAN): S and a chunk's first P V
+// overwrite their accumulators (scale-d 0) instead of adding to zeroed ones, so no zeroing and no
+// rescale of a chunk's (zero) O; descriptors as one base plus constants; the row max as a tree
+#define LN 0
+#endif
+#ifndef FZ
+#define FZ 0  // softmax weights by ex2_ftz where P is f16 (plan.WGMMA_WS_FTZ; row_weights says why the bits stay)
+#endif
+#define FTZ_W (FZ && KV_T == 1)
+#if LN
+typedef unsigned SUBTILE;  // stage and round of a count by shifts
+#else
+typedef int SUBTILE;
+#endif
 
 #define MR 128                 // MMA rows a block: two consumer warpgroups
 #define RB (MR / GP)           // query rows a block
@@ -67,6 +82,10 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
     unsigned char* const smem = smem_raw + (((raw + 1023) & ~1023u) - raw);  // swizzle atoms 1024-aligned
     const u32 kbase = (raw + 1023) & ~1023u, vbase = kbase + NS * TILE;  // [NS][TILE] of K, then of V
     const u32 full = (u32)__cvta_generic_to_shared(s_bar), empty = full + 8 * NS;
+    // the rings' descriptors' low words: a stage's and a step's offsets (16-byte units) add to the start
+    // field, which holds every address of the block's shared memory without carrying into the next field
+    const u32 klo = (u32)desc128(kbase, 0), vlo = (u32)desc128(vbase, HALF);
+    constexpr u64 DHI = (u64)(1024 >> 4) << 32 | 1ull << 62;  // desc128's stride and swizzle, K's and V's
     float* Os = reinterpret_cast<float*>(smem + 2 * NS * TILE);  // folded O, [D / 2][CONSUMERS]
     u16* Qs = reinterpret_cast<u16*>(Os);                          // q staged there first, [MR][LD]
 
@@ -119,7 +138,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
     if (PP && wg == 1) bar_arrive(other, CONSUMERS);
 
     unsigned todo = live_rows(s_pos, RB);
-    int k = 0;  // sub-tiles consumed so far, all passes: stage k % NS, its round k / NS
+    SUBTILE k = 0;  // sub-tiles consumed so far, all passes: stage k % NS, its round k / NS
     while (todo) {
         int sq, pmax;
         const unsigned act = pass_rows(todo, s_seq, s_pos, RB, sq, pmax);
@@ -137,20 +156,37 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
         for (int e = 0; e < 2; ++e) M[e] = L[e] = 0.f;
 
         auto scores = [&](int st) {  // S of the sub-tile in stage st into s (issued, not waited for)
+            if (LN) {
+                const u32 kd = klo + (u32)st * (TILE >> 4);
+                wgmma_rs<KT, 0, 0>(s, qa[0], DHI | kd);
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ++ks)
-                wgmma_rs<KT, 0>(s, qa[ks], desc128(kbase + st * TILE + (ks >> 2) * HALF + (ks & 3) * 32, 0));
+                for (int ks = 1; ks < D / 16; ++ks)
+                    wgmma_rs<KT, 0>(s, qa[ks], DHI | (kd + (((ks >> 2) * HALF + (ks & 3) * 32) >> 4)));
+            } else {
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ++ks)
+                    wgmma_rs<KT, 0>(s, qa[ks], desc128(kbase + st * TILE + (ks >> 2) * HALF + (ks & 3) * 32, 0));
+            }
         };
-        auto values = [&](int st) {  // O += P V of the sub-tile in stage st
+        // O += P V of sub-tile i of the pass in stage st (LN: O = P V at a chunk's first sub-tile)
+        auto values = [&](int st, int i) {
+            if (LN) {
+                const u32 vd = vlo + (u32)st * (TILE >> 4);
+                wgmma_rs<D, 1, -1>(oc, pa[0], DHI | vd, (unsigned)i % (PAGE / KT));
 #pragma unroll
-            for (int kk = 0; kk < KT / 16; ++kk)
-                wgmma_rs<D, 1>(oc, pa[kk], desc128(vbase + st * TILE + kk * 16 * 128, HALF));
+                for (int kk = 1; kk < KT / 16; ++kk) wgmma_rs<D, 1>(oc, pa[kk], DHI | (vd + (kk * 16 * 128 >> 4)));
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < KT / 16; ++kk)
+                    wgmma_rs<D, 1>(oc, pa[kk], desc128(vbase + st * TILE + kk * 16 * 128, HALF));
+            }
         };
         auto zero_s = [&]() {
+            if (!LN)  // LN: S's first MMA overwrites
 #pragma unroll
-            for (int j = 0; j < KT / 8; ++j)
+                for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
-                for (int x = 0; x < 4; ++x) s[j][x] = 0.f;
+                    for (int x = 0; x < 4; ++x) s[j][x] = 0.f;
         };
         auto pack = [&]() {
 #pragma unroll
@@ -174,6 +210,14 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
                 fold_chunk(e, oc, m[e], l[e], have[e], M[e], L[e], Os, tid, CONSUMERS);
             }
         };
+        // the weights of the sub-tile in s, O scaled unless LN and the sub-tile opens a chunk (O overwritten)
+        auto softmax = [&](const int (&pp)[2], int kb, bool opens) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float alpha = row_weights<EX2, KT / 8, MK, LN, FTZ_W>(s, mc[e], lc[e], pp[e], kb, e);
+                if (!LN || !opens) rescale_row(oc, alpha, e);
+            }
+        };
         auto turn = [&]() {
             if (PP) bar_sync(mine, CONSUMERS);
         };
@@ -190,7 +234,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
         wg_commit();
         hand_over();
         wg_wait0();
-        online_softmax<EX2>(s, oc, mc, lc, p, 2 * t);
+        softmax(p, 2 * t, true);
         pack();
         if (n > 1) arrived(k + 1);
         for (int i = 0; i + 1 < n; ++i) {  // S of i + 1 with P V of i
@@ -199,7 +243,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
             wg_fence();
             scores((k + i + 1) % NS);
             wg_commit();
-            values((k + i) % NS);
+            values((k + i) % NS, i);
             wg_commit();
             hand_over();
             const bool end = chunk_end(i);
@@ -211,32 +255,38 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
 #pragma unroll
                 for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;  // the next chunk's state
 #pragma unroll
-            for (int e = 0; e < 2; ++e) alpha[e] = row_weights<EX2, KT / 8, MK>(s, mc[e], lc[e], p[e], kb, e);
+            for (int e = 0; e < 2; ++e) alpha[e] = row_weights<EX2, KT / 8, MK, LN, FTZ_W>(s, mc[e], lc[e], p[e], kb, e);
             // the next sub-tile's wait here (a loop) keeps ptxas from hoisting the wait for P V above the softmax
             if (i + 2 < n) arrived(k + i + 2);
             wg_wait0();
             mbar_arrive(empty + 8 * ((k + i) % NS));
             if (end) {
                 fold(i, m, l);
-                clear_chunk(oc, m, l);
+                if (!LN) clear_chunk(oc, m, l);  // LN: the chunk's first P V overwrites O
             }
+            if (!LN || !end)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) rescale_row(oc, alpha[e], e);
+                for (int e = 0; e < 2; ++e) rescale_row(oc, alpha[e], e);
 #else
             if (i + 2 < n) arrived(k + i + 2);
             wg_wait0();
             mbar_arrive(empty + 8 * ((k + i) % NS));
             if (end) {
                 fold(i, mc, lc);
-                clear_chunk(oc, mc, lc);
+                if (LN) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) mc[e] = NEG_INF, lc[e] = 0.f;
+                } else {
+                    clear_chunk(oc, mc, lc);
+                }
             }
-            online_softmax<EX2>(s, oc, mc, lc, p, kb);
+            softmax(p, kb, end);
 #endif
             pack();
         }
         turn();
         wg_fence();
-        values((k + n - 1) % NS);
+        values((k + n - 1) % NS, n - 1);
         wg_commit();
         hand_over();
         wg_wait0();

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import ATTN_WS, WGMMA_ATTN, switch
+from contract.env import ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -156,3 +156,9 @@ def attention_ws_on(env: Mapping[str, str]) -> bool:
     """Whether attention_wgmma.cu's two-warpgroup launches take attention_ws.cu (LOCKSTEP_ATTN_WS; on: the
     H200 measured it faster with attn_mma's bits, bench/evidence/attn-ws-ab-h200.json; 0 turns it off)."""
     return switch(env, ATTN_WS, default=True)
+
+
+def attention_ws_lean(env: Mapping[str, str]) -> bool:
+    """Whether attention_ws.cu takes its lean build whatever plan.WGMMA_WS_LEAN / _FTZ / _SKIP_MASK say
+    (LOCKSTEP_ATTN_WS_LEAN; default off)."""
+    return switch(env, ATTN_WS_LEAN, default=False)

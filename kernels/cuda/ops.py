@@ -121,6 +121,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
+        self.attention_ws_lean = dispatch.attention_ws_lean(os.environ)
 
     # --- data movement
     def plan_weights(self, weights: dict[str, Weight]) -> None:
@@ -686,9 +687,12 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         wt = dispatch.wgmma_attention(self, t, n_heads, n_kv, d, width, layer.kv_type)
         if wt is not None:
             kv = (("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
+            lean = self.attention_ws_lean
             fn = (big_smem_kernel("attention_ws.cu", "attn_ws", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("NS", wt.stages), ("PP", int(plan.WGMMA_WS_PINGPONG)),
-                                   ("OV", int(plan.WGMMA_WS_OVERLAP)), ("MK", int(plan.WGMMA_WS_SKIP_MASK)), *kv))
+                                   ("OV", int(plan.WGMMA_WS_OVERLAP)), ("MK", int(plan.WGMMA_WS_SKIP_MASK or lean)),
+                                   *((("LN", 1),) if plan.WGMMA_WS_LEAN or lean else ()),
+                                   *((("FZ", 1),) if plan.WGMMA_WS_FTZ or lean else ()), *kv))
                   if wt.ws else
                   big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages), *kv)))

@@ -564,6 +564,8 @@ WGMMA_WS_PINGPONG = True  # its consumers take turns issuing MMAs (PP)
 WGMMA_WS_OVERLAP = False  # a consumer's softmax of sub-tile i + 1 beside its P V of i (OV): 0.786 ms at
 # 30000 keys without it against 0.819 with it (attn-ws-ab-h200.json), bits equal either way
 WGMMA_WS_SKIP_MASK = False  # no position compares where a row sees the whole sub-tile (MK)
+WGMMA_WS_LEAN = False  # fewer instructions a sub-tile, the same arithmetic (LN: attention_ws.cu says which)
+WGMMA_WS_FTZ = False  # softmax weights by ex2.approx.ftz where P is f16 (FZ; the same bits: row_weights)
 
 
 @dataclass(frozen=True)
