@@ -3,12 +3,13 @@
 # the planned one on the H200 in one device call (< 280 s), JSON under $OUT as each stage ends, summary
 # last. Stages, each under its own limit (LN_T_<stage> seconds):
 #   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma, attention_ws.cu as planned,
-#           with the compares skipped (ws_mk), lean (ws_ln), lean with ftz weights (ws_lnfz) and that with
-#           the softmax overlap (ws_lnfz_ov), attention_wgmma.cu: bits against attn_mma's, ms           [80]
+#           with the compares skipped (ws_mk), lean (ws_ln), with ftz weights (ws_lnfz), with the float2
+#           fold (ws_lean, the switch's build) and that with the softmax overlap (ws_lean_ov),
+#           attention_wgmma.cu: bits against attn_mma's, ms                                             [80]
 #   tests   test_cuda_attention_wgmma.py's warp-specialised tests (planned, lean, lean_ov builds forced,
 #           bit for bit against attn_mma; the subnormal-weight launch)                                   [75]
 #   engine  bench/longctx.py on the 8B shape, prompts 30000 and 8192 (WS_PROMPTS), exact on: the planned
-#           build and LOCKSTEP_ATTN_WS_LEAN=1 (overlap off; skipped unless ws_lnfz kept attn_mma's bits
+#           build and LOCKSTEP_ATTN_WS_LEAN=1 (overlap off; skipped unless ws_lean kept attn_mma's bits
 #           in every probe cell), cells interleaved, in what is left of LN_T_total                          [100]
 # The 8B shape file is written in the background meanwhile.   OUT=/tmp/x bench/gpu_attn_lean.sh
 set -uo pipefail
@@ -18,7 +19,7 @@ source bench/gpu_env.sh
 lim() { local v="LN_T_$1"; echo "${!v:-$2}"; }
 unset LOCKSTEP_WGMMA_ATTN LOCKSTEP_ATTN_WS LOCKSTEP_ATTN_WS_LEAN
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | cut -c1-100 | tee -a "$OUT/summary.txt"
+{ cat COMMIT 2>/dev/null || git log -1 --format="commit %h" 2>/dev/null; } | tee -a "$OUT/summary.txt"
 ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
   > "$work/shape.log" 2>&1 &
 shape=$!
@@ -33,11 +34,11 @@ echo "tests rc $?"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests-ws.txt" | head 
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "engine"
 # the engine's A/B only if the lean build kept attn_mma's bits in every probe cell (overlap off: the
-# switch sets LN, FZ and MK); its limit what the call has left (LN_T_total, default 270 s)
+# switch sets LN, FZ, VF and MK); its limit what the call has left (LN_T_total, default 270 s)
 ok=$(python3 -c '
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
-print(int(len(cells) == 3 and all(c.get("ws_lnfz", {}).get("same_bits_as_mma") for c in cells)))' "$OUT/attn-lean-ab-h200.json" 2>/dev/null || echo 0)
+print(int(len(cells) == 3 and all(c.get("ws_lean", {}).get("same_bits_as_mma") for c in cells)))' "$OUT/attn-lean-ab-h200.json" 2>/dev/null || echo 0)
 echo "engine lean bits ok: $ok" | tee -a "$OUT/summary.txt"
 wait "$shape"; echo "shape rc $?"; stage "shape written"
 left=$(( ${LN_T_total:-270} - ($(date +%s) - start) - 8 )); want=$(lim engine 100); [ "$left" -lt "$want" ] && want=$left

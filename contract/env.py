@@ -72,8 +72,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "keep attn_mma)"),
     EnvVar(ATTN_WS, ("kernels",), "a switch: attention_wgmma.cu's two-warpgroup prefills take attention_ws.cu "
            "(the same bits, warp-specialised: a producer warpgroup, mbarrier ring, ping-pong consumers; default on where attention_wgmma.cu runs, 0 keeps attention_wgmma.cu)"),
-    EnvVar(ATTN_WS_LEAN, ("kernels",), "a switch: attention_ws.cu's lean build (plan.WGMMA_WS_LEAN, _FTZ and "
-           "_SKIP_MASK at once: fewer instructions a sub-tile, the same bits; default off)"),
+    EnvVar(ATTN_WS_LEAN, ("kernels",), "a switch: attention_ws.cu's lean build (plan.WGMMA_WS_LEAN, _FTZ, _VEC_FOLD "
+           "and _SKIP_MASK at once: fewer instructions a sub-tile, the same bits; default off)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

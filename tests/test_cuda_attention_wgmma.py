@@ -117,11 +117,11 @@ def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma):
     assert np.isfinite(dirty).all() and dirty.tobytes() == clean.tobytes()
 
 
-# attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build with
-# its compares skipped and ex2.approx.ftz weights, and that with the softmax overlap
-WS_BUILDS = {"planned": {}, "lean": {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True},
-             "lean_ov": {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True,
-                         "WGMMA_WS_OVERLAP": True}}
+# attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build
+# (LOCKSTEP_ATTN_WS_LEAN's: compares skipped, ex2.approx.ftz weights, float2 fold), and that with the
+# softmax overlap
+LEAN = {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_VEC_FOLD": True}
+WS_BUILDS = {"planned": {}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True}}
 
 
 def _ws_build(monkeypatch, build):

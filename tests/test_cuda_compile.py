@@ -146,7 +146,7 @@ WS_ATTENTION = [Job("attention_ws.cu", (("HEAD_DIM", d), ("GP", gp), ("NS", plan
                                          ("OUT16", kv))) for d, gp, kv in ((128, 4, 1), (128, 8, 2), (64, 16, 2))]
 # and its lean builds (plan.WGMMA_WS_LEAN / _FTZ with the compares skipped), softmax overlap off and on
 WS_ATTENTION += [Job("attention_ws.cu", (("HEAD_DIM", d), ("GP", gp), ("NS", plan.WGMMA_WS_STAGES), ("KV_T", kv),
-                                          ("OUT16", kv), ("LN", 1), ("FZ", 1), ("MK", 1), ("OV", ov)))
+                                          ("OUT16", kv), ("LN", 1), ("FZ", 1), ("VF", 1), ("MK", 1), ("OV", ov)))
                  for d, gp, kv, ov in ((128, 4, 1, 0), (128, 4, 1, 1), (128, 8, 2, 0), (64, 16, 2, 0))]
 
 

@@ -144,12 +144,37 @@ __device__ __forceinline__ void online_softmax(float (&s)[NS_][4], float (&oc)[N
     for (int e = 0; e < 2; ++e) rescale_row(oc, row_weights<USE_EX2>(s, mc[e], lc[e], p[e], kbase, e), e);
 }
 
+// Row e's folded O values of dim tile n (c0 c1) as one float2 of Os (VEC_ layout: [NO_][2][threads]
+// float2s): half the shared-memory instructions, each from a register pair of the accumulator
+__device__ __forceinline__ float2& fold_vec(float* Os, int n, int e, int tid, int threads) {
+    return reinterpret_cast<float2*>(Os)[(n * 2 + e) * threads + tid];
+}
+
 // A finished chunk's (oc, mc, lc) of row e folded into the row's state: the first copied, later ones
-// merged in order (merge_coeffs / merge_add). The folded O lives in shared memory, [NO_ * 4][threads].
-template <int NO_>
+// merged in order (merge_coeffs / merge_add). The folded O lives in shared memory, [NO_ * 4][threads]
+// (VEC_: as fold_vec's float2s, the same values).
+template <int NO_, bool VEC_ = false>
 __device__ __forceinline__ void fold_chunk(int e, const float (&oc)[NO_][4], float mc, float lc, bool& have, float& M,
                                            float& L, float* Os, int tid, int threads) {
-    if (!have) {
+    if (VEC_ && !have) {
+        have = true;
+        M = mc, L = lc;
+#pragma unroll
+        for (int n = 0; n < NO_; ++n) fold_vec(Os, n, e, tid, threads) = make_float2(oc[n][2 * e], oc[n][2 * e + 1]);
+    } else if (VEC_) {
+        float a, b, m_new;
+        merge_coeffs(M, mc, a, b, m_new);
+        L = merge_add(L, a, lc, b);
+#pragma unroll
+        for (int n = 0; n < NO_; ++n) {
+            float2& o2 = fold_vec(Os, n, e, tid, threads);
+            float2 o = o2;
+            o.x = merge_add(o.x, a, oc[n][2 * e], b);
+            o.y = merge_add(o.y, a, oc[n][2 * e + 1], b);
+            o2 = o;
+        }
+        M = m_new;
+    } else if (!have) {
         have = true;
         M = mc, L = lc;
 #pragma unroll
@@ -199,14 +224,23 @@ __device__ __forceinline__ void q_fragments(unsigned (&qa)[D_ / 16][4], const u1
 }
 
 // O / l of row e's folded dims (tiles n0.. of its head's D values from `at`) to out, a zero as +0
-template <int OUT16_, int NO_>
+template <int OUT16_, int NO_, bool VEC_ = false>
 __device__ __forceinline__ void store_row(float* out, i64 at, int n0, int e, const float* Os, int tid, int threads,
                                           float l) {
+    if (VEC_) {
 #pragma unroll
-    for (int n = 0; n < NO_; ++n)
+        for (int n = 0; n < NO_; ++n) {
+            const float2 o = fold_vec(const_cast<float*>(Os), n, e, tid, threads);
+            store_attn<OUT16_>(out, at + (n0 + n) * 8, __fdiv_rn(o.x, l));
+            store_attn<OUT16_>(out, at + (n0 + n) * 8 + 1, __fdiv_rn(o.y, l));
+        }
+    } else {
 #pragma unroll
-        for (int x = 0; x < 2; ++x)
-            store_attn<OUT16_>(out, at + (n0 + n) * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * threads + tid], l));
+        for (int n = 0; n < NO_; ++n)
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+                store_attn<OUT16_>(out, at + (n0 + n) * 8 + x, __fdiv_rn(Os[(n * 4 + 2 * e + x) * threads + tid], l));
+    }
 }
 
 // The KV head of block row blockIdx.y and its sub-group of query heads: G heads a KV head, the group's
@@ -284,7 +318,7 @@ __device__ __forceinline__ void clear_chunk(float (&oc)[NO_][4], float (&mc)[2],
 }
 
 // The pass's folded rows, O / l, to out (row e's dims from tile n0: NO_ tiles of 8)
-template <int OUT16_, int D_, int NO_>
+template <int OUT16_, int D_, int NO_, bool VEC_ = false>
 __device__ __forceinline__ void store_rows(float* out, const int (&p)[2], const int (&jr)[2], const int (&qh)[2], int r0,
                                            int n_heads, int t, int n0, const float* Os, int tid, int threads,
                                            const float (&L)[2]) {
@@ -292,6 +326,6 @@ __device__ __forceinline__ void store_rows(float* out, const int (&p)[2], const 
     for (int e = 0; e < 2; ++e) {
         if (p[e] < 0) continue;
         const i64 at = ((i64)(r0 + jr[e]) * n_heads + qh[e]) * D_ + 2 * t;
-        store_row<OUT16_, NO_>(out, at, n0, e, Os, tid, threads, L[e]);
+        store_row<OUT16_, NO_, VEC_>(out, at, n0, e, Os, tid, threads, L[e]);
     }
 }

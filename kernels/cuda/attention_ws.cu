@@ -37,6 +37,9 @@
 #define FZ 0  // softmax weights by ex2_ftz where P is f16 (plan.WGMMA_WS_FTZ; row_weights says why the bits stay)
 #endif
 #define FTZ_W (FZ && KV_T == 1)
+#ifndef VF
+#define VF 0  // the folded O in shared memory as float2s (plan.WGMMA_WS_VEC_FOLD; fold_vec)
+#endif
 #if LN
 typedef unsigned SUBTILE;  // stage and round of a count by shifts
 #else
@@ -66,6 +69,9 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// v, the same in every lane, from lane 0: ptxas may then keep it (and what is computed from it) in uniform
+// registers, as the wgmma descriptors must be
+__device__ __forceinline__ u32 uniform(u32 v) { return __shfl_sync(0xffffffffu, v, 0); }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -84,7 +90,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
     const u32 full = (u32)__cvta_generic_to_shared(s_bar), empty = full + 8 * NS;
     // the rings' descriptors' low words: a stage's and a step's offsets (16-byte units) add to the start
     // field, which holds every address of the block's shared memory without carrying into the next field
-    const u32 klo = (u32)desc128(kbase, 0), vlo = (u32)desc128(vbase, HALF);
+    const u32 klo = uniform((u32)desc128(kbase, 0)), vlo = uniform((u32)desc128(vbase, HALF));
     constexpr u64 DHI = (u64)(1024 >> 4) << 32 | 1ull << 62;  // desc128's stride and swizzle, K's and V's
     float* Os = reinterpret_cast<float*>(smem + 2 * NS * TILE);  // folded O, [D / 2][CONSUMERS]
     u16* Qs = reinterpret_cast<u16*>(Os);                          // q staged there first, [MR][LD]
@@ -157,7 +163,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
 
         auto scores = [&](int st) {  // S of the sub-tile in stage st into s (issued, not waited for)
             if (LN) {
-                const u32 kd = klo + (u32)st * (TILE >> 4);
+                const u32 kd = uniform(klo + (u32)st * (TILE >> 4));
                 wgmma_rs<KT, 0, 0>(s, qa[0], DHI | kd);
 #pragma unroll
                 for (int ks = 1; ks < D / 16; ++ks)
@@ -171,7 +177,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
         // O += P V of sub-tile i of the pass in stage st (LN: O = P V at a chunk's first sub-tile)
         auto values = [&](int st, int i) {
             if (LN) {
-                const u32 vd = vlo + (u32)st * (TILE >> 4);
+                const u32 vd = uniform(vlo + (u32)st * (TILE >> 4));
                 wgmma_rs<D, 1, -1>(oc, pa[0], DHI | vd, (unsigned)i % (PAGE / KT));
 #pragma unroll
                 for (int kk = 1; kk < KT / 16; ++kk) wgmma_rs<D, 1>(oc, pa[kk], DHI | (vd + (kk * 16 * 128 >> 4)));
@@ -197,7 +203,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
                 pa[kk][3] = pack16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
         };
-        auto arrived = [&](int kk) {  // sub-tile kk's stage filled and visible to the MMAs
+        auto arrived = [&](SUBTILE kk) {  // sub-tile kk's stage filled and visible to the MMAs
             mbar_wait(full + 8 * (kk % NS), (kk / NS) & 1);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async wrote it, wgmma reads it
         };
@@ -207,7 +213,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 if (p[e] < 0 || c > p[e] / PAGE) continue;
-                fold_chunk(e, oc, m[e], l[e], have[e], M[e], L[e], Os, tid, CONSUMERS);
+                fold_chunk<D / 8, VF>(e, oc, m[e], l[e], have[e], M[e], L[e], Os, tid, CONSUMERS);
             }
         };
         // the weights of the sub-tile in s, O scaled unless LN and the sub-tile opens a chunk (O overwritten)
@@ -293,7 +299,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
         mbar_arrive(empty + 8 * ((k + n - 1) % NS));
         fold(n - 1, mc, lc);
         k += n;
-        store_rows<OUT16, D, D / 8>(out, p, jr, qh, r0, n_heads, t, 0, Os, tid, CONSUMERS, L);
+        store_rows<OUT16, D, D / 8, VF>(out, p, jr, qh, r0, n_heads, t, 0, Os, tid, CONSUMERS, L);
     }
     if (PP && wg == 0) bar_sync(mine, CONSUMERS);  // the other's last turn handed over
 }

@@ -159,6 +159,6 @@ def attention_ws_on(env: Mapping[str, str]) -> bool:
 
 
 def attention_ws_lean(env: Mapping[str, str]) -> bool:
-    """Whether attention_ws.cu takes its lean build whatever plan.WGMMA_WS_LEAN / _FTZ / _SKIP_MASK say
+    """Whether attention_ws.cu takes its lean build whatever plan.WGMMA_WS_LEAN / _FTZ / _VEC_FOLD / _SKIP_MASK say
     (LOCKSTEP_ATTN_WS_LEAN; default off)."""
     return switch(env, ATTN_WS_LEAN, default=False)

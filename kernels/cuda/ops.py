@@ -692,7 +692,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("NS", wt.stages), ("PP", int(plan.WGMMA_WS_PINGPONG)),
                                    ("OV", int(plan.WGMMA_WS_OVERLAP)), ("MK", int(plan.WGMMA_WS_SKIP_MASK or lean)),
                                    *((("LN", 1),) if plan.WGMMA_WS_LEAN or lean else ()),
-                                   *((("FZ", 1),) if plan.WGMMA_WS_FTZ or lean else ()), *kv))
+                                   *((("FZ", 1),) if plan.WGMMA_WS_FTZ or lean else ()),
+                                   *((("VF", 1),) if plan.WGMMA_WS_VEC_FOLD or lean else ()), *kv))
                   if wt.ws else
                   big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages), *kv)))
