@@ -31,6 +31,27 @@ __device__ __forceinline__ void load_kv(unsigned char* smem, int ns, const u16* 
     }
 }
 
+// load_kv's copies (the same bytes to the same places) by a thread x0 of 128 with its loop strength-reduced:
+// it copies unit u = x0 % (D / 8) of key rows r0 = x0 / (D / 8) + ROWS it, whose swizzle row (r & 7) is r0's,
+// so its addresses step by constants
+__device__ __forceinline__ void load_kv_rows(unsigned char* smem, int ns, const u16* kc, const u16* vc, const int* table,
+                                             int pmax, int i, int st, int h, i64 cell, int x0) {
+    constexpr int UNITS = D / 8, ROWS = 128 / UNITS, ITERS = KT / ROWS;
+    static_assert(ROWS % 8 == 0 && KT % ROWS == 0, "whole swizzle atoms a step");
+    const int u = x0 % UNITS, r0 = x0 / UNITS;
+    const i64 page = table[i / (PAGE / KT)];
+    const int key0 = i * KT;
+    const i64 off = (page * PAGE + key0 % PAGE + r0) * cell + (i64)h * D + u * 8, step = ROWS * cell;
+    unsigned char* at = smem + st * TILE + (u >> 3) * HALF + r0 * 128 + (((u & 7) ^ (r0 & 7)) << 4);
+    const int last = pmax - key0 - r0;  // row r0 + ROWS it is copied while ROWS it <= last, else zero-filled
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int bytes = ROWS * it <= last ? 16 : 0;
+        cp_async16(at + it * ROWS * 128, kc + off + it * step, bytes);
+        cp_async16(at + ns * TILE + it * ROWS * 128, vc + off + it * step, bytes);
+    }
+}
+
 #define WG_RS_N64(T, TB, SD, ...) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SD ", 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n" \

@@ -122,7 +122,10 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
             for (int i = 0; i < pmax / KT + 1; ++i, ++k) {
                 const int st = k % NS;
                 if (k >= NS) mbar_wait(empty + 8 * st, (k / NS - 1) & 1);
-                load_kv(smem, NS, kc, vc, table, pmax, i, st, h, cell, pt, 128);
+                if (LN)
+                    load_kv_rows(smem, NS, kc, vc, table, pmax, i, st, h, cell, pt);
+                else
+                    load_kv(smem, NS, kc, vc, table, pmax, i, st, h, cell, pt, 128);
                 cp_async_arrive(full + 8 * st);
             }
         }
