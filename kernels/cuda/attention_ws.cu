@@ -90,7 +90,7 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
     const u32 full = (u32)__cvta_generic_to_shared(s_bar), empty = full + 8 * NS;
     // the rings' descriptors' low words: a stage's and a step's offsets (16-byte units) add to the start
     // field, which holds every address of the block's shared memory without carrying into the next field
-    const u32 klo = uniform((u32)desc128(kbase, 0)), vlo = uniform((u32)desc128(vbase, HALF));
+    const u32 klo = LN ? uniform((u32)desc128(kbase, 0)) : 0, vlo = LN ? uniform((u32)desc128(vbase, HALF)) : 0;
     constexpr u64 DHI = (u64)(1024 >> 4) << 32 | 1ull << 62;  // desc128's stride and swizzle, K's and V's
     float* Os = reinterpret_cast<float*>(smem + 2 * NS * TILE);  // folded O, [D / 2][CONSUMERS]
     u16* Qs = reinterpret_cast<u16*>(Os);                          // q staged there first, [MR][LD]
