@@ -4,8 +4,9 @@
 # last. Stages, each under its own limit (LN_T_<stage> seconds):
 #   probe   one layer's 512-row prefill at 2048/8192/30000 keys: attn_mma, attention_ws.cu as planned,
 #           with the compares skipped (ws_mk), lean (ws_ln), with ftz weights (ws_lnfz), with the float2
-#           fold (ws_lean, the switch's build) and that with the softmax overlap (ws_lean_ov),
-#           attention_wgmma.cu: bits against attn_mma's, ms                                             [80]
+#           fold (ws_lean, the switch's build), that with the softmax overlap (ws_lean_ov) and without the
+#           ping-pong (ws_lean_pp0),
+#           attention_wgmma.cu: bits against attn_mma's, ms                                             [90]
 #   tests   test_cuda_attention_wgmma.py's warp-specialised tests (planned, lean, lean_ov builds forced,
 #           bit for bit against attn_mma; the subnormal-weight launch)                                   [75]
 #   engine  bench/longctx.py on the 8B shape, prompts 30000 and 8192 (WS_PROMPTS), exact on: the planned
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
   > "$work/shape.log" 2>&1 &
 shape=$!
 stage "probe"
-timeout "$(lim probe 80)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-lean-ab-h200.json" > "$work/probe.log" 2>&1
+timeout "$(lim probe 90)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-lean-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 8
 stage "tests"
 timeout "$(lim tests 75)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 8 \

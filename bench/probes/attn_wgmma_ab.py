@@ -26,10 +26,11 @@ H, HKV, D, ROWS = 32, 8, 128, 512
 VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
 # --ws: attention_ws.cu beside, as planned ("ws") and with its knobs (plan.WGMMA_WS_*) set: the position
 # compares skipped (MK), the lean build (LN), its weights by ex2.approx.ftz (FZ), the folded O as float2s
-# (VF: all four "ws_lean", LOCKSTEP_ATTN_WS_LEAN=1's build), the softmax overlap (OV)
+# (VF: all four "ws_lean", LOCKSTEP_ATTN_WS_LEAN=1's build), with the softmax overlap (OV) or without the
+# ping-pong (PP)
 WS = {"mma": None, "ws": plan.WGMMA_ATTN_FILL, "ws_mk": plan.WGMMA_ATTN_FILL, "ws_ln": plan.WGMMA_ATTN_FILL,
       "ws_lnfz": plan.WGMMA_ATTN_FILL, "ws_lean": plan.WGMMA_ATTN_FILL, "ws_lean_ov": plan.WGMMA_ATTN_FILL,
-      "wgmma": plan.WGMMA_ATTN_FILL}
+      "ws_lean_pp0": plan.WGMMA_ATTN_FILL, "wgmma": plan.WGMMA_ATTN_FILL}
 KNOBS = ("WGMMA_WS_PINGPONG", "WGMMA_WS_OVERLAP", "WGMMA_WS_SKIP_MASK", "WGMMA_WS_LEAN", "WGMMA_WS_FTZ",
          "WGMMA_WS_VEC_FOLD")
 _OFF = {"WGMMA_WS_OVERLAP": False, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_LEAN": False, "WGMMA_WS_FTZ": False,
@@ -38,7 +39,10 @@ SETS = {"ws_mk": _OFF, "ws_ln": {**_OFF, "WGMMA_WS_LEAN": True},
         "ws_lnfz": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True},
         "ws_lean": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True},
         "ws_lean_ov": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True,
-                       "WGMMA_WS_OVERLAP": True}}
+                       "WGMMA_WS_OVERLAP": True},
+        "ws_lean_pp0": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True,
+                        "WGMMA_WS_PINGPONG": False}}
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()
