@@ -161,6 +161,19 @@ __device__ __forceinline__ void fold_chunk(int e, const float (&oc)[NO_][4], flo
         M = mc, L = lc;
 #pragma unroll
         for (int n = 0; n < NO_; ++n) fold_vec(Os, n, e, tid, threads) = make_float2(oc[n][2 * e], oc[n][2 * e + 1]);
+    } else if (VEC_ && __all_sync(__activemask(), M >= mc && M < __int_as_float(0x7f800000))) {
+        // every row's folded max stays (merge_coeffs' m_new is M, its a expf(0) = 1 and x * 1 = x): the
+        // same sums without the multiplications by a
+        const float b = expf(__fsub_rn(mc, M));
+        L = __fadd_rn(L, __fmul_rn(lc, b));
+#pragma unroll
+        for (int n = 0; n < NO_; ++n) {
+            float2& o2 = fold_vec(Os, n, e, tid, threads);
+            float2 o = o2;
+            o.x = __fadd_rn(o.x, __fmul_rn(oc[n][2 * e], b));
+            o.y = __fadd_rn(o.y, __fmul_rn(oc[n][2 * e + 1], b));
+            o2 = o;
+        }
     } else if (VEC_) {
         float a, b, m_new;
         merge_coeffs(M, mc, a, b, m_new);
