@@ -347,3 +347,13 @@ def test_gated_launch_plan():
     assert plan.gated_launch("f16", 2, 2560, 4096, 4096, 128, 132) is None
     assert plan.gated_launch("f16", 1, 300, 2048, 2048, 128, 132) is None  # split 32: slices of two chunks
     assert plan.gated_launch("q8_0", 1, 2560, 4096, 4096, 128, 132) is None
+
+
+def test_attention_ws_lean_build_is_off_unless_switched_on():
+    from contract.env import ATTN_WS_LEAN
+    from kernels.cuda import dispatch
+
+    assert not (plan.WGMMA_WS_LEAN or plan.WGMMA_WS_FTZ or plan.WGMMA_WS_VEC_FOLD)
+    assert dispatch.attention_ws_lean({}) is False
+    assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "1"}) is True
+    assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "0"}) is False
