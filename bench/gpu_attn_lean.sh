@@ -11,7 +11,8 @@
 #           bit for bit against attn_mma; the subnormal-weight launch)                                   [75]
 #   engine  bench/longctx.py on the 8B shape, prompts 30000 and 8192 (WS_PROMPTS), exact on: the planned
 #           build and LOCKSTEP_ATTN_WS_LEAN=1 (overlap off; skipped unless ws_lean kept attn_mma's bits
-#           in every probe cell), cells interleaved, in what is left of LN_T_total                          [100]
+#           in every probe cell), cells interleaved, in what is left of LN_T_total                           [95]
+#   tma     in what is left: the probe's ws / ws_lean / ws_lean_tma (K/V by TMA), then its tests
 # The 8B shape file is written in the background meanwhile.   OUT=/tmp/x bench/gpu_attn_lean.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ timeout "$(lim probe 90)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 8
 stage "tests"
 timeout "$(lim tests 75)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 8 \
-  --junitxml="$work/tests-ws.xml" tests/test_cuda_attention_wgmma.py -k "warp_specialised" > "$work/tests-ws.txt" 2>&1
+  --junitxml="$work/tests-ws.xml" tests/test_cuda_attention_wgmma.py -k "warp_specialised and not lean_tma" > "$work/tests-ws.txt" 2>&1
 echo "tests rc $?"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests-ws.txt" | head -n 12; tail -n 1 "$work/tests-ws.txt"
 [ -f "$work/tests-ws.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-ws.xml" "$OUT/gpu-tests-attn-lean.json"
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
@@ -42,14 +43,32 @@ cells = json.load(open(sys.argv[1]))["cells"]
 print(int(len(cells) == 3 and all(c.get("ws_lean", {}).get("same_bits_as_mma") for c in cells)))' "$OUT/attn-lean-ab-h200.json" 2>/dev/null || echo 0)
 echo "engine lean bits ok: $ok" | tee -a "$OUT/summary.txt"
 wait "$shape"; echo "shape rc $?"; stage "shape written"
-left=$(( ${LN_T_total:-270} - ($(date +%s) - start) - 8 )); want=$(lim engine 100); [ "$left" -lt "$want" ] && want=$left
+left=$(( ${LN_T_total:-270} - ($(date +%s) - start) - 8 )); want=$(lim engine 95); [ "$left" -lt "$want" ] && want=$left
 [ "$ok" = 1 ] && [ "$want" -gt 20 ] && timeout "$want" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b \
   --prompts "${WS_PROMPTS:-30000,8192}" --modes on --gen 16 \
   --env-variant "lean:LOCKSTEP_ATTN_WS_LEAN=1" --out "$OUT/longctx-lean-h200" > "$work/longctx.log" 2>&1
 echo "engine rc $?"; grep -E "ready|Error|refus" "$work/longctx.log" | head -n 10
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
+stage "tma"
+# the TMA build last, in its own processes (a hang costs only this stage): probe, then its tests
+left=$(( ${LN_T_total:-270} - ($(date +%s) - start) - 4 ))
+if [ "$left" -ge 25 ]; then
+  timeout $(( left / 2 )) python3 bench/probes/attn_wgmma_ab.py --ws --variants ws,ws_lean,ws_lean_tma \
+    --out "$OUT/attn-lean-tma-h200.json" > "$work/probe-tma.log" 2>&1
+  echo "tma probe rc $?"; cut -c1-400 "$work/probe-tma.log" | tail -n 4
+  left=$(( ${LN_T_total:-270} - ($(date +%s) - start) - 4 ))
+  [ "$left" -ge 10 ] && timeout "$left" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 5 \
+    --junitxml="$work/tests-tma.xml" tests/test_cuda_attention_wgmma.py -k "warp_specialised and lean_tma" > "$work/tests-tma.txt" 2>&1
+  echo "tma tests rc $?"; tail -n 1 "$work/tests-tma.txt"
+  [ -f "$work/tests-tma.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-tma.xml" "$OUT/gpu-tests-attn-tma.json"
+else
+  echo "tma: skipped, $left s left"
+fi
+tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "done"
-{ echo "== summary"; echo "tests: $(tail -n 1 "$work/tests-ws.txt")"
-  python3 -c 'import json, sys; [print(c["context"], {k: (v.get("ms"), v.get("tflops"), v.get("same_bits_as_mma")) for k, v in c.items() if isinstance(v, dict)}) for c in json.load(open(sys.argv[1]))["cells"]]' "$OUT/attn-lean-ab-h200.json" 2>/dev/null
+{ echo "== summary"; echo "tests: $(tail -n 1 "$work/tests-ws.txt")"; echo "tma tests: $(tail -n 1 "$work/tests-tma.txt" 2>/dev/null)"
+  for f in "$OUT/attn-lean-ab-h200.json" "$OUT/attn-lean-tma-h200.json"; do
+    python3 -c 'import json, sys; [print(c["context"], {k: (v.get("ms"), v.get("tflops"), v.get("same_bits_as_mma")) for k, v in c.items() if isinstance(v, dict)}) for c in json.load(open(sys.argv[1]))["cells"]]' "$f" 2>/dev/null
+  done
   grep -E '^prompt' "$work/longctx.log"
   [ -f "$OUT/longctx-lean-h200.md" ] && grep -E '^\| [0-9]' "$OUT/longctx-lean-h200.md"; } | tee -a "$OUT/summary.txt"

@@ -118,10 +118,11 @@ def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma):
 
 
 # attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build
-# (LOCKSTEP_ATTN_WS_LEAN's: compares skipped, ex2.approx.ftz weights, float2 fold), and that with the
-# softmax overlap
+# (LOCKSTEP_ATTN_WS_LEAN's: compares skipped, ex2.approx.ftz weights, float2 fold), that with the
+# softmax overlap and that with its K/V by TMA
 LEAN = {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_VEC_FOLD": True}
-WS_BUILDS = {"planned": {}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True}}
+WS_BUILDS = {"planned": {}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True},
+             "lean_tma": {**LEAN, "WGMMA_WS_TMA": True}}
 
 
 def _ws_build(monkeypatch, build):

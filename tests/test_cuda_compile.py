@@ -148,6 +148,9 @@ WS_ATTENTION = [Job("attention_ws.cu", (("HEAD_DIM", d), ("GP", gp), ("NS", plan
 WS_ATTENTION += [Job("attention_ws.cu", (("HEAD_DIM", d), ("GP", gp), ("NS", plan.WGMMA_WS_STAGES), ("KV_T", kv),
                                           ("OUT16", kv), ("LN", 1), ("FZ", 1), ("VF", 1), ("MK", 1), ("OV", ov)))
                  for d, gp, kv, ov in ((128, 4, 1, 0), (128, 4, 1, 1), (128, 8, 2, 0), (64, 16, 2, 0))]
+WS_ATTENTION += [Job("attention_ws.cu", (("HEAD_DIM", d), ("GP", gp), ("NS", plan.WGMMA_WS_STAGES), ("KV_T", kv),
+                                          ("OUT16", kv), ("LN", 1), ("FZ", 1), ("VF", 1), ("MK", 1), ("OV", 0), ("TK", 1)))
+                 for d, gp, kv in ((128, 4, 1), (64, 16, 2))]
 
 
 @pytest.mark.parametrize("job", WS_ATTENTION, ids=lambda j: "-".join(str(v) for _, v in j.defines))

@@ -26,22 +26,25 @@ H, HKV, D, ROWS = 32, 8, 128, 512
 VARIANTS = {"mma": None, "wgmma": plan.WGMMA_ATTN_FILL, "wgmma_1wg": 1e9, "wgmma_2wg": 0.0}
 # --ws: attention_ws.cu beside, as planned ("ws") and with its knobs (plan.WGMMA_WS_*) set: the position
 # compares skipped (MK), the lean build (LN), its weights by ex2.approx.ftz (FZ), the folded O as float2s
-# (VF: all four "ws_lean", LOCKSTEP_ATTN_WS_LEAN=1's build), with the softmax overlap (OV) or without the
-# ping-pong (PP)
+# (VF: all four "ws_lean", LOCKSTEP_ATTN_WS_LEAN=1's build), with the softmax overlap (OV), without the
+# ping-pong (PP), with its K/V by TMA (TK)
 WS = {"mma": None, "ws": plan.WGMMA_ATTN_FILL, "ws_mk": plan.WGMMA_ATTN_FILL, "ws_ln": plan.WGMMA_ATTN_FILL,
       "ws_lnfz": plan.WGMMA_ATTN_FILL, "ws_lean": plan.WGMMA_ATTN_FILL, "ws_lean_ov": plan.WGMMA_ATTN_FILL,
-      "ws_lean_pp0": plan.WGMMA_ATTN_FILL, "wgmma": plan.WGMMA_ATTN_FILL}
+      "ws_lean_pp0": plan.WGMMA_ATTN_FILL, "wgmma": plan.WGMMA_ATTN_FILL, "ws_lean_tma": plan.WGMMA_ATTN_FILL}
+ASKED_ONLY = {"ws_lean_tma"}  # run when --variants names them (K/V by TMA: its own process, in case it hangs)
 KNOBS = ("WGMMA_WS_PINGPONG", "WGMMA_WS_OVERLAP", "WGMMA_WS_SKIP_MASK", "WGMMA_WS_LEAN", "WGMMA_WS_FTZ",
-         "WGMMA_WS_VEC_FOLD")
+         "WGMMA_WS_VEC_FOLD", "WGMMA_WS_TMA")
 _OFF = {"WGMMA_WS_OVERLAP": False, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_LEAN": False, "WGMMA_WS_FTZ": False,
-        "WGMMA_WS_VEC_FOLD": False}
+        "WGMMA_WS_VEC_FOLD": False, "WGMMA_WS_TMA": False}
 SETS = {"ws_mk": _OFF, "ws_ln": {**_OFF, "WGMMA_WS_LEAN": True},
         "ws_lnfz": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True},
         "ws_lean": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True},
         "ws_lean_ov": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True,
                        "WGMMA_WS_OVERLAP": True},
         "ws_lean_pp0": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True,
-                        "WGMMA_WS_PINGPONG": False}}
+                        "WGMMA_WS_PINGPONG": False},
+        "ws_lean_tma": {**_OFF, "WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_VEC_FOLD": True,
+                        "WGMMA_WS_TMA": True}}
 
 
 def main() -> int:
@@ -68,7 +71,8 @@ def main() -> int:
         cell: dict = {"context": ctx, "rows": ROWS}
         outs = {}
         chosen = {v for v in args.variants.split(",") if v} | {"mma"}
-        table = {k: v for k, v in WS.items() if len(chosen) == 1 or k in chosen} if args.ws else VARIANTS
+        table = ({k: v for k, v in WS.items() if k in chosen or (len(chosen) == 1 and k not in ASKED_ONLY)}
+                 if args.ws else VARIANTS)
         for name, fill in table.items():
             ops.wgmma_attention = fill is not None
             ops.attention_ws = name.startswith("ws")

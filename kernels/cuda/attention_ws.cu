@@ -40,6 +40,14 @@
 #ifndef VF
 #define VF 0  // the folded O in shared memory as float2s (plan.WGMMA_WS_VEC_FOLD; fold_vec)
 #endif
+#ifndef TK
+// K/V sub-tiles by TMA, one thread's four boxes (plan.WGMMA_WS_TMA; with LN only): the same swizzled tiles;
+// a pass's last sub-tile, whose keys past its last position must read zero, by load_kv_rows
+#define TK 0
+#endif
+#if TK && !LN
+#error "TK is a lean build's"
+#endif
 #if LN
 typedef unsigned SUBTILE;  // stage and round of a count by shifts
 #else
@@ -65,6 +73,21 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+#if TK
+struct __align__(64) TensorMap {
+    unsigned long long v[16];  // CUtensorMap of a cache as [pages x PAGE keys][heads x D], 64 x 64 boxes
+};
+// arrives on bar and adds `bytes` to the transfers its phase waits for
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// box (column c0, row c1) of map into shared memory at dst (128-byte swizzled), completing on bar
+__device__ __forceinline__ void tma_box(u32 dst, const TensorMap* map, int c0, int c1, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+#endif
 // arrives on bar once this thread's cp.asyncs so far have landed (counted in the barrier's init count)
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -80,7 +103,11 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
         const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables, int T,
-        int n_heads, int n_kv, int W, float scale, float* __restrict__ out) {
+        int n_heads, int n_kv, int W, float scale, float* __restrict__ out
+#if TK
+        , const __grid_constant__ TensorMap kmap, const __grid_constant__ TensorMap vmap
+#endif
+        ) {
     extern __shared__ unsigned char smem_raw[];
     __shared__ int s_pos[RB], s_seq[RB];
     __shared__ __align__(8) u64 s_bar[2 * NS];  // full[NS], then empty[NS]
@@ -122,6 +149,24 @@ attn_ws(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __re
             for (int i = 0; i < pmax / KT + 1; ++i, ++k) {
                 const int st = k % NS;
                 if (k >= NS) mbar_wait(empty + 8 * st, (k / NS - 1) & 1);
+#if TK
+                if (pmax - i * KT >= KT - 1) {  // every key of the sub-tile at or before pmax: its boxes
+                    if (pt == 0) {
+                        // the stage's last fill may have been copies (generic proxy): ordered before the boxes
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        mbar_expect_tx(full + 8 * st, 2 * TILE);
+                        const int row = table[i / (PAGE / KT)] * PAGE + i * KT % PAGE;
+#pragma unroll
+                        for (int hf = 0; hf < D / 64; ++hf) {
+                            tma_box(kbase + st * TILE + hf * HALF, &kmap, h * D + hf * 64, row, full + 8 * st);
+                            tma_box(vbase + st * TILE + hf * HALF, &vmap, h * D + hf * 64, row, full + 8 * st);
+                        }
+                    } else {
+                        mbar_arrive(full + 8 * st);
+                    }
+                    continue;
+                }
+#endif
                 if (LN)
                     load_kv_rows(smem, NS, kc, vc, table, pmax, i, st, h, cell, pt);
                 else

@@ -688,18 +688,23 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         if wt is not None:
             kv = (("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
             lean = self.attention_ws_lean
+            tma = wt.ws and plan.WGMMA_WS_TMA and (lean or plan.WGMMA_WS_LEAN)
             fn = (big_smem_kernel("attention_ws.cu", "attn_ws", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("NS", wt.stages), ("PP", int(plan.WGMMA_WS_PINGPONG)),
                                    ("OV", int(plan.WGMMA_WS_OVERLAP)), ("MK", int(plan.WGMMA_WS_SKIP_MASK or lean)),
                                    *((("LN", 1),) if plan.WGMMA_WS_LEAN or lean else ()),
                                    *((("FZ", 1),) if plan.WGMMA_WS_FTZ or lean else ()),
-                                   *((("VF", 1),) if plan.WGMMA_WS_VEC_FOLD or lean else ()), *kv))
+                                   *((("VF", 1),) if plan.WGMMA_WS_VEC_FOLD or lean else ()),
+                                   *((("TK", 1),) if tma else ()), *kv))
                   if wt.ws else
                   big_smem_kernel("attention_wgmma.cu", "attn_wgmma", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("WQ", wt.groups), ("NS", wt.stages), *kv)))
+            # TMA: each cache as [pages x page keys][heads x head dim], boxes of 64 keys x 64 dims
+            maps = tuple(tensor_map.tiled_2d(c.reshape(-1, n_kv * d), (64, 64), tensor_map.SWIZZLE_128B)
+                         for c in (k16, v16)) if tma else ()
             launch(fn, (plan.ceil_div(t, wt.rb), n_kv * wt.subgroups, 1), (wt.threads,),
                    (q, k16, v16, positions, seq, tables, _i32(t), _i32(n_heads), _i32(n_kv), _i32(width),
-                    np.float32(scale), out), shared=wt.shared)
+                    np.float32(scale), out, *maps), shared=wt.shared)
             return
         at = plan.mma_attention_launch(t, n_heads, n_kv, d, width, self.sm_count)
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
