@@ -7,8 +7,9 @@
 #           fold (ws_lean, the switch's build), that with the softmax overlap (ws_lean_ov) and without the
 #           ping-pong (ws_lean_pp0),
 #           attention_wgmma.cu: bits against attn_mma's, ms                                             [90]
-#   tests   test_cuda_attention_wgmma.py's warp-specialised tests (planned, lean, lean_ov builds forced,
-#           bit for bit against attn_mma; the subnormal-weight launch)                                   [75]
+#   tests   test_cuda_attention_wgmma.py with LOCKSTEP_ATTN_WS_LEAN=1 (its default-path tests on the lean
+#           build; the lean and lean_ov builds forced on every launch, bit for bit against attn_mma; the
+#           subnormal-weight launch; NaN past the sequence ends), TMA and planned builds aside          [85]
 #   engine  bench/longctx.py on the 8B shape, prompts 30000 and 8192 (WS_PROMPTS), exact on: the planned
 #           build and LOCKSTEP_ATTN_WS_LEAN=1 (overlap off; skipped unless ws_lean kept attn_mma's bits
 #           in every probe cell), cells interleaved, in what is left of LN_T_total                           [95]
@@ -29,8 +30,8 @@ stage "probe"
 timeout "$(lim probe 90)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-lean-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 8
 stage "tests"
-timeout "$(lim tests 75)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 8 \
-  --junitxml="$work/tests-ws.xml" tests/test_cuda_attention_wgmma.py -k "warp_specialised and not lean_tma" > "$work/tests-ws.txt" 2>&1
+LOCKSTEP_ATTN_WS_LEAN=1 timeout "$(lim tests 85)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 8 \
+  --junitxml="$work/tests-ws.xml" tests/test_cuda_attention_wgmma.py -k "not lean_tma and not planned" > "$work/tests-ws.txt" 2>&1
 echo "tests rc $?"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests-ws.txt" | head -n 12; tail -n 1 "$work/tests-ws.txt"
 [ -f "$work/tests-ws.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-ws.xml" "$OUT/gpu-tests-attn-lean.json"
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
@@ -57,8 +58,8 @@ if [ "$left" -ge 25 ]; then
     --out "$OUT/attn-lean-tma-h200.json" > "$work/probe-tma.log" 2>&1
   echo "tma probe rc $?"; cut -c1-400 "$work/probe-tma.log" | tail -n 4
   left=$(( ${LN_T_total:-270} - ($(date +%s) - start) - 4 ))
-  [ "$left" -ge 10 ] && timeout "$left" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 5 \
-    --junitxml="$work/tests-tma.xml" tests/test_cuda_attention_wgmma.py -k "warp_specialised and lean_tma" > "$work/tests-tma.txt" 2>&1
+  [ "$left" -ge 10 ] && timeout "$left" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 6 \
+    --junitxml="$work/tests-tma.xml" tests/test_cuda_attention_wgmma.py -k "lean_tma" > "$work/tests-tma.txt" 2>&1
   echo "tma tests rc $?"; tail -n 1 "$work/tests-tma.txt"
   [ -f "$work/tests-tma.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-tma.xml" "$OUT/gpu-tests-attn-tma.json"
 else

@@ -95,9 +95,29 @@ def test_a_prompt_row_keeps_its_bits_whatever_the_chunking(gpu, wgmma, config):
         assert alone.tobytes() == whole[row].tobytes(), f"row {row} alone"
 
 
-def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma):
+# attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build
+# (LOCKSTEP_ATTN_WS_LEAN's: compares skipped, ex2.approx.ftz weights, float2 fold), that with the
+# softmax overlap and that with its K/V by TMA
+LEAN = {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_VEC_FOLD": True}
+WS_BUILDS = {"planned": {}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True},
+             "lean_tma": {**LEAN, "WGMMA_WS_TMA": True}}
+
+
+def _ws_build(monkeypatch, build):
+    from kernels.cuda import plan
+
+    for k, v in WS_BUILDS[build].items():
+        monkeypatch.setattr(plan, k, v)
+
+
+@pytest.mark.parametrize("build", ["default", "lean", "lean_tma"])
+def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma, monkeypatch, build):
     """NaN in every cell past each sequence's last position (pages of other sequences, stale data)
-    changes no output: the sub-tile past a pass's last position is zero-filled, its scores -inf."""
+    changes no output: the sub-tile past a pass's last position is zero-filled, its scores -inf (the
+    default build, and attention_ws.cu's lean builds forced: the TMA one copies that sub-tile)."""
+    if build != "default":
+        monkeypatch.setattr(gpu, "attention_ws", True)
+        _ws_build(monkeypatch, build)
     hd, n_heads, n_kv, kv_type = CONFIGS[0]
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
     scale = hd**-0.5
@@ -115,21 +135,6 @@ def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma):
             a.view(cp.uint16)[p] = 0xFFFF
     dirty = _attend(gpu, cache, q, seqs, positions, scale)
     assert np.isfinite(dirty).all() and dirty.tobytes() == clean.tobytes()
-
-
-# attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build
-# (LOCKSTEP_ATTN_WS_LEAN's: compares skipped, ex2.approx.ftz weights, float2 fold), that with the
-# softmax overlap and that with its K/V by TMA
-LEAN = {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_VEC_FOLD": True}
-WS_BUILDS = {"planned": {}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True},
-             "lean_tma": {**LEAN, "WGMMA_WS_TMA": True}}
-
-
-def _ws_build(monkeypatch, build):
-    from kernels.cuda import plan
-
-    for k, v in WS_BUILDS[build].items():
-        monkeypatch.setattr(plan, k, v)
 
 
 @pytest.mark.parametrize("build", WS_BUILDS)
