@@ -37,6 +37,7 @@ DELTA_CONV = "LOCKSTEP_DELTA_CONV"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 ATTN_WS_LEAN = "LOCKSTEP_ATTN_WS_LEAN"
+ATTN_RING = "LOCKSTEP_ATTN_RING"
 THREADS = "LLAMA_ARG_THREADS"
 
 REGISTRY: tuple[EnvVar, ...] = (
@@ -74,6 +75,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "(the same bits, warp-specialised: a producer warpgroup, mbarrier ring, ping-pong consumers; default on where attention_wgmma.cu runs, 0 keeps attention_wgmma.cu)"),
     EnvVar(ATTN_WS_LEAN, ("kernels",), "a switch: attention_ws.cu's lean build (plan.WGMMA_WS_LEAN, _FTZ, _VEC_FOLD "
            "and _SKIP_MASK at once: fewer instructions a sub-tile, the same bits; default off)"),
+    EnvVar(ATTN_RING, ("kernels",), "a switch: attn_mma's one-row decode blocks keep two K/V sub-tiles in flight "
+           "(K and V issued as separate groups into the same two stages; the same bits; default plan.MMA_KV_RING)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

@@ -45,6 +45,9 @@
 #ifndef SHARE_S
 #define SHARE_S 0  // with DW > 1: each warp computes its share of S's key tiles, all read S from shared memory
 #endif
+#ifndef RING
+#define RING 0  // one-row blocks sharing S: K and V of a sub-tile in separate groups, two sub-tiles in flight
+#endif
 
 #define D HEAD_DIM
 #define KT 64                 // keys per sub-tile (part of the arithmetic)
@@ -68,6 +71,9 @@
 #endif
 #if SHS && (NT / 2) % DW
 #error "a warp's share of S must be whole pairs of key tiles"
+#endif
+#if RING && !(SHS && RB == 1)
+#error "the K/V ring serves one-row blocks that share S (one pass, a barrier between S and P V)"
 #endif
 
 __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -124,6 +130,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     for (int j = 0; j < RB; ++j) maxlast = max(maxlast, s_pos[j] < 0 ? -1 : s_pos[j] / PAGE);
     // blocks sized for a longer context than these rows reach leave at once
     if ((int)blockIdx.z > maxlast) return;
+#if !RING
     // K and V sub-tile `sub` of chunk c of a sequence (table) into stage st; keys past pmax zero-filled
     auto load = [&](const int* table, int pmax, int c, int sub, int st) {
         const i64 page = table[c];
@@ -136,12 +143,40 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         }
         cp_async_commit();
     };
+#endif
     // A one-row block's first sub-tile goes out before the wait (while the kernel before still runs)
     // where its keys lie T or more positions before the row's: the cells this step writes are those
     // of its rows, and a sequence's rows in a launch are consecutive positions (later launches of a
     // step run after the write has finished). Stage 0 only: q is staged in V's stage 1.
     const bool early = RB == 1 && (int)blockIdx.z * PAGE + KT + T <= s_pos[0];
+#if RING
+    // K or V of sub-tile (c, sub) of the row's sequence into stage st as one commit group (empty past the
+    // row's last chunk, so that every step commits alike and the waits count the same groups)
+    auto half = [&](const u16* src, u16* dst, int c, int sub) {
+        if (c <= s_pos[0] / PAGE) {
+            const i64 page = tables[(i64)s_seq[0] * W + c];
+            for (int i = tid; i < KT * (D / 8); i += THREADS) {
+                const int kr = i / (D / 8), u = i % (D / 8);
+                const i64 off = (page * PAGE + sub * KT + kr) * cell + (i64)h * D + u * 8;
+                cp_async16(dst + kr * LD + u * 8, src + off, c * PAGE + sub * KT + kr <= s_pos[0] ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    // the sub-tile after (c, sub) among this block's: the next of the chunk, else the first of chunk c + Z
+    auto after = [&](int& c, int& sub) {
+        const int lastc = s_pos[0] / PAGE;
+        if (++sub >= (c < lastc ? PAGE / KT : (s_pos[0] % PAGE) / KT + 1)) c += gridDim.z, sub = 0;
+    };
+    int c1 = blockIdx.z, s1 = 0;
+    after(c1, s1);
+    // the second sub-tile's keys too where they lie T before the row (K only: V's stage 1 holds q until read)
+    const bool early1 = early && c1 * PAGE + s1 * KT + KT + T <= s_pos[0];
+    if (early) half(kc, Ks, blockIdx.z, 0), half(vc, Vs, blockIdx.z, 0);
+    if (early1) half(kc, Ks + STAGE, c1, s1);
+#else
     if (early) load(tables + (i64)s_seq[0] * W, s_pos[0], blockIdx.z, 0, 0);
+#endif
     pdl_start();
 
     stage_q<D, GP, RW * 16, MR, true, KV_T>(Qs, LD, q, scale, s_pos, r0, n_heads, h, G, g0, ng, tid, THREADS);
@@ -160,7 +195,9 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         todo &= ~act;
         const int lastc = pmax / PAGE;
         if ((int)blockIdx.z > lastc) continue;
+#if !RING
         const int* table = tables + (i64)sq * W;
+#endif
         int p[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) p[e] = ok[e] && ((act >> jr[e]) & 1u) ? s_pos[jr[e]] : -1;
@@ -175,17 +212,31 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
 
         int c = blockIdx.z, sub = 0, st = 0;
         __syncthreads();  // q read (first pass), the stages free
+#if RING
+        // groups in flight: K and V of this sub-tile and the next; the next but one's K goes out once every
+        // warp has read this K stage, its V once they have read this V stage
+        int yc = c1, ys = s1;  // the load cursor: two sub-tiles ahead of (c, sub) after the prologue
+        if (!early) half(kc, Ks, c, 0), half(vc, Vs, c, 0);
+        if (!early1) half(kc, Ks + STAGE, yc, ys);
+        half(vc, Vs + STAGE, yc, ys);
+        after(yc, ys);
+#else
         if (!early) load(table, pmax, c, 0, 0);
+#endif
         while (true) {
             int nc = c, ns = sub + 1;
             if (ns >= subs(c)) nc = c + gridDim.z, ns = 0;
             const bool more = nc <= lastc;
+#if RING
+            asm volatile("cp.async.wait_group 3;\n" ::);  // this sub-tile's K (its V, the next's K and V pending)
+#else
             if (more) {
                 load(table, pmax, nc, ns, st ^ 1);
                 asm volatile("cp.async.wait_group 1;\n" ::);
             } else {
                 asm volatile("cp.async.wait_group 0;\n" ::);
             }
+#endif
             __syncthreads();
 #if SHS
             // S's key tiles split over the DW warps of these rows (an S value is the same MMA whichever warp
@@ -217,7 +268,13 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                     *reinterpret_cast<float2*>(sr + 8 * SLD + j * 8) = make_float2(sw[j][2], sw[j][3]);
                 }
             }
+#if RING
+            asm volatile("cp.async.wait_group 2;\n" ::);  // this sub-tile's V
+#endif
             __syncthreads();
+#if RING
+            half(kc, Ks + st * STAGE, yc, ys);
+#endif
             if (busy) {
                 const u16* Vt = Vs + st * STAGE;
                 float s[NT][4];
@@ -266,6 +323,10 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                 }
             }
             __syncthreads();  // the stage is free for the load after next
+#if RING
+            half(vc, Vs + st * STAGE, yc, ys);
+            after(yc, ys);
+#endif
             if (ns == 0 || !more) {  // chunk c done: its partial stored, or folded into the row's state
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, switch
+from contract.env import ATTN_RING, ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -162,3 +162,7 @@ def attention_ws_lean(env: Mapping[str, str]) -> bool:
     """Whether attention_ws.cu takes its lean build whatever plan.WGMMA_WS_LEAN / _FTZ / _VEC_FOLD / _SKIP_MASK say
     (LOCKSTEP_ATTN_WS_LEAN; default off)."""
     return switch(env, ATTN_WS_LEAN, default=False)
+def attention_ring_on(env: Mapping[str, str]) -> bool:
+    """Whether attn_mma's one-row decode blocks that share S take the K/V ring (RING; the same bits):
+    LOCKSTEP_ATTN_RING, else plan.MMA_KV_RING."""
+    return switch(env, ATTN_RING, default=bool(plan.MMA_KV_RING))

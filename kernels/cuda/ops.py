@@ -122,6 +122,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
         self.attention_ws_lean = dispatch.attention_ws_lean(os.environ)
+        self.attention_ring = dispatch.attention_ring_on(os.environ)
 
     # --- data movement
     def plan_weights(self, weights: dict[str, Weight]) -> None:
@@ -710,6 +711,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
                    ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
         defines += (("SHARE_S", 1),) if at.share_s else ()
+        defines += (("RING", 1),) if at.share_s and at.rb == 1 and self.attention_ring else ()
         # the one build may serve launches with and without the folded O (captured in graphs alike): it
         # is allowed the larger
         fn = big_smem_kernel("attention_mma.cu", "attn_mma",
