@@ -38,6 +38,7 @@ WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 ATTN_WS_LEAN = "LOCKSTEP_ATTN_WS_LEAN"
 ATTN_RING = "LOCKSTEP_ATTN_RING"
+ATTN_MERGE_LAST = "LOCKSTEP_ATTN_MERGE_LAST"
 THREADS = "LLAMA_ARG_THREADS"
 
 REGISTRY: tuple[EnvVar, ...] = (
@@ -77,6 +78,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "and _SKIP_MASK at once: fewer instructions a sub-tile, the same bits; default off)"),
     EnvVar(ATTN_RING, ("kernels",), "a switch: attn_mma's one-row decode blocks keep two K/V sub-tiles in flight "
            "(K and V issued as separate groups into the same two stages; the same bits; default plan.MMA_KV_RING)"),
+    EnvVar(ATTN_MERGE_LAST, ("kernels",), "a switch: attn_mma's one-row decode rows with chunks over workers are "
+           "merged by the row's last block to finish, not by attn_merge (its arithmetic, the same bits; default "
+           "plan.MMA_MERGE_LAST)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

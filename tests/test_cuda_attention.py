@@ -159,11 +159,18 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
             monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", blocks)
             for share_s in (0, 1):  # S's key tiles computed by every warp, or split and shared
                 monkeypatch.setattr(plan, "MMA_SHARE_S", share_s)
-                for ring in (False, True):  # one sub-tile in flight, or two (K and V issued apart)
-                    monkeypatch.setattr(gpu, "attention_ring", ring)
-                    assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+                assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
     monkeypatch.setattr(plan, "MMA_DIM_WARPS", 4)
     monkeypatch.setattr(plan, "MMA_SHARE_S", 1)
+    # one K/V sub-tile in flight or two (K and V issued apart); the chunks merged by attn_merge or by the
+    # row's last block
+    for blocks, ring, merge_last in ((3, True, False), (3, False, True), (3, True, True), (10_000, True, True)):
+        monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", blocks)
+        monkeypatch.setattr(gpu, "attention_ring", ring)
+        monkeypatch.setattr(gpu, "attention_merge_last", merge_last)
+        assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
+        assert int(gpu._attn_counters.sum()) == 0
+    monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", 3)
     monkeypatch.setattr(plan, "MERGE_SCAN", 0)  # the merge's running maxima by each thread's loop, not a scan
     assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
     monkeypatch.setattr(plan, "MERGE_SCAN", 1)
@@ -236,10 +243,10 @@ extern "C" __global__ void late_write(unsigned short* k, unsigned short* v, cons
 """
 
 
-@pytest.mark.parametrize("ring", [False, True], ids=["ring0", "ring1"])
+@pytest.mark.parametrize("ring_merge", [False, True], ids=["main", "ring_merge_last"])
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("positions", [[699], [520], [510, 511, 512, 513]], ids=["decode", "decode_first_subtile", "verify"])
-def test_cells_written_just_before_are_read_after_the_wait(gpu, monkeypatch, hd, positions, ring):
+def test_cells_written_just_before_are_read_after_the_wait(gpu, monkeypatch, hd, positions, ring_merge):
     """In a captured step attention starts while the KV write before it still runs (PDL); here that
     write is held back ~50 us. The cells this step writes (a decode row's own; a verify step's rows
     of one sequence, across a page boundary) must come from after the wait, never from a line
@@ -249,7 +256,8 @@ def test_cells_written_just_before_are_read_after_the_wait(gpu, monkeypatch, hd,
     too where they end T positions before the row.)"""
     from kernels.cuda import launch as kernel_launch
 
-    monkeypatch.setattr(gpu, "attention_ring", ring)
+    monkeypatch.setattr(gpu, "attention_ring", ring_merge)
+    monkeypatch.setattr(gpu, "attention_merge_last", ring_merge)
 
     if not kernel_launch.pdl_supported():
         pytest.skip("programmatic dependent launch needs sm_90")
@@ -307,6 +315,8 @@ def test_long_context_row_alone_in_a_prefill_tile_and_padded(gpu, monkeypatch, c
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
     monkeypatch.undo()
     monkeypatch.setattr(gpu, "attention_ring", not gpu.attention_ring)  # one K/V sub-tile in flight, or two
+    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
+    monkeypatch.setattr(gpu, "attention_merge_last", not gpu.attention_merge_last)  # merged in the last block
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
     monkeypatch.undo()
     monkeypatch.setattr(plan, "BLOCKS_PER_SM", 0)  # one block a row: the chunks folded in registers

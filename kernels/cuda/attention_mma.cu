@@ -45,6 +45,9 @@
 #ifndef SHARE_S
 #define SHARE_S 0  // with DW > 1: each warp computes its share of S's key tiles, all read S from shared memory
 #endif
+#ifndef MERGE_LAST
+#define MERGE_LAST 0  // one-row blocks with a split: the row's last block to finish folds its chunks (no attn_merge)
+#endif
 #ifndef RING
 #define RING 0  // one-row blocks sharing S: K and V of a sub-tile in separate groups, two sub-tiles in flight
 #endif
@@ -72,6 +75,9 @@
 #if SHS && (NT / 2) % DW
 #error "a warp's share of S must be whole pairs of key tiles"
 #endif
+#if MERGE_LAST && RB != 1
+#error "the in-kernel merge serves one-row blocks (one row's chunks a block)"
+#endif
 #if RING && !(SHS && RB == 1)
 #error "the K/V ring serves one-row blocks that share S (one pass, a barrier between S and P V)"
 #endif
@@ -98,10 +104,127 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
 
+#if MERGE_LAST
+// The in-kernel merge: attn_merge's arithmetic (attention.cu) for the block's ng query heads side by side.
+// Per tile of MTF chunks from chunk 1: each head's chunk maxima and sums staged, the running max before
+// each chunk (the max of chunk 0 and the chunks before it, exact in any order: a warp's scan per head)
+// and merge_coeffs of it and the chunk's max, then per output (head, dim) the fold ascending: l and O by
+// merge_add with those coefficients; O / l at the end. The same values as attn_merge in the same order.
+#define CPL (LD / GP < 4 ? LD / GP : 4)  // chunks a lane takes in the scan (the tile fits the K/V stages)
+#define MTF (32 * CPL)                    // chunks per tile
+#define NOUT ((GP * D + THREADS - 1) / THREADS)  // outputs (head, dim) a thread folds
+#define MBF (NOUT <= 4 ? 32 / NOUT : (16 / NOUT > 0 ? 16 / NOUT : 1))  // chunks whose values a thread loads together
+#if CPL < 1
+#error "the in-kernel merge's tile needs LD >= GP"
+#endif
+__device__ __forceinline__ void merge_here(const float* __restrict__ part, float* __restrict__ out, float* sf,
+                                           float* s_mr, int r, int qh0, int ng, int last, int n_heads, int W,
+                                           int tid, int warp, int lane) {
+    float* sm = sf;                  // [GP][MTF]: the tile's chunk maxima
+    float* sl = sm + GP * MTF;       // sums
+    float* sa = sl + GP * MTF;       // the running state's coefficient
+    float* sb = sa + GP * MTF;       // the chunk's
+    const i64 row = (i64)r * n_heads + qh0;
+    float l[NOUT], acc[NOUT];
+    int go[NOUT], dd[NOUT];
+#pragma unroll
+    for (int o = 0; o < NOUT; ++o) {
+        const int i = tid + o * THREADS;
+        go[o] = i / D, dd[o] = i % D;
+        if (go[o] < ng) {
+            const float* base = part + (row + go[o]) * W * (D + 2);
+            l[o] = __ldcg(base + D + 1), acc[o] = __ldcg(base + dd[o]);
+        }
+    }
+    for (int g = tid; g < ng; g += THREADS) s_mr[g] = __ldcg(part + (row + g) * W * (D + 2) + D);
+    for (int t0 = 1; t0 <= last; t0 += MTF) {
+        const int n = imin(MTF, last + 1 - t0);
+        for (int i = tid; i < ng * MTF; i += THREADS) {
+            const int g = i / MTF, c = i % MTF;
+            if (c < n) {
+                const float* pc = part + ((row + g) * W + t0 + c) * (D + 2);
+                sm[g * MTF + c] = __ldcg(pc + D);
+                sl[g * MTF + c] = __ldcg(pc + D + 1);
+            }
+        }
+        __syncthreads();
+        for (int g = warp; g < ng; g += NW) {  // head g's coefficients by warp g % NW
+            float v[CPL], px[CPL];
+            float run = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+                const int c = lane * CPL + j;
+                v[j] = c < n ? sm[g * MTF + c] : -INFINITY;
+                px[j] = run = fmaxf(run, v[j]);  // the lane's inclusive maxima
+            }
+            float inc = run;  // the warp's inclusive scan of the lanes' maxima
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, inc, off);
+                if (lane >= off) inc = fmaxf(inc, y);
+            }
+            float before = __shfl_up_sync(0xffffffffu, inc, 1);  // the max of the lanes before this one
+            const float total = __shfl_sync(0xffffffffu, inc, 31);
+            const float mr = s_mr[g];
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) {
+                const int c = lane * CPL + j;
+                if (c >= n) break;
+                // the max of the tile's chunks before c, with the running max of the earlier ones
+                const float prev = j > 0 ? (lane > 0 ? fmaxf(before, px[j - 1]) : px[j - 1]) : before;
+                const float mp = c == 0 ? mr : fmaxf(mr, prev);
+                float a, b, m_new;
+                merge_coeffs(mp, v[j], a, b, m_new);
+                sa[g * MTF + c] = a;
+                sb[g * MTF + c] = b;
+            }
+            if (lane == 0) s_mr[g] = fmaxf(mr, total);
+        }
+        __syncthreads();
+        float nv[MBF][NOUT];
+        auto fetch = [&](int i0) {  // chunks t0 + i0 .. + MBF - 1, those past the tile as its last
+#pragma unroll
+            for (int k = 0; k < MBF; ++k)
+#pragma unroll
+                for (int o = 0; o < NOUT; ++o)
+                    if (go[o] < ng)
+                        nv[k][o] = __ldcg(part + ((row + go[o]) * W + t0 + imin(i0 + k, n - 1)) * (D + 2) + dd[o]);
+        };
+        fetch(0);
+        for (int i0 = 0; i0 < n; i0 += MBF) {
+            float cv[MBF][NOUT];
+#pragma unroll
+            for (int k = 0; k < MBF; ++k)
+#pragma unroll
+                for (int o = 0; o < NOUT; ++o) cv[k][o] = nv[k][o];
+            if (i0 + MBF < n) fetch(i0 + MBF);
+#pragma unroll
+            for (int k = 0; k < MBF; ++k) {
+                const int i = i0 + k;
+                if (i >= n) break;
+#pragma unroll
+                for (int o = 0; o < NOUT; ++o) {
+                    if (go[o] >= ng) continue;
+                    const int at = go[o] * MTF + i;
+                    l[o] = merge_add(l[o], sa[at], sl[at], sb[at]);
+                    acc[o] = merge_add(acc[o], sa[at], cv[k][o], sb[at]);
+                }
+            }
+        }
+        __syncthreads();  // the tile's coefficients read before the next tile's
+    }
+#pragma unroll
+    for (int o = 0; o < NOUT; ++o)
+        if (go[o] < ng) store_attn<OUT16>(out, (row + go[o]) * D + dd[o], __fdiv_rn(acc[o], l[o]));
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
          const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
-         float* __restrict__ part, int T, int n_heads, int n_kv, int W, float scale, float* __restrict__ out) {
+         float* __restrict__ part, int T, int n_heads, int n_kv, int W, float scale, float* __restrict__ out,
+         int* __restrict__ counters) {
     extern __shared__ __align__(16) unsigned char smem[];
     u16* Ks = reinterpret_cast<u16*>(smem);  // [2][KT][LD]
     u16* Vs = Ks + 2 * STAGE;
@@ -350,4 +473,27 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         }
         if (!split) store_rows<OUT16, D, DTW>(out, p, jr, qh, r0, n_heads, t, n0, Os, tid, THREADS, L);
     }
+#if MERGE_LAST
+    // The row's last block to store its chunks merges them (the launch's tickets start at zero and every
+    // merging block returns its own to zero); which block it is changes no bits
+    if (split) {
+        __shared__ int merging;
+        __shared__ float s_mr[GP];  // each head's running max over the tiles merged so far
+        const int last = s_pos[0] / PAGE;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int* cnt = counters + (i64)blockIdx.x * gridDim.y + blockIdx.y;
+            merging = atomicAdd(cnt, 1) == imin((int)gridDim.z, last + 1) - 1;
+            if (merging) *cnt = 0;
+        }
+        __syncthreads();
+        if (!merging) return;
+        __threadfence();
+        merge_here(part, out, reinterpret_cast<float*>(smem), s_mr, r0, h * G + g0, ng, last, n_heads, W, tid, warp,
+                   lane);
+    }
+#else
+    (void)counters;
+#endif
 }

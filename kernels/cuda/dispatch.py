@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import ATTN_RING, ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, switch
+from contract.env import ATTN_MERGE_LAST, ATTN_RING, ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -166,3 +166,9 @@ def attention_ring_on(env: Mapping[str, str]) -> bool:
     """Whether attn_mma's one-row decode blocks that share S take the K/V ring (RING; the same bits):
     LOCKSTEP_ATTN_RING, else plan.MMA_KV_RING."""
     return switch(env, ATTN_RING, default=bool(plan.MMA_KV_RING))
+
+
+def attention_merge_last_on(env: Mapping[str, str]) -> bool:
+    """Whether attn_mma's one-row rows split over workers are merged by their last block (MERGE_LAST; the
+    same bits): LOCKSTEP_ATTN_MERGE_LAST, else plan.MMA_MERGE_LAST."""
+    return switch(env, ATTN_MERGE_LAST, default=bool(plan.MMA_MERGE_LAST))

@@ -123,6 +123,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.attention_ws = dispatch.attention_ws_on(os.environ)
         self.attention_ws_lean = dispatch.attention_ws_lean(os.environ)
         self.attention_ring = dispatch.attention_ring_on(os.environ)
+        self.attention_merge_last = dispatch.attention_merge_last_on(os.environ)
 
     # --- data movement
     def plan_weights(self, weights: dict[str, Weight]) -> None:
@@ -712,21 +713,24 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                    ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
         defines += (("SHARE_S", 1),) if at.share_s else ()
         defines += (("RING", 1),) if at.share_s and at.rb == 1 and self.attention_ring else ()
+        groups = n_kv * at.subgroups
+        step = at.row_slice
+        # one build for launches with and without the split (the merge runs only with it)
+        merge_last = at.rb == 1 and self.attention_merge_last and min(t, step) * groups <= ATTN_COUNTERS
+        defines += (("MERGE_LAST", 1),) if merge_last else ()
         # the one build may serve launches with and without the folded O (captured in graphs alike): it
         # is allowed the larger
         fn = big_smem_kernel("attention_mma.cu", "attn_mma",
                              plan.mma_attention_smem(d, at.threads // (32 * at.dim_warps), False, bool(at.share_s)),
                              defines)
-        groups = n_kv * at.subgroups
-        step = at.row_slice
         part = cp.empty((min(t, step), n_heads, width, d + 2), dtype=cp.float32) if at.workers > 1 else self._dummy
         for r0 in range(0, t, step):
             r1 = min(t, r0 + step)
             # Row slices only bound the scratch: rows are independent, so the bits are the same.
             launch(fn, (plan.ceil_div(r1 - r0, at.rb), groups, at.workers), (at.threads,),
                    (q[r0:r1], k16, v16, positions[r0:r1], seq[r0:r1], tables, part, _i32(r1 - r0), _i32(n_heads),
-                    _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1]), shared=at.shared)
-            if at.workers > 1:
+                    _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1], self._attn_counters), shared=at.shared)
+            if at.workers > 1 and not merge_last:
                 merge = kernel("attention.cu", "attn_merge", (("HEAD_DIM", d), ("OUT16", out16)) + plan.merge_build())
                 launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
