@@ -103,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="1B", choices=("1B", "8B"))
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
-    ap.add_argument("--ctx", type=int, default=600)
+    ap.add_argument("--ctx", type=int, nargs="+", default=[600], help="positions decoded at (each its own step)")
     ap.add_argument("--pdl", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--prefill", type=int, help="profile one prompt of this many tokens instead")
@@ -112,7 +112,7 @@ def main() -> None:
     args = ap.parse_args()
     res = []
     runs = ([lambda: profile_prefill(args.shape, args.prefill, not args.exact_off, args.reps)] if args.prefill else
-            [lambda b=b: profile_step(args.shape, b, args.ctx, args.pdl, args.reps) for b in args.batch])
+            [lambda b=b, c=c: profile_step(args.shape, b, c, args.pdl, args.reps) for c in args.ctx for b in args.batch])
     for run in runs:
         r = run()
         res.append(r)

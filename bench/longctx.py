@@ -51,11 +51,11 @@ async def run(args) -> dict:
     vocab = SHAPES[args.shape]["vocab"]
     base = ["--parallel", "4", "--ctx-size", str(args.ctx), "--kv-unified", "--device", args.device, "--metrics"]
     servers = {m: EngineServer(model, [*base, "--exact-concurrency", m]) for m in args.modes.split(",")}
-    variants = dict(v.split(":", 1) for v in args.env_variant)  # label -> NAME=VALUE
-    for label, assign in variants.items():
-        name, value = assign.split("=", 1)
+    variants = dict(v.split(":", 1) for v in args.env_variant)  # label -> NAME=VALUE[,NAME=VALUE...]
+    for label, assigns in variants.items():
+        env = dict(a.split("=", 1) for a in assigns.split(","))
         for m in args.modes.split(","):
-            servers[f"{m}+{label}"] = EngineServer(model, [*base, "--exact-concurrency", m], {name: value})
+            servers[f"{m}+{label}"] = EngineServer(model, [*base, "--exact-concurrency", m], env)
     flagged = dict(v.split(":", 1) for v in args.arg_variant)  # label -> engine flags
     for label, flags in flagged.items():
         for m in args.modes.split(","):
@@ -155,8 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", default="on,off")
     ap.add_argument("--peak-tflops", type=float, default=790.0, help="dense 16-bit matrix peak (H200: ~790)")
-    ap.add_argument("--env-variant", action="append", default=[], metavar="LABEL:NAME=VALUE",
-                    help="beside each mode's engine one with NAME=VALUE in its environment (mode+LABEL), cells interleaved")
+    ap.add_argument("--env-variant", action="append", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
+                    help="beside each mode's engine one with these NAME=VALUE in its environment (mode+LABEL), cells interleaved")
     ap.add_argument("--arg-variant", action="append", default=[], metavar="LABEL:FLAGS",
                     help="beside each mode's engine one started with these extra flags, e.g. 'ub2048:-ub 2048' (mode+LABEL)")
     ap.add_argument("--seed", type=int, default=0)

@@ -1,11 +1,10 @@
-"""One layer's decode attention (8B shape: 32 heads, 8 KV, 128, f16 cache) on attn_mma and attn_merge:
-"old" (each of a one-row block's warps computing all of S, plan.MMA_SHARE_S 0; the merge's running
-maxima by a loop, plan.MERGE_SCAN 0), "share_s" (S's key tiles split over the warps and shared) and
-"new" (both, with the merge's maxima by a scan): 1 and 16 rows (each its own sequence) at 4096 and
-30000 keys, bits compared with old's; ms a call
-(attn_mma and attn_merge) the median of three 20-call runs, each call on other pages than the last
-(at least ~200 MB of KV between two reads of a page, as a step's 32 layers give, so L2 holds none),
-queued behind a spinning kernel so that the GPU's time is measured, not Python's.
+"""One layer's decode attention (8B shape: 32 heads, 8 KV, 128, f16 cache) on attn_mma (and attn_merge):
+"main" (the default build), "ring" (a sub-tile's K and V issued apart, two sub-tiles in flight: RING),
+"merge_last" (the row's last block merges its chunks, no attn_merge launch: MERGE_LAST) and "ring_merge"
+(both); rows each their own sequence, bits compared with main's; ms a call the median of three 20-call
+runs, each call on other pages than the last (at least ~200 MB of KV between two reads of a page, as a
+step's 32 layers give, so L2 holds none), queued behind a spinning kernel so that the GPU's time is
+measured, not Python's.
 
     python3 bench/probes/attn_decode_ab.py --out /tmp/attn-decode-ab.json      # on a GPU machine
 """
@@ -31,12 +30,12 @@ PAGE_BYTES = PAGE_SIZE * HKV * D * 2 * 2  # K and V
 POOL = 2400  # pages (~2.5 GB)
 # ~20 ms of spinning before each run: a call's host side (~0.1 ms) is longer than a layer's decode attention
 HOLD_CYCLES = 40_000_000
-VARIANTS = {"old": (0, 0), "share_s": (1, 0), "new": (1, 1)}  # (MMA_SHARE_S, MERGE_SCAN)
+VARIANTS = {"main": (False, False), "ring": (True, False), "merge_last": (False, True), "ring_merge": (True, True)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cells", default="1x30000,16x4096,1x4096,16x30000")
+    ap.add_argument("--cells", default="1x30000,16x4096,1x8192,1x4096,16x30000")
     ap.add_argument("--out", default="/tmp/attn-decode-ab.json")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
@@ -58,12 +57,13 @@ def main() -> int:
             tables = (np.arange(t * pages, dtype=np.int32).reshape(t, pages) + c * t * pages) % POOL
             row_sets.append(PagedRows(pos, seq, cp.asarray(tables), None))
         kv_bytes = t * ctx * HKV * D * 2 * 2
-        cell: dict = {"rows": t, "keys": ctx, "copies": copies, "kv_mb": round(kv_bytes / 2**20, 1)}
+        at = plan.mma_attention_launch(t, H, HKV, D, width, ops.sm_count)
+        cell: dict = {"rows": t, "keys": ctx, "copies": copies, "kv_mb": round(kv_bytes / 2**20, 1),
+                      "workers": at.workers, "shared": at.shared, "min_blocks": at.min_blocks,
+                      "bound_us": round(kv_bytes / 4.28e12 * 1e6, 1)}
         outs = {}
-        saved = plan.MMA_SHARE_S, plan.MERGE_SCAN
-        for name, (share, scan) in VARIANTS.items():
-            plan.MMA_SHARE_S, plan.MERGE_SCAN = share, scan
-            at = plan.mma_attention_launch(t, H, HKV, D, width, ops.sm_count)
+        for name, (ring, merge_last) in VARIANTS.items():
+            ops.attention_ring, ops.attention_merge_last = ring, merge_last
             turn = [0]
 
             def call(turn=turn, row_sets=row_sets, q=q):
@@ -73,25 +73,25 @@ def main() -> int:
 
             try:
                 runs = sorted(back_to_back_ms(call, 20, HOLD_CYCLES) for _ in range(3))
-                outs[name] = cp.asnumpy(ops.attention(q, layer, row_sets[0], D**-0.5))
+                outs[name] = [cp.asnumpy(ops.attention(q, layer, rs, D**-0.5)) for rs in row_sets[:2]]
+                counters_zero = int(ops._attn_counters.sum()) == 0
             except Exception as e:  # a failing build is a result too
                 cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 continue
-            finally:
-                plan.MMA_SHARE_S, plan.MERGE_SCAN = saved
             ms = runs[1]
-            cell[name] = {"workers": at.workers, "shared": at.shared, "min_blocks": at.min_blocks,
-                          "share_s": at.share_s, "ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs],
-                          "kv_tb_s": round(kv_bytes / ms / 1e9, 3)}
-        for name in ("share_s", "new"):
-            if "old" in outs and name in outs:
-                a, b = outs["old"], outs[name]
-                cell[name]["same_bits_as_old"] = a.tobytes() == b.tobytes()
+            cell[name] = {"ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs],
+                          "kv_tb_s": round(kv_bytes / ms / 1e9, 3), "counters_zero": counters_zero}
+        ops.attention_ring, ops.attention_merge_last = False, False
+        for name in VARIANTS:
+            if name != "main" and "main" in outs and name in outs:
+                a, b = np.stack(outs["main"]), np.stack(outs[name])
+                cell[name]["same_bits_as_main"] = a.tobytes() == b.tobytes()
                 cell[name]["values_differing"] = int((a.view(np.uint32) != b.view(np.uint32)).sum())
                 cell[name]["finite"] = bool(np.isfinite(b).all())
-                cell[name]["over_old_ms"] = round(cell[name]["ms"] / cell["old"]["ms"], 3)
+                cell[name]["over_main_ms"] = round(cell[name]["ms"] / cell["main"]["ms"], 3)
         cells.append(cell)
-        print(cell, flush=True)
+        print(spec, {k: (v.get("ms"), v.get("same_bits_as_main"), v.get("error")) for k, v in cell.items()
+                     if isinstance(v, dict)}, flush=True)
         write_json(args.out, {"shape": [H, HKV, D, "f16"], "bound_tb_s": 4.28, "cells": cells})
     return 0
 
