@@ -1,7 +1,8 @@
 """One layer's decode attention (8B shape: 32 heads, 8 KV, 128, f16 cache) on attn_mma (and attn_merge):
 "main" (the default build), "ring" (a sub-tile's K and V issued apart, two sub-tiles in flight: RING),
 "merge_last" (the row's last block merges its chunks, no attn_merge launch: MERGE_LAST) and "ring_merge"
-(both); rows each their own sequence, bits compared with main's; ms a call the median of three 20-call
+(both), "ring_merge_b2" (both, chunks over workers for two blocks an SM, not three: plan.MMA_BLOCKS_PER_SM);
+rows each their own sequence, bits compared with main's; ms a call the median of three 20-call
 runs, each call on other pages than the last (at least ~200 MB of KV between two reads of a page, as a
 step's 32 layers give, so L2 holds none), queued behind a spinning kernel so that the GPU's time is
 measured, not Python's.
@@ -30,7 +31,8 @@ PAGE_BYTES = PAGE_SIZE * HKV * D * 2 * 2  # K and V
 POOL = 2400  # pages (~2.5 GB)
 # ~20 ms of spinning before each run: a call's host side (~0.1 ms) is longer than a layer's decode attention
 HOLD_CYCLES = 40_000_000
-VARIANTS = {"main": (False, False), "ring": (True, False), "merge_last": (False, True), "ring_merge": (True, True)}
+VARIANTS = {"main": (False, False, 3), "ring": (True, False, 3), "merge_last": (False, True, 3),
+            "ring_merge": (True, True, 3), "ring_merge_b2": (True, True, 2)}  # (RING, MERGE_LAST, blocks an SM)
 
 
 def main() -> int:
@@ -59,11 +61,13 @@ def main() -> int:
         kv_bytes = t * ctx * HKV * D * 2 * 2
         at = plan.mma_attention_launch(t, H, HKV, D, width, ops.sm_count)
         cell: dict = {"rows": t, "keys": ctx, "copies": copies, "kv_mb": round(kv_bytes / 2**20, 1),
-                      "workers": at.workers, "shared": at.shared, "min_blocks": at.min_blocks,
-                      "bound_us": round(kv_bytes / 4.28e12 * 1e6, 1)}
+                      "shared": at.shared, "min_blocks": at.min_blocks, "bound_us": round(kv_bytes / 4.28e12 * 1e6, 1)}
         outs = {}
-        for name, (ring, merge_last) in VARIANTS.items():
+        saved = plan.MMA_BLOCKS_PER_SM
+        for name, (ring, merge_last, blocks) in VARIANTS.items():
             ops.attention_ring, ops.attention_merge_last = ring, merge_last
+            plan.MMA_BLOCKS_PER_SM = blocks
+            workers = plan.mma_attention_launch(t, H, HKV, D, width, ops.sm_count).workers
             turn = [0]
 
             def call(turn=turn, row_sets=row_sets, q=q):
@@ -78,8 +82,10 @@ def main() -> int:
             except Exception as e:  # a failing build is a result too
                 cell[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 continue
+            finally:
+                plan.MMA_BLOCKS_PER_SM = saved
             ms = runs[1]
-            cell[name] = {"ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs],
+            cell[name] = {"workers": workers, "ms": round(ms, 4), "ms_runs": [round(r, 4) for r in runs],
                           "kv_tb_s": round(kv_bytes / ms / 1e9, 3), "counters_zero": counters_zero}
         ops.attention_ring, ops.attention_merge_last = False, False
         for name in VARIANTS:
