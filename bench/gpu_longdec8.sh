@@ -2,10 +2,10 @@
 # Decode attention (issue 32, longdec8) on the H200 in one device call: attn_mma's K/V ring (RING) and the
 # in-kernel merge (MERGE_LAST) against main's build. JSON under $OUT as each stage ends, summary last.
 # Stages, each under its own limit (LD_T_<stage> seconds), all inside LD_T_ALL:
-#   tests   tests/test_cuda_attention.py with LOCKSTEP_ATTN_RING=1 LOCKSTEP_ATTN_MERGE_LAST=1 (every decode
-#           row on both; the tests also compare each with main's build bit for bit)                  [85]
 #   probe   bench/probes/attn_decode_ab.py: one layer, main / ring / merge_last / ring_merge, bits
 #           against main's, GPU time                                                                  [50]
+#   tests   tests/test_cuda_attention.py with LOCKSTEP_ATTN_RING=1 LOCKSTEP_ATTN_MERGE_LAST=1 (every decode
+#           row on both; the tests also compare each with main's build bit for bit)                  [85]
 #   engine  bench/longctx.py, decode after a 30000-token prompt, exact on: main and the fastest build
 #           with main's bits in every probe cell (none: skipped), cells interleaved                   [80]
 #   chats   bench/throughput.py, 16 chats x 4096, exact on, with that build                     [the rest]
@@ -26,18 +26,18 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
 ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
   > "$work/shape.log" 2>&1 &
 shape=$!
-if want tests; then
-stage "tests"
-LOCKSTEP_ATTN_RING=1 LOCKSTEP_ATTN_MERGE_LAST=1 timeout "$(lim tests 85)" python3 -m pytest -m gpu --noconftest \
-  -p no:cacheprovider -q -rfE -n 8 --junitxml="$work/tests.xml" tests/test_cuda_attention.py > "$work/tests.txt" 2>&1
-echo "tests rc $?"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests.txt" | head -n 12; tail -n 1 "$work/tests.txt"
-[ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/gpu-tests-attn-ring-merge.json"
-fi
 if want probe; then
 stage "probe"
 timeout "$(lim probe 50)" python3 bench/probes/attn_decode_ab.py --out "$OUT/attn-decode-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 8
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
+fi
+if want tests; then
+stage "tests"
+LOCKSTEP_ATTN_RING=1 LOCKSTEP_ATTN_MERGE_LAST=1 timeout -s INT -k 5 "$(lim tests 85)" python3 -m pytest -m gpu --noconftest \
+  -p no:cacheprovider -q -rfE -n 8 --junitxml="$work/tests.xml" tests/test_cuda_attention.py > "$work/tests.txt" 2>&1
+echo "tests rc $?"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests.txt" | head -n 12; tail -n 1 "$work/tests.txt"
+[ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/gpu-tests-attn-ring-merge.json"
 fi
 # the engine takes the build with main's bits in every probe cell and the least time summed over the
 # 1 x 30000 and 16 x 4096 cells, if below main's
