@@ -39,6 +39,7 @@ ATTN_WS = "LOCKSTEP_ATTN_WS"
 ATTN_WS_LEAN = "LOCKSTEP_ATTN_WS_LEAN"
 ATTN_RING = "LOCKSTEP_ATTN_RING"
 ATTN_MERGE_LAST = "LOCKSTEP_ATTN_MERGE_LAST"
+WGMMA_BUILD = "LOCKSTEP_WGMMA_BUILD"
 THREADS = "LLAMA_ARG_THREADS"
 
 REGISTRY: tuple[EnvVar, ...] = (
@@ -81,6 +82,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(ATTN_MERGE_LAST, ("kernels",), "a switch: attn_mma's one-row decode rows with chunks over workers are "
            "merged by the row's last block to finish, not by attn_merge (its arithmetic, the same bits; default "
            "plan.MMA_MERGE_LAST)"),
+    EnvVar(WGMMA_BUILD, ("kernels",), "tiles|persist|g3|g3p: the build of the exact prefill matmul on Hopper "
+           "(mm_wgmma_tma, the same bits in each; kernels/cuda/plan.py WGMMA_BUILDS; default tiles)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

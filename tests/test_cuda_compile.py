@@ -35,7 +35,8 @@ def _nvcc(job: Job, out: Path) -> tuple[Path, subprocess.CompletedProcess]:
     """Device code only (-cubin), as NVRTC compiles it, its PTX kept in `out` (--keep)."""
     path = SOURCES[job.source]
     flags = [o for o in OPTIONS if o != "-std=c++17"]
-    cmd = [NVCC, _arch(path), "-std=c++17", *flags, *(f"-D{k}={v}" for k, v in job.defines), "--keep",
+    spills = ["-Xptxas", "--warn-on-spills"] if job.source == "wgmma.cu" else []  # its MMAs' registers
+    cmd = [NVCC, _arch(path), "-std=c++17", *flags, *spills, *(f"-D{k}={v}" for k, v in job.defines), "--keep",
            f"--keep-dir={out}", "-cubin", str(path), "-o", str(out / "out.cubin")]
     return out, subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
@@ -116,13 +117,20 @@ def test_every_kernel_waits_for_its_predecessor(job, compiled):
         assert "griddepcontrol.launch_dependents" in body, f"{name} never lets the next kernel start"
 
 
-@pytest.mark.parametrize("job", [Job("wgmma.cu", (("WG_GROUPS", g),)) for g in (1, 2)], ids=lambda j: str(j.defines[0][1]))
+# mm_wgmma_tma per (warpgroups, persistent, producer warpgroup): the builds plan.wgmma_build_launch makes
+WGMMA = [Job("wgmma.cu", (("WG_GROUPS", g), ("WG_PERSIST", p), ("WG_SETMAXNREG", int(g == 3 or p == 1))))
+         for g, p in ((1, 0), (2, 0), (2, 1), (3, 0), (3, 1))]
+
+
+@pytest.mark.parametrize("job", WGMMA, ids=lambda j: "-".join(str(v) for _, v in j.defines))
 def test_wgmma_kernel_keeps_its_mmas_in_flight(job, compiled):
     """ptxas serialises the warpgroup MMAs (C7513) or waits for all of them (C7517) where the code
-    lets other instructions touch their registers; either cost mm_wgmma most of its speed."""
+    lets other instructions touch their registers; either cost mm_wgmma most of its speed. A spill
+    (a build that raises its registers by setmaxnreg loses them to any trap) costs it too."""
     _, done = compiled(job)
     assert done.returncode == 0, done.stderr
     assert "C7513" not in done.stderr and "C7517" not in done.stderr, done.stderr
+    assert "spill" not in done.stderr.lower(), done.stderr
 
 
 # attention_wgmma.cu per (head dim, MMA rows per query row, warpgroups, stages, KV type); its plan's builds

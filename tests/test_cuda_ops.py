@@ -117,6 +117,42 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_wgmma_builds_give_the_streaming_kernels_bits(dtype):
+    """Every mm_wgmma_tma build (plan.wgmma_build_launch: 64-, 128- or 192-row tiles, a grid of tiles or
+    a persistent grid, here of 5 blocks so that each walks several tiles) gives the streaming kernel's
+    bits, plain and with bias and residual, and the default build's with SiLU into 16 bits. K of 65
+    chunks: slices that begin and end inside a stage."""
+    import dataclasses
+
+    from kernels.cuda import plan
+    from kernels.cuda.ops import EPI_BIAS, EPI_OUT16, EPI_RESIDUAL, EPI_SILU
+
+    ops, streaming = CudaOps(exact=True), CudaOps(exact=True)
+    if not ops.wgmma:
+        pytest.skip("sm_90a only")
+    streaming.tiled = False
+    n, k = 768, 2080
+    dw, db = ops.upload(_weight(n, k, dtype)), ops.tensor(_rand(n))
+    for m in (130, 512):
+        x, r = cp.asarray(_rand(m, k)), cp.asarray(_rand(m, n))
+        x16 = ops._act16(x, dw.kp, dtype == "bf16", perm=True)
+        plain, fused = cp.asnumpy(streaming.matmul(x, dw)), cp.asnumpy(streaming.matmul(x, dw, db, residual=r))
+        silu = None
+        for rows, persist in ((64, False), (128, False), (128, True), (192, False), (192, True)):
+            wg = plan.wgmma_build_launch(dtype, m, n, k, ops.sm_count, rows, persist)
+            wg = dataclasses.replace(wg, grid=(5, 1, 1)) if persist else wg
+            for flags, b, res, want in ((0, ops._dummy, ops._dummy, plain), (EPI_BIAS | EPI_RESIDUAL, db, r, fused)):
+                got = cp.full((m, n), cp.nan, cp.float32)
+                got = cp.asnumpy(ops._wgmma(x16, dw, wg, b, res, got, flags))
+                assert got.tobytes() == want.tobytes(), f"{rows} rows, persist {persist}, m {m}, flags {flags}: " \
+                    f"{np.count_nonzero(got != want)} differ"
+            out16 = cp.asnumpy(ops._wgmma(x16, dw, wg, ops._dummy, ops._dummy, cp.full((m, n // 2), 0xFFFF, cp.uint16),
+                                          EPI_SILU | EPI_OUT16))
+            silu = out16 if silu is None else silu
+            assert out16.tobytes() == silu.tobytes(), f"{rows} rows, persist {persist}, m {m}: SiLU into 16 bits"
+
+
 @pytest.mark.parametrize("dtype", KQUANTS)
 @pytest.mark.parametrize("shape", [(4096, 4096), (8192, 2048), (4096, 14336), (1000, 1024)], ids=str)
 def test_kquant_one_row_gives_the_batch_bits(gpu, dtype, shape):

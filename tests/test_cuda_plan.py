@@ -229,6 +229,31 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
                 assert wg.shared == plan.wgmma_smem(rows) <= (227 * 1024) // (128 // rows)
 
 
+@pytest.mark.parametrize("build", ["persist", "g3", "g3p"])
+def test_wgmma_builds_cover_the_tiles_with_the_same_split(build):
+    """Every mm_wgmma_tma build sums as the default does (plan.split_k), covers every tile and fits the
+    SM: a persistent grid a block an SM at most, 192-row tiles only where they take fewer waves x rows."""
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (2048, 8192)):
+        for m in (128, 512, 2048):
+            base, wg = plan.wgmma_launch("f16", m, n, k, 132), plan.wgmma_launch("f16", m, n, k, 132, build)
+            if base is None:
+                assert wg is None
+                continue
+            d, rows = dict(wg.defines), plan.wgmma_rows(wg)
+            assert wg.split == base.split and wg.kernel == base.kernel
+            tiles = plan.ceil_div(m, plan.WIDE_M) * plan.ceil_div(n, rows)
+            if d["WG_PERSIST"]:
+                assert build in ("persist", "g3p") and wg.grid == (min(tiles, 132), 1, 1)
+            else:
+                assert wg.grid[0] * wg.grid[1] == tiles
+            assert (rows == 192) == (build in ("g3", "g3p") and n % 192 == 0 and (n, m) == (6144, 512))
+            assert wg.block[0] == 128 * d["WG_GROUPS"] + (128 if d["WG_SETMAXNREG"] else 32)
+            assert d["WG_SETMAXNREG"] == (rows == 192 or d["WG_PERSIST"])
+            assert wg.shared == plan.wgmma_smem(rows) <= 227 * 1024
+    with pytest.raises(ValueError, match="build"):
+        plan.wgmma_launch("f16", 512, 4096, 4096, 132, "fast")
+
+
 def test_moe_tiles_bound_every_routing():
     """The grouped matmul's grid holds the tiles of any routing: each expert's rows in tiles of `rows`."""
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import ATTN_MERGE_LAST, ATTN_RING, ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, switch
+from contract.env import ATTN_MERGE_LAST, ATTN_RING, ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, WGMMA_BUILD, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -34,7 +34,8 @@ def shared_memory_launch(dev: Any, t: int, w: Any) -> tuple[str | None, plan.Mat
     n, k = w.shape
     if kq_integer(w):
         return None, None
-    if dev.wgmma and dev.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, dev.sm_count)):
+    build = getattr(dev, "wgmma_build", plan.WGMMA_BUILD)
+    if dev.wgmma and dev.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, dev.sm_count, build)):
         return "wgmma", wg
     if dev.tiled in (True, "wide") and (wide := plan.wide_launch(w.dtype, t, n, k, dev.sm_count)):
         return "wide", wide
@@ -172,3 +173,11 @@ def attention_merge_last_on(env: Mapping[str, str]) -> bool:
     """Whether attn_mma's one-row rows split over workers are merged by their last block (MERGE_LAST; the
     same bits): LOCKSTEP_ATTN_MERGE_LAST, else plan.MMA_MERGE_LAST."""
     return switch(env, ATTN_MERGE_LAST, default=bool(plan.MMA_MERGE_LAST))
+
+
+def wgmma_build(env: Mapping[str, str]) -> str:
+    """mm_wgmma_tma's build (LOCKSTEP_WGMMA_BUILD, one of plan.WGMMA_BUILDS; default plan.WGMMA_BUILD)."""
+    build = env.get(WGMMA_BUILD) or plan.WGMMA_BUILD
+    if build not in plan.WGMMA_BUILDS:
+        raise ValueError(f"{WGMMA_BUILD}={build!r}: one of {', '.join(plan.WGMMA_BUILDS)}")
+    return build

@@ -124,6 +124,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.attention_ws_lean = dispatch.attention_ws_lean(os.environ)
         self.attention_ring = dispatch.attention_ring_on(os.environ)
         self.attention_merge_last = dispatch.attention_merge_last_on(os.environ)
+        self.wgmma_build = dispatch.wgmma_build(os.environ)  # mm_wgmma_tma's build (plan.WGMMA_BUILDS)
 
     # --- data movement
     def plan_weights(self, weights: dict[str, Weight]) -> None:
@@ -279,8 +280,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
     def _wgmma(x16, w: CudaWeight, wide: plan.MatmulLaunch, bias, res, out, flags):
         """mm_wgmma_tma over x16, t rows of 16-bit activations in its `perm` k order."""
         rows = plan.wgmma_rows(wide)
-        fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared,
-                             (("WG_STAGES", plan.WGMMA_STAGES), ("WG_GROUPS", rows // 64)))
+        fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, wide.defines)
         launch(fn, wide.grid, wide.block,
                (tensor_map.tiled_2d(w.data, (32, rows), tensor_map.SWIZZLE_NONE),
                 tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), bias, res, out,

@@ -98,6 +98,7 @@ class MatmulLaunch:
     shared: int  # dynamic shared memory bytes
     split: int
     token_tiles: int
+    defines: tuple[tuple[str, int], ...] = ()  # the source's -D defines (mm_wgmma_tma's build)
 
 
 def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int | None = None,
@@ -363,6 +364,11 @@ def wide_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaun
 WGMMA_STAGES = 4  # more stages cost more shared memory than their latency hiding returns
 WGMMA_MIN_BLOCKS_PER_SM = 0.45  # fewer tiles than this: the tiled kernels do better
 WGMMA_HALF_TILES_BELOW = 0.75  # 128-row tiles per SM below which blocks take 64 weight rows (1B, not 8B)
+# mm_wgmma_tma's builds, the same sums (LOCKSTEP_WGMMA_BUILD): "tiles" a block a tile; "persist" a block an
+# SM walking the tiles, its producer filling the next tile's stages during this one's stores; "g3" 192-row
+# tiles (three consumer warpgroups) where they take fewer waves of the SMs than 128-row ones; "g3p" both.
+WGMMA_BUILDS = ("tiles", "persist", "g3", "g3p")
+WGMMA_BUILD = "tiles"
 
 
 def wgmma_smem(rows: int = WIDE_N) -> int:
@@ -373,21 +379,39 @@ def wgmma_smem(rows: int = WIDE_N) -> int:
 
 
 def wgmma_rows(launch: MatmulLaunch) -> int:
-    """Weight rows per block of an mm_wgmma_tma launch: 64 per consumer warpgroup (plus the producer warp)."""
-    return 64 * (launch.block[0] // 128)
+    """Weight rows per block of an mm_wgmma_tma launch: 64 per consumer warpgroup."""
+    return 64 * dict(launch.defines)["WG_GROUPS"]
 
 
-def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int) -> MatmulLaunch | None:
+def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int, build: str | None = None) -> MatmulLaunch | None:
     """The launch of mm_wgmma_tma (sm_90 only; 16-bit weights) for long prefills, or None where the
     batch is too short or its tiles too few. Under WGMMA_HALF_TILES_BELOW 128-row tiles an SM: 64-row
-    tiles, two blocks an SM (faster for 1B-sized weights, slower for 8B's)."""
+    tiles, two blocks an SM (faster for 1B-sized weights, slower for 8B's). `build`: WGMMA_BUILDS."""
     blocks = ceil_div(n, WIDE_N) * ceil_div(m, WIDE_M)
     if dtype not in ("f16", "bf16") or m < WIDE_MIN_ROWS or blocks < WGMMA_MIN_BLOCKS_PER_SM * sm_count:
         return None
+    build = build or WGMMA_BUILD
+    if build not in WGMMA_BUILDS:
+        raise ValueError(f"mm_wgmma_tma build {build!r}: one of {WGMMA_BUILDS}")
     rows = WIDE_N // 2 if blocks < WGMMA_HALF_TILES_BELOW * sm_count else WIDE_N
-    grid = (ceil_div(m, WIDE_M), ceil_div(n, rows), 1)  # token tiles fastest (wgmma.cu)
-    return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (2 * rows + 32, 1, 1), wgmma_smem(rows),
-                        split_k(n, k, sm_count), WIDE_M // TOKEN_TILE)
+    if rows == WIDE_N and build in ("g3", "g3p") and n % (3 * 64) == 0 and (  # waves x tile height
+            ceil_div(ceil_div(n, 192) * ceil_div(m, WIDE_M), sm_count) * 192 < ceil_div(blocks, sm_count) * WIDE_N):
+        rows = 192
+    return wgmma_build_launch(dtype, m, n, k, sm_count, rows, build in ("persist", "g3p") and rows > 64)
+
+
+def wgmma_build_launch(dtype: str, m: int, n: int, k: int, sm_count: int, rows: int, persist: bool) -> MatmulLaunch:
+    """mm_wgmma_tma with `rows` weight rows a block (64, 128 or 192), a grid of tiles or (`persist`) a block
+    per SM over them. Three consumer warpgroups, and two in a persistent block, take a producer warpgroup
+    that hands them its registers (wgmma.cu's WG_SETMAXNREG)."""
+    groups = rows // 64
+    setmaxnreg = groups == 3 or persist
+    tiles = (ceil_div(m, WIDE_M), ceil_div(n, rows), 1)  # token tiles fastest (wgmma.cu)
+    grid = (min(tiles[0] * tiles[1], sm_count), 1, 1) if persist else tiles
+    defines = (("WG_STAGES", WGMMA_STAGES), ("WG_GROUPS", groups), ("WG_PERSIST", int(persist)),
+               ("WG_SETMAXNREG", int(setmaxnreg)))
+    return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (128 * groups + (128 if setmaxnreg else 32), 1, 1),
+                        wgmma_smem(rows), split_k(n, k, sm_count), WIDE_M // TOKEN_TILE, defines)
 
 
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -31,8 +31,21 @@ typedef unsigned u32;
 #ifndef WG_GROUPS
 #define WG_GROUPS 2  // consumer warpgroups, 64 weight rows each (plan.wgmma_launch: 1 where tiles are few)
 #endif
+#ifndef WG_PERSIST
+#define WG_PERSIST 0  // 1: a block per SM walks the tiles (plan.wgmma_launch's `persist`)
+#endif
 #define WG_ROWS (64 * WG_GROUPS)  // weight rows per block
 #define WG_CONSUMERS (128 * WG_GROUPS)
+// WG_SETMAXNREG 1: the producer is a warpgroup of its own that gives most of its registers to the
+// consumers (setmaxnreg; one thread of it issues the copies). Three consumer warpgroups need it: a
+// thirteenth warp would leave them 128 registers; a persistent block of two needs more than 168 too.
+#ifndef WG_SETMAXNREG
+#define WG_SETMAXNREG (WG_GROUPS == 3)
+#endif
+#define WG_PRODUCERS (WG_SETMAXNREG ? 128 : 32)
+#define WG_REGS (WG_GROUPS == 3 ? 160 : 232)         // a consumer's, setmaxnreg: per scheduler 512 a lane
+#define WG_PRODUCER_REGS (WG_GROUPS == 3 ? 24 : 40)  // 3 x 160 + 24 or 2 x 232 + 40
+#define WG_THREADS (WG_CONSUMERS + WG_PRODUCERS)
 #define WG_TOK 128   // tokens per block (the MMA's N)
 #define WG_KC 2      // 32-k chunks per pipeline stage
 #ifndef WG_STAGES
@@ -114,15 +127,22 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Waits for the phase of `parity` to complete. A barrier that never completes is a bug: trap after
-// ~seconds rather than hang the device.
+// Waits for the phase of `parity` to complete. A barrier that never completes is a bug: stop after
+// ~seconds rather than hang the device. (A trap makes ptxas give up setmaxnreg's register budget, so the
+// builds that raise it stop at a breakpoint instead, which without a debugger also ends the kernel.)
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     for (unsigned spins = 0;; ++spins) {
         unsigned done;
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
         if (done) return;
-        if (spins > (1u << 26)) __trap();
+        if (spins > (1u << 26)) {
+#if WG_SETMAXNREG
+            asm volatile("brkpt;\n");
+#else
+            __trap();
+#endif
+        }
     }
 }
 
@@ -161,9 +181,19 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
                                              float* __restrict__ out, int M, int N, int Kp, int flags, int S) {
     extern __shared__ unsigned char smem_raw[];
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    // Token tiles vary fastest: the blocks that share a weight tile run together, so it comes from DRAM
-    // once (weight tiles first: every tile read once per token tile, 8B gate|up at 512 rows 4x its bytes).
-    const int n0 = blockIdx.y * WG_ROWS, m0 = blockIdx.x * WG_TOK;
+    // Tiles are numbered token tile fastest: the blocks that share a weight tile run together, so it comes
+    // from DRAM once (weight tiles first: every tile read once per token tile, 8B gate|up at 512 rows 4x
+    // its bytes). A grid of tiles runs one a block; a persistent grid (WG_PERSIST) walks them block by
+    // block, its producer filling the next tile's stages while the consumers store this one's.
+#if WG_PERSIST
+#define TILES for (int tile = blockIdx.x; tile < ((M + WG_TOK - 1) / WG_TOK) * ((N + WG_ROWS - 1) / WG_ROWS); tile += gridDim.x)
+#define TILE_N0 ((tile / ((M + WG_TOK - 1) / WG_TOK)) * WG_ROWS)
+#define TILE_M0 ((tile % ((M + WG_TOK - 1) / WG_TOK)) * WG_TOK)
+#else
+#define TILES for (int tile = 0; tile < 1; ++tile)
+#define TILE_N0 ((int)blockIdx.y * WG_ROWS)
+#define TILE_M0 ((int)blockIdx.x * WG_TOK)
+#endif
     const int C = Kp >> 5, stages = (C + WG_KC - 1) / WG_KC;
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned base = (raw + 1023) & ~1023u;  // swizzle atoms aligned (plan.wgmma_smem has the slack)
@@ -180,56 +210,76 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     __syncthreads();
     pdl_start();
 
-    if (tid >= WG_CONSUMERS) {  // the producer warp; one lane issues everything
-        if (lane == 0) {
-            for (int st = 0; st < stages; ++st) {
-                const int s = st % WG_STAGES;
-                if (st >= WG_STAGES) mbar_wait(empty + 8 * s, ((st / WG_STAGES) - 1) & 1);
-                mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
+    if (tid >= WG_CONSUMERS) {  // the producer warp (warpgroup); one thread issues everything
+#if WG_SETMAXNREG
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_PRODUCER_REGS) : "memory");
+#endif
+        if (tid == WG_CONSUMERS) {
+            unsigned it = 0;  // stages filled so far, over all of this block's tiles
+            TILES {
+                const int n0 = TILE_N0, m0 = TILE_M0;
+                for (int st = 0; st < stages; ++st, ++it) {
+                    const unsigned s = it % WG_STAGES;
+                    if (it >= WG_STAGES) mbar_wait(empty + 8 * s, ((it / WG_STAGES) - 1) & 1);
+                    mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
 #pragma unroll
-                for (int kc = 0; kc < WG_KC; ++kc)
-                    tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
-                tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
+                    for (int kc = 0; kc < WG_KC; ++kc)
+                        tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
+                    tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
+                }
             }
         }
         return;
     }
+#if WG_SETMAXNREG
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_REGS) : "memory");
+#endif
 
-    float part[64], total[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
     const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
-
-    // One chunk: the wait for its stage when it opens one, then two MMAs; afterwards at most
-    // WG_DEPTH chunks' MMAs are in flight, so the stage before this one is free to refill.
-    auto chunk = [&](unsigned st, unsigned kc, uint4& a0, uint4& a1) {
-        const unsigned s = st % WG_STAGES;
-        if (kc == 0) mbar_wait(full + 8 * s, (st / WG_STAGES) & 1);
-        const unsigned char* ws = wsmem + s * W_STAGE + kc * WG_ROWS * 64;
-        a0 = *reinterpret_cast<const uint4*>(ws + frag);
-        a1 = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
-        const unsigned xs = base + s * X_STAGE + kc * 64;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
-        wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
-        if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((st - 1) % WG_STAGES));
-    };
-    slices(chunk, part, total, (unsigned)C, (unsigned)S);
-    if ((flags & (EPI_SILU | EPI_OUT16)) == (EPI_SILU | EPI_OUT16)) {
-        silu_store16<BF16>(total, n0 + wg * 64 + warp * 16, m0, reinterpret_cast<unsigned*>(out), M, N);
-        return;
-    }
-    // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
+    unsigned done = 0;  // stages consumed by this block's earlier tiles
+    TILES {
+        float part[64], total[64];
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-        store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(total + 16 * q), n0 + wg * 64 + warp * 16,
-                       m0 + 32 * q, bias, res, out, M, N, flags);
+        for (int i = 0; i < 64; ++i) part[i] = total[i] = 0.f;
+
+        // One chunk: the wait for its stage when it opens one, then two MMAs; afterwards at most
+        // WG_DEPTH chunks' MMAs are in flight, so the stage before this one is free to refill.
+        auto chunk = [&](unsigned st, unsigned kc, uint4& a0, uint4& a1) {
+            const unsigned it = done + st, s = it % WG_STAGES;
+            if (kc == 0) mbar_wait(full + 8 * s, (it / WG_STAGES) & 1);
+            const unsigned char* ws = wsmem + s * W_STAGE + kc * WG_ROWS * 64;
+            a0 = *reinterpret_cast<const uint4*>(ws + frag);
+            a1 = *reinterpret_cast<const uint4*>(ws + frag + 8 * 64);
+            const unsigned xs = base + s * X_STAGE + kc * 64;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            wgmma_ra<BF16>(part, a0.x, a1.x, a0.y, a1.y, smem_desc(xs));
+            wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
+            if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % WG_STAGES));
+        };
+        slices(chunk, part, total, (unsigned)C, (unsigned)S);
+        done += stages;
+        // every MMA is done (slices): the tile's last stage is free for the next tile's copies
+        if (WG_PERSIST && lane == 0) mbar_arrive(empty + 8 * ((done - 1) % WG_STAGES));
+        const int n0 = TILE_N0, m0 = TILE_M0;
+        if ((flags & (EPI_SILU | EPI_OUT16)) == (EPI_SILU | EPI_OUT16)) {
+            silu_store16<BF16>(total, n0 + wg * 64 + warp * 16, m0, reinterpret_cast<unsigned*>(out), M, N);
+            continue;
+        }
+        // total[16q + 4j + i] (row g, + 8 for i >= 2; token 32q + 8j + 2t, + 1 for odd i): store_tiles' layout
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(total + 16 * q), n0 + wg * 64 + warp * 16,
+                           m0 + 32 * q, bias, res, out, M, N, flags);
+    }
+#undef TILES
+#undef TILE_N0
+#undef TILE_M0
 }
 
 #define MM_WGMMA_TMA(NAME, BF16)                                                                              \
-    extern "C" __global__ void __launch_bounds__(WG_CONSUMERS + 32, WG_GROUPS == 1 ? 2 : 1)                   \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_GROUPS == 1 ? 2 : 1)                   \
         NAME(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, const float* bias, \
              const float* res, float* out, int M, int N, int Kp, int flags, int S) {                          \
         mm_wgmma_tma<BF16>(&wmap, &xmap, bias, res, out, M, N, Kp, flags, S);                                 \
