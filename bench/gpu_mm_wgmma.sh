@@ -1,61 +1,61 @@
 #!/usr/bin/env bash
 # mm_wgmma_tma's builds (kernels/cuda/plan.py WGMMA_BUILDS, LOCKSTEP_WGMMA_BUILD) against the default on the
-# H200 in one device call (< 280 s), JSON under $OUT as each stage ends, summary last. Stages, each under
-# its own limit (MM_T_<stage> seconds):
+# H200 in one device call (MM_DEADLINE s, 270), JSON under $OUT as each stage ends, summary last. Stages, each
+# under its own limit (MM_T_<stage> seconds) and the deadline:
 #   probe   bench/probes/mm_wgmma_ab.py: the 8B matmuls at 512 and 2048 rows, every build, TFLOP/s, and every
-#           element's bits against the default build's and mm_tc's                                    [100]
-#   tests   the GPU tests of mm_wgmma (tests/test_cuda_ops.py: every build forced, and the wide-batch, ffn and
-#           norm_matmul tests under LOCKSTEP_WGMMA_BUILD=persist and =g3p, side by side)                  [70]
-#   engine  bench/longctx.py on the 8B shape, prompt 8192 (MM_PROMPTS), exact on: the default and the fastest
-#           build with equal bits in every probe cell (none: skipped), cells interleaved                [100]
+#           element's bits against the default build's and mm_tc's                                    [120]
+#   tests   tests/test_cuda_ops.py's mm_wgmma tests (every build forced; the wide-batch, ffn and norm_matmul
+#           tests under LOCKSTEP_WGMMA_BUILD=the pick, or persist), beside test_cuda_attention_wgmma.py
+#           (its kernels are the engine's: built here, the engine finds them in CuPy's cache)           [60]
+#   engine  bench/longctx.py on the 8B shape, prompt 8192 (MM_PROMPTS), exact on: the default and the pick,
+#           the plan build with the shortest 512-row layer, equal bits in every probe cell and >= 1 %
+#           faster than the default (none: skipped), cells interleaved                        [the rest]
 # The 8B shape file is written in the background meanwhile.   OUT=/tmp/x bench/gpu_mm_wgmma.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-mm-wgmma}
 source bench/gpu_env.sh
-lim() { local v="MM_T_$1"; echo "${!v:-$2}"; }
+deadline=$((start + ${MM_DEADLINE:-270}))
+lim() { local v="MM_T_$1" left=$((deadline - $(date +%s) - 3)); local want=${!v:-$2}; echo $((want < left ? want : left)); }
 unset LOCKSTEP_WGMMA_BUILD
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
 ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
   > "$work/shape.log" 2>&1 &
 shape=$!
 stage "probe"
-timeout "$(lim probe 100)" python3 bench/probes/mm_wgmma_ab.py --out "$OUT/mm-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
+timeout "$(lim probe 120)" python3 bench/probes/mm_wgmma_ab.py --out "$OUT/mm-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 14
-stage "tests"
-pids=()
-for v in persist g3p; do
-  LOCKSTEP_WGMMA_BUILD=$v timeout "$(lim tests 70)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 4 \
-    --junitxml="$work/tests-$v.xml" tests/test_cuda_ops.py \
-    -k "wgmma_builds or shared_memory_kernels_give or ffn or norm_matmul" > "$work/tests-$v.txt" 2>&1 &
-  pids+=($!)
-done
-wait "${pids[@]}"
-for v in persist g3p; do
-  echo "tests $v:"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests-$v.txt" | head -n 12; tail -n 1 "$work/tests-$v.txt"
-done
-[ -f "$work/tests-persist.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-persist.xml" "$OUT/gpu-tests-mm-persist.json"
-[ -f "$work/tests-g3p.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-g3p.xml" "$OUT/gpu-tests-mm-g3p.json"
-tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
-stage "engine"
-# the engine takes the build with the shortest 512-row layer among those with the default's and mm_tc's bits
-# in every probe cell and at least 1 % faster than the default; none: no engine run
 pick=$(python3 -c '
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
-def us(c, b): return c[c["same_launch"].get(b, b)]["us"]
-def ok(b): return all(c[c["same_launch"].get(b, b)]["same_bits_as_tiles"] and c[c["same_launch"].get(b, b)]["same_bits_as_mm_tc"] for c in cells)
-layer = {b: sum(us(c, b) for c in cells if c["m"] == 512) for b in ("tiles", "persist", "g3", "g3p")}
+def cellof(c, b): return c[c["same_launch"].get(b, b)]
+def ok(b): return all(cellof(c, b)["same_bits_as_tiles"] and cellof(c, b)["same_bits_as_mm_tc"] for c in cells)
+layer = {b: sum(cellof(c, b)["us"] for c in cells if c["m"] == 512) for b in ("tiles", "persist", "g3", "g3p")}
 good = [b for b in ("persist", "g3", "g3p") if ok(b) and layer[b] < 0.99 * layer["tiles"]]
 print(min(good, key=layer.get) if good and len(cells) == 8 else "none")' "$OUT/mm-wgmma-ab-h200.json" 2>/dev/null || echo none)
 echo "engine build: $pick" | tee -a "$OUT/summary.txt"
+stage "tests"
+tb=$([ "$pick" = none ] && echo persist || echo "$pick")
+LOCKSTEP_WGMMA_BUILD=$tb timeout "$(lim tests 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 4 \
+  --junitxml="$work/tests-mm.xml" tests/test_cuda_ops.py \
+  -k "wgmma_builds or shared_memory_kernels_give or ffn or norm_matmul" > "$work/tests-mm.txt" 2>&1 &
+mm=$!
+timeout "$(lim tests 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -n 4 tests/test_cuda_attention_wgmma.py \
+  > "$work/tests-attn.txt" 2>&1 &
+attn=$!
+wait $mm $attn
+echo "tests ($tb):"; grep -E '^(FAILED|ERROR) |^E  ' "$work/tests-mm.txt" | head -n 12; tail -n 1 "$work/tests-mm.txt"
+echo "attention tests: $(tail -n 1 "$work/tests-attn.txt")"
+[ -f "$work/tests-mm.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests-mm.xml" "$OUT/gpu-tests-mm-$tb.json"
+tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
+stage "engine"
 wait "$shape"; echo "shape rc $?"; stage "shape written"
-[ "$pick" != none ] && timeout "$(lim engine 100)" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${MM_PROMPTS:-8192}" \
+[ "$pick" != none ] && timeout "$(lim engine 200)" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${MM_PROMPTS:-8192}" \
   --modes on --env-variant "$pick:LOCKSTEP_WGMMA_BUILD=$pick" --out "$OUT/longctx-mm-h200" > "$work/longctx.log" 2>&1
 echo "engine rc $?"; grep -E "ready|Error|refus" "$work/longctx.log" | head -n 10
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "done"
-{ echo "== summary"; for v in persist g3p; do echo "tests $v: $(tail -n 1 "$work/tests-$v.txt")"; done
-  grep -E '^(qkv|o |gate_up|down|layer)' "$work/probe.log" | cut -c1-400
+{ echo "== summary"; echo "tests ($tb): $(tail -n 1 "$work/tests-mm.txt")"; echo "attention tests: $(tail -n 1 "$work/tests-attn.txt")"
+  grep -E '^(qkv|o |gate_up|down|layer)' "$work/probe.log" | cut -c1-600
   grep -E '^prompt' "$work/longctx.log"
   [ -f "$OUT/longctx-mm-h200.md" ] && grep -E '^\| [0-9]' "$OUT/longctx-mm-h200.md"; } | tee -a "$OUT/summary.txt"

@@ -235,6 +235,12 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_REGS) : "memory");
 #endif
 
+#ifdef WG_LAG
+    // odd warpgroups start WG_LAG clocks late, so that the two drain their slices at different times (probe)
+    if (wg & 1)
+        for (const long long t0 = clock64(); clock64() - t0 < WG_LAG;) {
+        }
+#endif
     const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
     unsigned done = 0;  // stages consumed by this block's earlier tiles
     TILES {
