@@ -2,6 +2,7 @@
 # mm_wgmma_tma's builds (kernels/cuda/plan.py WGMMA_BUILDS, LOCKSTEP_WGMMA_BUILD) against the default on the
 # H200 in one device call (MM_DEADLINE s, 270), JSON under $OUT as each stage ends, summary last. Stages, each
 # under its own limit (MM_T_<stage> seconds) and the deadline:
+#   build   the probe's modules (matmul.cu, every wgmma.cu build) compiled side by side into CuPy's cache [60]
 #   probe   bench/probes/mm_wgmma_ab.py: the 8B matmuls at 512 and 2048 rows, every build, TFLOP/s, and every
 #           element's bits against the default build's and mm_tc's                                    [120]
 #   tests   tests/test_cuda_ops.py's mm_wgmma tests (every build forced; the wide-batch, ffn and norm_matmul
@@ -22,6 +23,9 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
 ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
   > "$work/shape.log" 2>&1 &
 shape=$!
+stage "build"
+timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile > "$work/build.log" 2>&1
+echo "build rc $?"; tail -n 3 "$work/build.log"
 stage "probe"
 timeout "$(lim probe 120)" python3 bench/probes/mm_wgmma_ab.py --out "$OUT/mm-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 14

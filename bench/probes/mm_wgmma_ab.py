@@ -53,13 +53,43 @@ def launches(builds: list[str], m: int, n: int, k: int, sm: int, name: str) -> t
     return out, alias
 
 
+def _build(job: tuple) -> float:
+    """One module compiled into CuPy's disk cache (a process of its own: NVRTC runs one compile a process)."""
+    import time
+
+    from kernels.cuda.modules import kernel
+
+    t0 = time.perf_counter()
+    kernel(*job)
+    return time.perf_counter() - t0
+
+
+def compile_all(a) -> None:
+    """Every module the probe runs, compiled side by side before anything is timed."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    jobs = {("matmul.cu", "act_to_16", ())}
+    for name, (n, k, _) in SHAPES.items():
+        for m in map(int, a.rows.split(",")):
+            jobs |= {("wgmma.cu", wg.kernel, wg.defines) for wg in launches(a.builds.split(","), m, n, k, a.sm, name)[0].values()}
+    with ProcessPoolExecutor(len(jobs), mp_context=get_context("spawn")) as pool:
+        took = list(pool.map(_build, sorted(jobs)))
+    print(f"compiled {len(jobs)} modules, longest {max(took):.1f} s", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="512,2048")
     ap.add_argument("--builds", default=",".join(plan.WGMMA_BUILDS))
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds, builds alternated in each")
+    ap.add_argument("--compile", action="store_true", help="only build the modules (in parallel), for --sm SMs")
+    ap.add_argument("--sm", type=int, default=132)
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.compile:
+        compile_all(a)
+        return
     ops, ref = CudaOps(exact=True), CudaOps(exact=True)
     ref.tiled = False  # mm_tc
     sm, cells = ops.sm_count, []
