@@ -3,7 +3,7 @@ TFLOP/s with the engine's epilogues (q|k|v plain, o and down with the residual, 
 SiLU into 16 bits), and every element's bits against the default build's and, plain, against mm_tc's
 (the streaming kernel decode uses). `g3p_forced`: 192-row persistent tiles on gate|up, where the plan
 keeps 128 (does the shorter L2 traffic a row pay for the last wave?); `_s5`, `_s6`: 5 or 6 stages; `_lag1k`,
-`_lag2k`: the second warpgroup starts 1000 / 2000 clocks late.
+`_lag2k`: the second warpgroup starts 1000 / 2000 clocks late; `_timing` (other bits): S = 1, no stores.
   python3 bench/probes/mm_wgmma_ab.py [--rows 512,2048] [--builds tiles,persist,g3,g3p] --out x.json"""
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ def launches(builds: list[str], m: int, n: int, k: int, sm: int, name: str) -> t
             defines = tuple((d, stages if d == "WG_STAGES" else v) for d, v in wg.defines)
             out[f"{b}_s{stages}"] = dataclasses.replace(wg, defines=defines,
                                                         shared=stages * (2 * (rows + plan.WIDE_M) * 64 + 16) + 1024)
+    if "persist" in out:  # timing only, other sums or none stored: the slice joins' and the stores' cost
+        wg = out["persist"]
+        out["persist_S1_timing"] = dataclasses.replace(wg, split=1)
+        out["persist_nostore_timing"] = dataclasses.replace(wg, defines=(*wg.defines, ("WG_NOSTORE", 1)))
     if "persist_s6" in out:  # the second warpgroup late by ~0.5 / 1 us: slice drains apart (timing)
         for lag in (1000, 2000):
             wg = out["persist_s6"]

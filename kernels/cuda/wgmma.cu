@@ -269,6 +269,9 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
         // every MMA is done (slices): the tile's last stage is free for the next tile's copies
         if (WG_PERSIST && lane == 0) mbar_arrive(empty + 8 * ((done - 1) % WG_STAGES));
         const int n0 = TILE_N0, m0 = TILE_M0;
+#ifdef WG_NOSTORE
+        if (M > 0) continue;  // timing only: what the stores cost (bench/probes/mm_wgmma_ab.py)
+#endif
         if ((flags & (EPI_SILU | EPI_OUT16)) == (EPI_SILU | EPI_OUT16)) {
             silu_store16<BF16>(total, n0 + wg * 64 + warp * 16, m0, reinterpret_cast<unsigned*>(out), M, N);
             continue;
