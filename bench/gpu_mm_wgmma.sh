@@ -5,6 +5,7 @@
 #   build   the probe's modules (matmul.cu, every wgmma.cu build) compiled side by side into CuPy's cache [60]
 #   probe   bench/probes/mm_wgmma_ab.py: the 8B matmuls at 512 and 2048 rows, every build, TFLOP/s, and every
 #           element's bits against the default build's and mm_tc's                                    [120]
+#   mc      the same for the multicast build, a process of its own (a cluster bug cannot cost the rest) [45]
 #   tests   tests/test_cuda_ops.py's mm_wgmma tests (every build forced; the wide-batch, ffn and norm_matmul
 #           tests under LOCKSTEP_WGMMA_BUILD=the pick, or persist), beside test_cuda_attention_wgmma.py
 #           (its kernels are the engine's: built here, the engine finds them in CuPy's cache)           [60]
@@ -24,25 +25,21 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
   > "$work/shape.log" 2>&1 &
 shape=$!
 stage "build"
-timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile > "$work/build.log" 2>&1
+timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile --builds tiles,persist,g3,g3p,mc > "$work/build.log" 2>&1
 echo "build rc $?"; tail -n 3 "$work/build.log"
 stage "probe"
-timeout "$(lim probe 120)" python3 bench/probes/mm_wgmma_ab.py --out "$OUT/mm-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
+timeout "$(lim probe 120)" python3 bench/probes/mm_wgmma_ab.py --builds tiles,persist,g3,g3p --out "$OUT/mm-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 14
-pick=$(python3 -c '
-import json, sys
-cells = json.load(open(sys.argv[1]))["cells"]
-def cellof(c, b): return c[c["same_launch"].get(b, b)]
-def ok(b): return all(cellof(c, b)["same_bits_as_tiles"] and cellof(c, b)["same_bits_as_mm_tc"] for c in cells)
-layer = {b: sum(cellof(c, b)["us"] for c in cells if c["m"] == 512) for b in ("tiles", "persist", "g3", "g3p")}
-good = [b for b in ("persist", "g3", "g3p") if ok(b) and layer[b] < 0.99 * layer["tiles"]]
-print(min(good, key=layer.get) if good and len(cells) == 8 else "none")' "$OUT/mm-wgmma-ab-h200.json" 2>/dev/null || echo none)
+timeout "$(lim mc 45)" python3 bench/probes/mm_wgmma_ab.py --builds tiles,mc --out "$OUT/mm-wgmma-mc-h200.json" > "$work/mc.log" 2>&1
+echo "multicast probe rc $?"; cut -c1-400 "$work/mc.log" | tail -n 10
+pick=$(python3 bench/probes/mm_wgmma_ab.py --pick "$OUT/mm-wgmma-ab-h200.json" "$OUT/mm-wgmma-mc-h200.json" 2>/dev/null || echo none)
 echo "engine build: $pick" | tee -a "$OUT/summary.txt"
 stage "tests"
 tb=$([ "$pick" = none ] && echo persist || echo "$pick")
 LOCKSTEP_WGMMA_BUILD=$tb timeout "$(lim tests 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 4 \
   --junitxml="$work/tests-mm.xml" tests/test_cuda_ops.py \
-  -k "wgmma_builds or shared_memory_kernels_give or ffn or norm_matmul" > "$work/tests-mm.txt" 2>&1 &
+  -k "wgmma_builds or shared_memory_kernels_give or ffn or norm_matmul$([ "$tb" = mc ] && echo ' or wgmma_multicast')" \
+  > "$work/tests-mm.txt" 2>&1 &
 mm=$!
 timeout "$(lim tests 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -n 4 tests/test_cuda_attention_wgmma.py \
   > "$work/tests-attn.txt" 2>&1 &
@@ -60,6 +57,6 @@ echo "engine rc $?"; grep -E "ready|Error|refus" "$work/longctx.log" | head -n 1
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "done"
 { echo "== summary"; echo "tests ($tb): $(tail -n 1 "$work/tests-mm.txt")"; echo "attention tests: $(tail -n 1 "$work/tests-attn.txt")"
-  grep -E '^(qkv|o |gate_up|down|layer)' "$work/probe.log" | cut -c1-600
+  grep -E '^(qkv|o |gate_up|down|layer)' "$work/probe.log" "$work/mc.log" | cut -c1-600
   grep -E '^prompt' "$work/longctx.log"
   [ -f "$OUT/longctx-mm-h200.md" ] && grep -E '^\| [0-9]' "$OUT/longctx-mm-h200.md"; } | tee -a "$OUT/summary.txt"

@@ -117,12 +117,10 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
             assert got.tobytes() == ref.tobytes(), f"{ops.tiled} m={m}: {np.count_nonzero(got != ref)} differ"
 
 
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
-def test_wgmma_builds_give_the_streaming_kernels_bits(dtype):
-    """Every mm_wgmma_tma build (plan.wgmma_build_launch: 64-, 128- or 192-row tiles, a grid of tiles or
-    a persistent grid, here of 5 blocks so that each walks several tiles) gives the streaming kernel's
-    bits, plain and with bias and residual, and the default build's with SiLU into 16 bits. K of 65
-    chunks: slices that begin and end inside a stage."""
+def _wgmma_builds_give_mm_tc_bits(dtype, builds):
+    """Each (rows, persist, multicast) launch of plan.wgmma_build_launch (a persistent grid here of 5 blocks,
+    so that each walks several tiles) gives the streaming kernel's bits, plain and with bias and residual,
+    and the first one's with SiLU into 16 bits. K of 65 chunks: slices that begin and end inside a stage."""
     import dataclasses
 
     from kernels.cuda import plan
@@ -139,18 +137,30 @@ def test_wgmma_builds_give_the_streaming_kernels_bits(dtype):
         x16 = ops._act16(x, dw.kp, dtype == "bf16", perm=True)
         plain, fused = cp.asnumpy(streaming.matmul(x, dw)), cp.asnumpy(streaming.matmul(x, dw, db, residual=r))
         silu = None
-        for rows, persist in ((64, False), (128, False), (128, True), (192, False), (192, True)):
-            wg = plan.wgmma_build_launch(dtype, m, n, k, ops.sm_count, rows, persist)
+        for rows, persist, mc in builds:
+            wg = plan.wgmma_build_launch(dtype, m, n, k, ops.sm_count, rows, persist, mc)
             wg = dataclasses.replace(wg, grid=(5, 1, 1)) if persist else wg
+            what = f"{rows} rows, persist {persist}, multicast {mc}, m {m}"
             for flags, b, res, want in ((0, ops._dummy, ops._dummy, plain), (EPI_BIAS | EPI_RESIDUAL, db, r, fused)):
-                got = cp.full((m, n), cp.nan, cp.float32)
-                got = cp.asnumpy(ops._wgmma(x16, dw, wg, b, res, got, flags))
-                assert got.tobytes() == want.tobytes(), f"{rows} rows, persist {persist}, m {m}, flags {flags}: " \
-                    f"{np.count_nonzero(got != want)} differ"
+                got = cp.asnumpy(ops._wgmma(x16, dw, wg, b, res, cp.full((m, n), cp.nan, cp.float32), flags))
+                assert got.tobytes() == want.tobytes(), f"{what}, flags {flags}: {np.count_nonzero(got != want)} differ"
             out16 = cp.asnumpy(ops._wgmma(x16, dw, wg, ops._dummy, ops._dummy, cp.full((m, n // 2), 0xFFFF, cp.uint16),
                                           EPI_SILU | EPI_OUT16))
             silu = out16 if silu is None else silu
-            assert out16.tobytes() == silu.tobytes(), f"{rows} rows, persist {persist}, m {m}: SiLU into 16 bits"
+            assert out16.tobytes() == silu.tobytes(), f"{what}: SiLU into 16 bits"
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_wgmma_builds_give_the_streaming_kernels_bits(dtype):
+    """Every mm_wgmma_tma build: 64-, 128- or 192-row tiles, a grid of tiles or a persistent grid."""
+    _wgmma_builds_give_mm_tc_bits(dtype, ((64, False, False), (128, False, False), (128, True, False),
+                                          (192, False, False), (192, True, False)))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_wgmma_multicast_gives_the_streaming_kernels_bits(dtype):
+    """The build in clusters of two blocks that multicast their tokens (WG_MC)."""
+    _wgmma_builds_give_mm_tc_bits(dtype, ((128, False, False), (128, False, True)))
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)

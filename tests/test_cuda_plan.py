@@ -230,7 +230,7 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
                 assert wg.shared == plan.wgmma_smem(rows) <= (227 * 1024) // (2 if rows == 64 else 1)
 
 
-@pytest.mark.parametrize("build", ["persist", "g3", "g3p"])
+@pytest.mark.parametrize("build", ["persist", "g3", "g3p", "mc"])
 def test_wgmma_builds_cover_the_tiles_with_the_same_split(build):
     """Every mm_wgmma_tma build sums as the default does (plan.split_k), covers every tile and fits the
     SM: a persistent grid a block an SM at most, 192-row tiles only where they take fewer waves x rows."""
@@ -251,6 +251,8 @@ def test_wgmma_builds_cover_the_tiles_with_the_same_split(build):
             assert wg.block[0] == 128 * d["WG_GROUPS"] + (128 if d["WG_SETMAXNREG"] else 32)
             assert d["WG_SETMAXNREG"] == (rows == 192 or d["WG_PERSIST"])
             assert wg.shared == plan.wgmma_smem(rows) <= 227 * 1024
+            mc = build == "mc" and rows == 128 and wg.grid[1] % 2 == 0
+            assert d.get("WG_MC", 0) == mc and plan.wgmma_token_box(wg) == (64 if mc else 128)
     with pytest.raises(ValueError, match="build"):
         plan.wgmma_launch("f16", 512, 4096, 4096, 132, "fast")
 

@@ -37,7 +37,7 @@ def launches(builds: list[str], m: int, n: int, k: int, sm: int, name: str) -> t
             alias[b] = same[0]
         elif wg is not None:
             out[b] = wg
-    if name == "gate_up":
+    if name == "gate_up" and "g3p" in builds:
         out["g3p_forced"] = plan.wgmma_build_launch("f16", m, n, k, sm, 192, True)
     for b, stages in (("persist", 6), ("g3p", 5), ("g3p_forced", 5)):  # deeper rings (timing; plan: 4)
         wg = out.get(b)
@@ -82,6 +82,30 @@ def compile_all(a) -> None:
     print(f"compiled {len(jobs)} modules, longest {max(took):.1f} s", flush=True)
 
 
+def pick(files: list[str]) -> str:
+    """The plan build for the engine: the shortest 512-row layer among those with the default's and mm_tc's
+    bits in every cell of every file and at least 1 % faster than the default; "none" if none."""
+    layer: dict = {}
+    bad: set = set()
+    for f in files:
+        try:
+            cells = json.loads(Path(f).read_text())["cells"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if len(cells) != 2 * len(SHAPES):
+            continue  # a run cut short
+        for b in plan.WGMMA_BUILDS:
+            got = [c.get(c["same_launch"].get(b, b)) for c in cells]
+            if any(g is None for g in got):
+                continue
+            if not all(g["same_bits_as_tiles"] and g["same_bits_as_mm_tc"] for g in got):
+                bad.add(b)
+            layer[b] = sum(g["us"] for g, c in zip(got, cells, strict=True) if c["m"] == 512) / (
+                sum(c["tiles"]["us"] for c in cells if c["m"] == 512))  # against this file's default
+    good = {b: v for b, v in layer.items() if b != "tiles" and b not in bad and v < 0.99}
+    return min(good, key=good.get) if good else "none"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="512,2048")
@@ -90,7 +114,11 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="only build the modules (in parallel), for --sm SMs")
     ap.add_argument("--sm", type=int, default=132)
     ap.add_argument("--out")
+    ap.add_argument("--pick", nargs="+", metavar="JSON", help="print the engine's build from these runs' files")
     a = ap.parse_args()
+    if a.pick:
+        print(pick(a.pick))
+        return
     if a.compile:
         compile_all(a)
         return

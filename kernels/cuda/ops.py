@@ -283,7 +283,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         fn = big_smem_kernel("wgmma.cu", wide.kernel, wide.shared, wide.defines)
         launch(fn, wide.grid, wide.block,
                (tensor_map.tiled_2d(w.data, (32, rows), tensor_map.SWIZZLE_NONE),
-                tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), bias, res, out,
+                tensor_map.tiled_2d(x16, (64, plan.wgmma_token_box(wide)), tensor_map.SWIZZLE_128B), bias, res, out,
                 _i32(x16.shape[0]), _i32(w.shape[0]), _i32(w.kp), _i32(flags), _i32(wide.split)),
                shared=wide.shared)
         return out

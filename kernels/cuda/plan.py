@@ -366,8 +366,10 @@ WGMMA_MIN_BLOCKS_PER_SM = 0.45  # fewer tiles than this: the tiled kernels do be
 WGMMA_HALF_TILES_BELOW = 0.75  # 128-row tiles per SM below which blocks take 64 weight rows (1B, not 8B)
 # mm_wgmma_tma's builds, the same sums (LOCKSTEP_WGMMA_BUILD): "tiles" a block a tile; "persist" a block an
 # SM walking the tiles, its producer filling the next tile's stages during this one's stores; "g3" 192-row
-# tiles (three consumer warpgroups) where they take fewer waves of the SMs than 128-row ones; "g3p" both.
-WGMMA_BUILDS = ("tiles", "persist", "g3", "g3p")
+# tiles (three consumer warpgroups) where they take fewer waves of the SMs than 128-row ones; "g3p" both;
+# "mc" tiles in clusters of two along the weights, each block bringing half the shared tokens to both (TMA
+# multicast: a quarter less L2 traffic), where the 128-row tiles pair up.
+WGMMA_BUILDS = ("tiles", "persist", "g3", "g3p", "mc")
 WGMMA_BUILD = "tiles"
 
 
@@ -381,6 +383,11 @@ def wgmma_smem(rows: int = WIDE_N) -> int:
 def wgmma_rows(launch: MatmulLaunch) -> int:
     """Weight rows per block of an mm_wgmma_tma launch: 64 per consumer warpgroup."""
     return 64 * dict(launch.defines)["WG_GROUPS"]
+
+
+def wgmma_token_box(launch: MatmulLaunch) -> int:
+    """Tokens a TMA copy of an mm_wgmma_tma stage brings: the block's 128, or half of them (WG_MC)."""
+    return WIDE_M // 2 if dict(launch.defines).get("WG_MC") else WIDE_M
 
 
 def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int, build: str | None = None) -> MatmulLaunch | None:
@@ -397,19 +404,24 @@ def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int, build: str |
     if rows == WIDE_N and build in ("g3", "g3p") and n % (3 * 64) == 0 and (  # waves x tile height
             ceil_div(ceil_div(n, 192) * ceil_div(m, WIDE_M), sm_count) * 192 < ceil_div(blocks, sm_count) * WIDE_N):
         rows = 192
-    return wgmma_build_launch(dtype, m, n, k, sm_count, rows, build in ("persist", "g3p") and rows > 64)
+    mc = build == "mc" and rows == WIDE_N and ceil_div(n, rows) % 2 == 0
+    return wgmma_build_launch(dtype, m, n, k, sm_count, rows, build in ("persist", "g3p") and rows > 64, mc)
 
 
-def wgmma_build_launch(dtype: str, m: int, n: int, k: int, sm_count: int, rows: int, persist: bool) -> MatmulLaunch:
+def wgmma_build_launch(dtype: str, m: int, n: int, k: int, sm_count: int, rows: int, persist: bool,
+                       mc: bool = False) -> MatmulLaunch:
     """mm_wgmma_tma with `rows` weight rows a block (64, 128 or 192), a grid of tiles or (`persist`) a block
     per SM over them. Three consumer warpgroups, and two in a persistent block, take a producer warpgroup
-    that hands them its registers (wgmma.cu's WG_SETMAXNREG)."""
+    that hands them its registers (wgmma.cu's WG_SETMAXNREG). `mc`: a grid of 128-row tiles in clusters of
+    two along the weights (an even number of weight tiles), tokens multicast (wgmma.cu's WG_MC)."""
     groups = rows // 64
     setmaxnreg = groups == 3 or persist
     tiles = (ceil_div(m, WIDE_M), ceil_div(n, rows), 1)  # token tiles fastest (wgmma.cu)
     grid = (min(tiles[0] * tiles[1], sm_count), 1, 1) if persist else tiles
+    if mc and (persist or rows != WIDE_N or tiles[1] % 2):
+        raise ValueError(f"multicast pairs need a grid of an even number of 128-row tiles, not {tiles[1]} of {rows}")
     defines = (("WG_STAGES", WGMMA_STAGES), ("WG_GROUPS", groups), ("WG_PERSIST", int(persist)),
-               ("WG_SETMAXNREG", int(setmaxnreg)))
+               ("WG_SETMAXNREG", int(setmaxnreg))) + ((("WG_MC", 1),) if mc else ())
     return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (128 * groups + (128 if setmaxnreg else 32), 1, 1),
                         wgmma_smem(rows), split_k(n, k, sm_count), WIDE_M // TOKEN_TILE, defines)
 

@@ -34,6 +34,9 @@ typedef unsigned u32;
 #ifndef WG_PERSIST
 #define WG_PERSIST 0  // 1: a block per SM walks the tiles (plan.wgmma_launch's `persist`)
 #endif
+#ifndef WG_MC
+#define WG_MC 0  // 1: clusters of two blocks along the weight tiles, each bringing half the shared tokens to both
+#endif
 #define WG_ROWS (64 * WG_GROUPS)  // weight rows per block
 #define WG_CONSUMERS (128 * WG_GROUPS)
 // WG_SETMAXNREG 1: the producer is a warpgroup of its own that gives most of its registers to the
@@ -146,6 +149,26 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     }
 }
 
+// TMA multicast: the box lands at `dst` and signals `bar` (offsets in this block's shared memory) in every
+// block of the cluster named in `mask`
+__device__ __forceinline__ void tma_2d_multicast(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar,
+                                                 unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+// arrives on the mbarrier at `bar` (an offset in this block's shared memory) of block `rank` of the cluster
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(rank) : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
@@ -203,11 +226,17 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * WG_GROUPS);
+            mbar_init(empty + 8 * s, 4 * WG_GROUPS * (WG_MC ? 2 : 1));  // WG_MC: both blocks' consumers
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#if WG_MC
+    cluster_sync();  // the partner's barriers exist before any copy signals them
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+#else
     __syncthreads();
+#endif
     pdl_start();
 
     if (tid >= WG_CONSUMERS) {  // the producer warp (warpgroup); one thread issues everything
@@ -225,10 +254,18 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
 #pragma unroll
                     for (int kc = 0; kc < WG_KC; ++kc)
                         tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
+#if WG_MC
+                    tma_2d_multicast(base + s * X_STAGE + rank * (X_STAGE / 2), xmap, st * WG_KC * 32,
+                                     m0 + rank * (WG_TOK / 2), full + 8 * s, 3);
+#else
                     tma_2d(base + s * X_STAGE, xmap, st * WG_KC * 32, m0, full + 8 * s);
+#endif
                 }
             }
         }
+#if WG_MC
+        cluster_sync();  // neither block leaves while the other may still signal its barriers
+#endif
         return;
     }
 #if WG_SETMAXNREG
@@ -262,7 +299,12 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
             wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
-            if (kc == 0 && st > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % WG_STAGES));
+            if (kc == 0 && st > 0 && lane == 0) {
+                mbar_arrive(empty + 8 * ((it - 1) % WG_STAGES));
+#if WG_MC
+                mbar_arrive_cluster(empty + 8 * ((it - 1) % WG_STAGES), rank ^ 1);  // its tokens came from both
+#endif
+            }
         };
         slices(chunk, part, total, (unsigned)C, (unsigned)S);
         done += stages;
@@ -282,13 +324,21 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
             store_tiles<1>(*reinterpret_cast<const float(*)[1][4][4]>(total + 16 * q), n0 + wg * 64 + warp * 16,
                            m0 + 32 * q, bias, res, out, M, N, flags);
     }
+#if WG_MC
+    cluster_sync();
+#endif
 #undef TILES
 #undef TILE_N0
 #undef TILE_M0
 }
 
+#if WG_MC
+#define WG_CLUSTER __cluster_dims__(1, 2, 1)
+#else
+#define WG_CLUSTER
+#endif
 #define MM_WGMMA_TMA(NAME, BF16)                                                                              \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_GROUPS == 1 ? 2 : 1)                   \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_GROUPS == 1 ? 2 : 1) WG_CLUSTER                   \
         NAME(const __grid_constant__ TensorMap wmap, const __grid_constant__ TensorMap xmap, const float* bias, \
              const float* res, float* out, int M, int N, int Kp, int flags, int S) {                          \
         mm_wgmma_tma<BF16>(&wmap, &xmap, bias, res, out, M, N, Kp, flags, S);                                 \
