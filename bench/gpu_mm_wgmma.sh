@@ -5,7 +5,7 @@
 #   build   the probe's modules (matmul.cu, every wgmma.cu build) compiled side by side into CuPy's cache [60]
 #   probe   bench/probes/mm_wgmma_ab.py: the 8B matmuls at 512 and 2048 rows, every build, TFLOP/s, and every
 #           element's bits against the default build's and mm_tc's                                    [120]
-#   mc      the same for the multicast build, a process of its own (a cluster bug cannot cost the rest) [45]
+#   mc      the same for the multicast builds, a process of its own (a cluster bug cannot cost the rest) [45]
 #   tests   tests/test_cuda_ops.py's mm_wgmma tests (every build forced; the wide-batch, ffn and norm_matmul
 #           tests under LOCKSTEP_WGMMA_BUILD=the pick, or persist), beside test_cuda_attention_wgmma.py
 #           (its kernels are the engine's: built here, the engine finds them in CuPy's cache)           [60]
@@ -25,12 +25,12 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
   > "$work/shape.log" 2>&1 &
 shape=$!
 stage "build"
-timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile --builds tiles,persist,g3,g3p,mc > "$work/build.log" 2>&1
+timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile --builds tiles,persist,g3,g3p,mc,mcp,g3mc > "$work/build.log" 2>&1
 echo "build rc $?"; tail -n 3 "$work/build.log"
 stage "probe"
 timeout "$(lim probe 120)" python3 bench/probes/mm_wgmma_ab.py --builds tiles,persist,g3,g3p --out "$OUT/mm-wgmma-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 14
-timeout "$(lim mc 45)" python3 bench/probes/mm_wgmma_ab.py --builds tiles,mc --out "$OUT/mm-wgmma-mc-h200.json" > "$work/mc.log" 2>&1
+timeout "$(lim mc 45)" python3 bench/probes/mm_wgmma_ab.py --builds tiles,mc,mcp,g3mc --out "$OUT/mm-wgmma-mc-h200.json" > "$work/mc.log" 2>&1
 echo "multicast probe rc $?"; cut -c1-400 "$work/mc.log" | tail -n 10
 pick=$(python3 bench/probes/mm_wgmma_ab.py --pick "$OUT/mm-wgmma-ab-h200.json" "$OUT/mm-wgmma-mc-h200.json" 2>/dev/null || echo none)
 echo "engine build: $pick" | tee -a "$OUT/summary.txt"
@@ -38,7 +38,7 @@ stage "tests"
 tb=$([ "$pick" = none ] && echo persist || echo "$pick")
 LOCKSTEP_WGMMA_BUILD=$tb timeout "$(lim tests 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -v -rfE -n 4 \
   --junitxml="$work/tests-mm.xml" tests/test_cuda_ops.py \
-  -k "wgmma_builds or shared_memory_kernels_give or ffn or norm_matmul$([ "$tb" = mc ] && echo ' or wgmma_multicast')" \
+  -k "wgmma_builds or shared_memory_kernels_give or ffn or norm_matmul$(case $tb in *mc*) echo ' or wgmma_multicast';; esac)" \
   > "$work/tests-mm.txt" 2>&1 &
 mm=$!
 timeout "$(lim tests 60)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -n 4 tests/test_cuda_attention_wgmma.py \

@@ -119,7 +119,7 @@ def test_every_kernel_waits_for_its_predecessor(job, compiled):
 
 # mm_wgmma_tma per (warpgroups, persistent, producer warpgroup, multicast): plan.wgmma_build_launch's builds
 WGMMA = [Job("wgmma.cu", (("WG_GROUPS", g), ("WG_PERSIST", p), ("WG_SETMAXNREG", int(g == 3 or p == 1)), ("WG_MC", mc)))
-         for g, p, mc in ((1, 0, 0), (2, 0, 0), (2, 1, 0), (3, 0, 0), (3, 1, 0), (2, 0, 1))]
+         for g, p, mc in ((1, 0, 0), (2, 0, 0), (2, 1, 0), (3, 0, 0), (3, 1, 0), (2, 0, 1), (2, 1, 1), (3, 0, 1))]
 
 
 @pytest.mark.parametrize("job", WGMMA, ids=lambda j: "-".join(str(v) for _, v in j.defines))

@@ -119,7 +119,7 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
 
 def _wgmma_builds_give_mm_tc_bits(dtype, builds):
     """Each (rows, persist, multicast) launch of plan.wgmma_build_launch (a persistent grid here of 5 blocks,
-    so that each walks several tiles) gives the streaming kernel's bits, plain and with bias and residual,
+    4 in clusters, so that each walks several tiles) gives the streaming kernel's bits, plain and with bias and residual,
     and the first one's with SiLU into 16 bits. K of 65 chunks: slices that begin and end inside a stage."""
     import dataclasses
 
@@ -139,7 +139,7 @@ def _wgmma_builds_give_mm_tc_bits(dtype, builds):
         silu = None
         for rows, persist, mc in builds:
             wg = plan.wgmma_build_launch(dtype, m, n, k, ops.sm_count, rows, persist, mc)
-            wg = dataclasses.replace(wg, grid=(5, 1, 1)) if persist else wg
+            wg = dataclasses.replace(wg, grid=(4 if mc else 5, 1, 1)) if persist else wg  # mc: whole clusters
             what = f"{rows} rows, persist {persist}, multicast {mc}, m {m}"
             for flags, b, res, want in ((0, ops._dummy, ops._dummy, plain), (EPI_BIAS | EPI_RESIDUAL, db, r, fused)):
                 got = cp.asnumpy(ops._wgmma(x16, dw, wg, b, res, cp.full((m, n), cp.nan, cp.float32), flags))
@@ -159,8 +159,8 @@ def test_wgmma_builds_give_the_streaming_kernels_bits(dtype):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_wgmma_multicast_gives_the_streaming_kernels_bits(dtype):
-    """The build in clusters of two blocks that multicast their tokens (WG_MC)."""
-    _wgmma_builds_give_mm_tc_bits(dtype, ((128, False, False), (128, False, True)))
+    """The builds in clusters of two blocks that multicast their tokens (WG_MC)."""
+    _wgmma_builds_give_mm_tc_bits(dtype, ((128, False, False), (128, False, True), (128, True, True), (192, False, True)))
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)

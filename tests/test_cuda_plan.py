@@ -230,7 +230,7 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
                 assert wg.shared == plan.wgmma_smem(rows) <= (227 * 1024) // (2 if rows == 64 else 1)
 
 
-@pytest.mark.parametrize("build", ["persist", "g3", "g3p", "mc"])
+@pytest.mark.parametrize("build", ["persist", "g3", "g3p", "mc", "mcp", "g3mc"])
 def test_wgmma_builds_cover_the_tiles_with_the_same_split(build):
     """Every mm_wgmma_tma build sums as the default does (plan.split_k), covers every tile and fits the
     SM: a persistent grid a block an SM at most, 192-row tiles only where they take fewer waves x rows."""
@@ -243,15 +243,15 @@ def test_wgmma_builds_cover_the_tiles_with_the_same_split(build):
             d, rows = dict(wg.defines), plan.wgmma_rows(wg)
             assert wg.split == base.split and wg.kernel == base.kernel
             tiles = plan.ceil_div(m, plan.WIDE_M) * plan.ceil_div(n, rows)
+            mc = "mc" in build and rows > 64 and plan.ceil_div(n, rows) % 2 == 0
             if d["WG_PERSIST"]:
-                assert build in ("persist", "g3p") and wg.grid == (min(tiles, 132), 1, 1)
+                assert build in ("persist", "g3p", "mcp") and wg.grid == (min(tiles, 132) // (1 + mc) * (1 + mc), 1, 1)
             else:
                 assert wg.grid[0] * wg.grid[1] == tiles
-            assert (rows == 192) == (build in ("g3", "g3p") and n % 192 == 0 and (n, m) == (6144, 512))
+            assert (rows == 192) == (build.startswith("g3") and n % 192 == 0 and (n, m) == (6144, 512))
             assert wg.block[0] == 128 * d["WG_GROUPS"] + (128 if d["WG_SETMAXNREG"] else 32)
             assert d["WG_SETMAXNREG"] == (rows == 192 or d["WG_PERSIST"])
             assert wg.shared == plan.wgmma_smem(rows) <= 227 * 1024
-            mc = build == "mc" and rows == 128 and wg.grid[1] % 2 == 0
             assert d.get("WG_MC", 0) == mc and plan.wgmma_token_box(wg) == (64 if mc else 128)
     with pytest.raises(ValueError, match="build"):
         plan.wgmma_launch("f16", 512, 4096, 4096, 132, "fast")

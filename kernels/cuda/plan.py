@@ -368,8 +368,9 @@ WGMMA_HALF_TILES_BELOW = 0.75  # 128-row tiles per SM below which blocks take 64
 # SM walking the tiles, its producer filling the next tile's stages during this one's stores; "g3" 192-row
 # tiles (three consumer warpgroups) where they take fewer waves of the SMs than 128-row ones; "g3p" both;
 # "mc" tiles in clusters of two along the weights, each block bringing half the shared tokens to both (TMA
-# multicast: a quarter less L2 traffic), where the 128-row tiles pair up.
-WGMMA_BUILDS = ("tiles", "persist", "g3", "g3p", "mc")
+# multicast: a quarter less L2 traffic), where the tiles pair up; "mcp", "g3mc" the combinations (three
+# persistent consumer warpgroups with multicast spill at their 160 registers).
+WGMMA_BUILDS = ("tiles", "persist", "g3", "g3p", "mc", "mcp", "g3mc")
 WGMMA_BUILD = "tiles"
 
 
@@ -401,25 +402,28 @@ def wgmma_launch(dtype: str, m: int, n: int, k: int, sm_count: int, build: str |
     if build not in WGMMA_BUILDS:
         raise ValueError(f"mm_wgmma_tma build {build!r}: one of {WGMMA_BUILDS}")
     rows = WIDE_N // 2 if blocks < WGMMA_HALF_TILES_BELOW * sm_count else WIDE_N
-    if rows == WIDE_N and build in ("g3", "g3p") and n % (3 * 64) == 0 and (  # waves x tile height
+    if rows == WIDE_N and build.startswith("g3") and n % (3 * 64) == 0 and (  # waves x tile height
             ceil_div(ceil_div(n, 192) * ceil_div(m, WIDE_M), sm_count) * 192 < ceil_div(blocks, sm_count) * WIDE_N):
         rows = 192
-    mc = build == "mc" and rows == WIDE_N and ceil_div(n, rows) % 2 == 0
-    return wgmma_build_launch(dtype, m, n, k, sm_count, rows, build in ("persist", "g3p") and rows > 64, mc)
+    mc = "mc" in build and rows > 64 and ceil_div(n, rows) % 2 == 0
+    persist = build in ("persist", "g3p", "mcp") and rows > 64
+    return wgmma_build_launch(dtype, m, n, k, sm_count, rows, persist, mc)
 
 
 def wgmma_build_launch(dtype: str, m: int, n: int, k: int, sm_count: int, rows: int, persist: bool,
                        mc: bool = False) -> MatmulLaunch:
     """mm_wgmma_tma with `rows` weight rows a block (64, 128 or 192), a grid of tiles or (`persist`) a block
     per SM over them. Three consumer warpgroups, and two in a persistent block, take a producer warpgroup
-    that hands them its registers (wgmma.cu's WG_SETMAXNREG). `mc`: a grid of 128-row tiles in clusters of
-    two along the weights (an even number of weight tiles), tokens multicast (wgmma.cu's WG_MC)."""
+    that hands them its registers (wgmma.cu's WG_SETMAXNREG). `mc`: blocks in clusters of two along the
+    weights (an even number of weight tiles), each multicasting half the tokens to both (wgmma.cu's WG_MC)."""
     groups = rows // 64
     setmaxnreg = groups == 3 or persist
     tiles = (ceil_div(m, WIDE_M), ceil_div(n, rows), 1)  # token tiles fastest (wgmma.cu)
-    grid = (min(tiles[0] * tiles[1], sm_count), 1, 1) if persist else tiles
-    if mc and (persist or rows != WIDE_N or tiles[1] % 2):
-        raise ValueError(f"multicast pairs need a grid of an even number of 128-row tiles, not {tiles[1]} of {rows}")
+    if mc and (rows == 64 or tiles[1] % 2 or (persist and rows == 192)):
+        raise ValueError(f"multicast pairs need an even number of 128- or 192-row tiles (not persistent: 128), "
+                         f"not {tiles[1]} of {rows}")
+    blocks = min(tiles[0] * tiles[1], sm_count)
+    grid = (blocks - blocks % 2 if mc else blocks, 1, 1) if persist else tiles  # mc: whole clusters
     defines = (("WG_STAGES", WGMMA_STAGES), ("WG_GROUPS", groups), ("WG_PERSIST", int(persist)),
                ("WG_SETMAXNREG", int(setmaxnreg))) + ((("WG_MC", 1),) if mc else ())
     return MatmulLaunch(f"mm_wgmma_tma_{dtype}", grid, (128 * groups + (128 if setmaxnreg else 32), 1, 1),

@@ -24,6 +24,11 @@
 // `full` mbarrier counts their bytes. The consumer warps only wait, read their fragments and issue
 // MMAs: no block-wide barrier, no copy instructions. Each consumer warp arrives on the stage's
 // `empty` barrier once its MMAs on it are done; the producer refills the stage after all of them.
+//
+// Builds (plan.WGMMA_BUILDS), none changing a sum: 64-, 128- or 192-row tiles (WG_GROUPS); a grid of
+// tiles or a persistent one (WG_PERSIST); the producer a warp or a warpgroup lending its registers
+// (WG_SETMAXNREG); clusters of two blocks along the weights that share the token tile, each copying half
+// of it to both by TMA multicast, their consumers releasing a stage in both blocks (WG_MC).
 #include "common.cuh"
 
 typedef unsigned u32;
@@ -208,7 +213,11 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     // from DRAM once (weight tiles first: every tile read once per token tile, 8B gate|up at 512 rows 4x
     // its bytes). A grid of tiles runs one a block; a persistent grid (WG_PERSIST) walks them block by
     // block, its producer filling the next tile's stages while the consumers store this one's.
-#if WG_PERSIST
+#if WG_PERSIST && WG_MC  // a cluster walks pairs of tiles that share their tokens, block `rank` the pair's rank-th
+#define TILES for (int tile = blockIdx.x >> 1; tile < ((M + WG_TOK - 1) / WG_TOK) * ((N + WG_ROWS - 1) / WG_ROWS / 2); tile += gridDim.x >> 1)
+#define TILE_N0 (((tile / ((M + WG_TOK - 1) / WG_TOK)) * 2 + (int)rank) * WG_ROWS)
+#define TILE_M0 ((tile % ((M + WG_TOK - 1) / WG_TOK)) * WG_TOK)
+#elif WG_PERSIST
 #define TILES for (int tile = blockIdx.x; tile < ((M + WG_TOK - 1) / WG_TOK) * ((N + WG_ROWS - 1) / WG_ROWS); tile += gridDim.x)
 #define TILE_N0 ((tile / ((M + WG_TOK - 1) / WG_TOK)) * WG_ROWS)
 #define TILE_M0 ((tile % ((M + WG_TOK - 1) / WG_TOK)) * WG_TOK)
@@ -278,6 +287,14 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
         for (const long long t0 = clock64(); clock64() - t0 < WG_LAG;) {
         }
 #endif
+    // a warp's MMAs on stage use `it` are done: one arrival on its empty barrier (WG_MC: the partner's too, for
+    // the partner's half of its tokens)
+    auto release = [&](unsigned it) {
+        mbar_arrive(empty + 8 * (it % WG_STAGES));
+#if WG_MC
+        mbar_arrive_cluster(empty + 8 * (it % WG_STAGES), rank ^ 1);
+#endif
+    };
     const int frag = (wg * 64 + warp * 16 + g) * 64 + t * 16;  // this lane's weights within a chunk
     unsigned done = 0;  // stages consumed by this block's earlier tiles
     TILES {
@@ -299,17 +316,12 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
             wgmma_ra<BF16>(part, a0.z, a1.z, a0.w, a1.w, smem_desc(xs + 32));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(WG_DEPTH - 1) : "memory");
-            if (kc == 0 && st > 0 && lane == 0) {
-                mbar_arrive(empty + 8 * ((it - 1) % WG_STAGES));
-#if WG_MC
-                mbar_arrive_cluster(empty + 8 * ((it - 1) % WG_STAGES), rank ^ 1);  // its tokens came from both
-#endif
-            }
+            if (kc == 0 && st > 0 && lane == 0) release(it - 1);
         };
         slices(chunk, part, total, (unsigned)C, (unsigned)S);
         done += stages;
         // every MMA is done (slices): the tile's last stage is free for the next tile's copies
-        if (WG_PERSIST && lane == 0) mbar_arrive(empty + 8 * ((done - 1) % WG_STAGES));
+        if (WG_PERSIST && lane == 0) release(done - 1);
         const int n0 = TILE_N0, m0 = TILE_M0;
 #ifdef WG_NOSTORE
         if (M > 0) continue;  // timing only: what the stores cost (bench/probes/mm_wgmma_ab.py)
@@ -332,7 +344,9 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
 #undef TILE_M0
 }
 
-#if WG_MC
+#if WG_MC && WG_PERSIST
+#define WG_CLUSTER __cluster_dims__(2, 1, 1)
+#elif WG_MC
 #define WG_CLUSTER __cluster_dims__(1, 2, 1)
 #else
 #define WG_CLUSTER
