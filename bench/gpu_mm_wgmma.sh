@@ -12,7 +12,8 @@
 #   engine  bench/longctx.py on the 8B shape, prompt 8192 (MM_PROMPTS), exact on: the default and the pick,
 #           the plan build with the shortest 512-row layer, equal bits in every probe cell and >= 1 %
 #           faster than the default (none: skipped), cells interleaved                        [the rest]
-# The 8B shape file is written in the background meanwhile.   OUT=/tmp/x bench/gpu_mm_wgmma.sh
+# MM_PICK=<build> skips the build, probe and mc stages and takes that build. The 8B shape file is written in
+# the background meanwhile.   OUT=/tmp/x bench/gpu_mm_wgmma.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-mm-wgmma}
@@ -24,6 +25,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
 ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
   > "$work/shape.log" 2>&1 &
 shape=$!
+if [ -z "${MM_PICK:-}" ]; then  # MM_PICK=<build>: no probes, the tests and the engine cells of that build
 stage "build"
 timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile --builds tiles,persist,g3,g3p,mc,mcp,g3mc > "$work/build.log" 2>&1
 echo "build rc $?"; tail -n 3 "$work/build.log"
@@ -33,6 +35,9 @@ echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 14
 timeout "$(lim mc 45)" python3 bench/probes/mm_wgmma_ab.py --builds tiles,mc,mcp,g3mc --out "$OUT/mm-wgmma-mc-h200.json" > "$work/mc.log" 2>&1
 echo "multicast probe rc $?"; cut -c1-400 "$work/mc.log" | tail -n 10
 pick=$(python3 bench/probes/mm_wgmma_ab.py --pick "$OUT/mm-wgmma-ab-h200.json" "$OUT/mm-wgmma-mc-h200.json" 2>/dev/null || echo none)
+else
+pick=$MM_PICK
+fi
 echo "engine build: $pick" | tee -a "$OUT/summary.txt"
 stage "tests"
 tb=$([ "$pick" = none ] && echo persist || echo "$pick")
