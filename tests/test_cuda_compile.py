@@ -117,9 +117,11 @@ def test_every_kernel_waits_for_its_predecessor(job, compiled):
         assert "griddepcontrol.launch_dependents" in body, f"{name} never lets the next kernel start"
 
 
-# mm_wgmma_tma per (warpgroups, persistent, producer warpgroup, multicast): plan.wgmma_build_launch's builds
-WGMMA = [Job("wgmma.cu", (("WG_GROUPS", g), ("WG_PERSIST", p), ("WG_SETMAXNREG", int(g == 3 or p == 1)), ("WG_MC", mc)))
-         for g, p, mc in ((1, 0, 0), (2, 0, 0), (2, 1, 0), (3, 0, 0), (3, 1, 0), (2, 0, 1), (2, 1, 1), (3, 0, 1))]
+# mm_wgmma_tma per (warpgroups, persistent, producer warpgroup, multicast, early weights): the probe's builds
+WGMMA = [Job("wgmma.cu", (("WG_GROUPS", g), ("WG_PERSIST", p), ("WG_SETMAXNREG", int(g == 3 or p == 1)), ("WG_MC", mc),
+                          ("WG_EARLY", e)))
+         for g, p, mc, e in ((1, 0, 0, 0), (2, 0, 0, 0), (2, 1, 0, 0), (3, 0, 0, 0), (3, 1, 0, 0), (2, 0, 1, 0), (2, 1, 1, 0),
+                             (3, 0, 1, 0), (2, 0, 0, 1), (2, 1, 0, 1), (2, 1, 1, 1))]
 
 
 @pytest.mark.parametrize("job", WGMMA, ids=lambda j: "-".join(str(v) for _, v in j.defines))

@@ -118,7 +118,7 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
 
 
 def _wgmma_builds_give_mm_tc_bits(dtype, builds):
-    """Each (rows, persist, multicast) launch of plan.wgmma_build_launch (a persistent grid here of 5 blocks,
+    """Each (rows, persist, multicast, early weights) launch of plan.wgmma_build_launch (a persistent grid here of 5 blocks,
     4 in clusters, so that each walks several tiles) gives the streaming kernel's bits, plain and with bias and residual,
     and the first one's with SiLU into 16 bits. K of 65 chunks: slices that begin and end inside a stage."""
     import dataclasses
@@ -137,10 +137,11 @@ def _wgmma_builds_give_mm_tc_bits(dtype, builds):
         x16 = ops._act16(x, dw.kp, dtype == "bf16", perm=True)
         plain, fused = cp.asnumpy(streaming.matmul(x, dw)), cp.asnumpy(streaming.matmul(x, dw, db, residual=r))
         silu = None
-        for rows, persist, mc in builds:
+        for rows, persist, mc, early in builds:
             wg = plan.wgmma_build_launch(dtype, m, n, k, ops.sm_count, rows, persist, mc)
             wg = dataclasses.replace(wg, grid=(4 if mc else 5, 1, 1)) if persist else wg  # mc: whole clusters
-            what = f"{rows} rows, persist {persist}, multicast {mc}, m {m}"
+            wg = dataclasses.replace(wg, defines=(*wg.defines, ("WG_EARLY", 1))) if early else wg
+            what = f"{rows} rows, persist {persist}, multicast {mc}, early weights {early}, m {m}"
             for flags, b, res, want in ((0, ops._dummy, ops._dummy, plain), (EPI_BIAS | EPI_RESIDUAL, db, r, fused)):
                 got = cp.asnumpy(ops._wgmma(x16, dw, wg, b, res, cp.full((m, n), cp.nan, cp.float32), flags))
                 assert got.tobytes() == want.tobytes(), f"{what}, flags {flags}: {np.count_nonzero(got != want)} differ"
@@ -153,14 +154,16 @@ def _wgmma_builds_give_mm_tc_bits(dtype, builds):
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_wgmma_builds_give_the_streaming_kernels_bits(dtype):
     """Every mm_wgmma_tma build: 64-, 128- or 192-row tiles, a grid of tiles or a persistent grid."""
-    _wgmma_builds_give_mm_tc_bits(dtype, ((64, False, False), (128, False, False), (128, True, False),
-                                          (192, False, False), (192, True, False)))
+    _wgmma_builds_give_mm_tc_bits(dtype, ((64, False, False, False), (128, False, False, False),
+                                          (128, True, False, False), (192, False, False, False),
+                                          (192, True, False, False), (128, False, False, True), (128, True, False, True)))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_wgmma_multicast_gives_the_streaming_kernels_bits(dtype):
     """The builds in clusters of two blocks that multicast their tokens (WG_MC)."""
-    _wgmma_builds_give_mm_tc_bits(dtype, ((128, False, False), (128, False, True), (128, True, True), (192, False, True)))
+    _wgmma_builds_give_mm_tc_bits(dtype, ((128, False, False, False), (128, False, True, False), (128, True, True, False),
+                                          (192, False, True, False), (128, True, True, True)))
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)

@@ -3,7 +3,8 @@ TFLOP/s with the engine's epilogues (q|k|v plain, o and down with the residual, 
 SiLU into 16 bits), and every element's bits against the default build's and, plain, against mm_tc's
 (the streaming kernel decode uses). `g3p_forced`: 192-row persistent tiles on gate|up, where the plan
 keeps 128 (does the shorter L2 traffic a row pay for the last wave?); `_s5`, `_s6`: 5 or 6 stages; `_lag1k`,
-`_lag2k`: the second warpgroup starts 1000 / 2000 clocks late; `_timing` (other bits): S = 1, no stores.
+`_lag2k`: the second warpgroup starts 1000 / 2000 clocks late; `_timing` (other bits): S = 1, no stores;
+`_early`: the first stages' weights copied before the wait for the kernel before (WG_EARLY).
   python3 bench/probes/mm_wgmma_ab.py [--rows 512,2048] [--builds tiles,persist,g3,g3p] --out x.json"""
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def launches(builds: list[str], m: int, n: int, k: int, sm: int, name: str) -> t
         wg = out["persist"]
         out["persist_S1_timing"] = dataclasses.replace(wg, split=1)
         out["persist_nostore_timing"] = dataclasses.replace(wg, defines=(*wg.defines, ("WG_NOSTORE", 1)))
+    for b in ("tiles", "persist", "g3p", "mcp"):  # the first weights copied before the wait for the last kernel
+        if b in out and ("persist" in builds or b == "mcp"):
+            out[f"{b}_early"] = dataclasses.replace(out[b], defines=(*out[b].defines, ("WG_EARLY", 1)))
     if "persist_s6" in out:  # the second warpgroup late by ~0.5 / 1 us: slice drains apart (timing)
         for lag in (1000, 2000):
             wg = out["persist_s6"]

@@ -28,7 +28,8 @@
 // Builds (plan.WGMMA_BUILDS), none changing a sum: 64-, 128- or 192-row tiles (WG_GROUPS); a grid of
 // tiles or a persistent one (WG_PERSIST); the producer a warp or a warpgroup lending its registers
 // (WG_SETMAXNREG); clusters of two blocks along the weights that share the token tile, each copying half
-// of it to both by TMA multicast, their consumers releasing a stage in both blocks (WG_MC).
+// of it to both by TMA multicast, their consumers releasing a stage in both blocks (WG_MC); the first
+// stages' weights copied before the wait for the previous kernel (WG_EARLY).
 #include "common.cuh"
 
 typedef unsigned u32;
@@ -38,6 +39,9 @@ typedef unsigned u32;
 #endif
 #ifndef WG_PERSIST
 #define WG_PERSIST 0  // 1: a block per SM walks the tiles (plan.wgmma_launch's `persist`)
+#endif
+#ifndef WG_EARLY
+#define WG_EARLY 0  // 1: the producer copies the first stages' weights before waiting for the previous kernel
 #endif
 #ifndef WG_MC
 #define WG_MC 0  // 1: clusters of two blocks along the weight tiles, each bringing half the shared tokens to both
@@ -246,7 +250,9 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
 #else
     __syncthreads();
 #endif
+#if !WG_EARLY
     pdl_start();
+#endif
 
     if (tid >= WG_CONSUMERS) {  // the producer warp (warpgroup); one thread issues everything
 #if WG_SETMAXNREG
@@ -254,15 +260,37 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
 #endif
         if (tid == WG_CONSUMERS) {
             unsigned it = 0;  // stages filled so far, over all of this block's tiles
+#if WG_EARLY
+            // The first stages' weights before the wait for the previous kernel (no kernel writes weights):
+            // their DRAM latency hides behind that kernel's last blocks.
+            const unsigned early = stages < WG_STAGES ? stages : WG_STAGES;
+            TILES {
+                const int n0 = TILE_N0;
+                for (unsigned st = 0; st < early; ++st) {
+                    mbar_expect(full + 8 * st, X_STAGE + W_STAGE);
+#pragma unroll
+                    for (int kc = 0; kc < WG_KC; ++kc)
+                        tma_2d(wbase + st * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * st);
+                }
+                break;  // the block's first tile
+            }
+            pdl_start();
+#endif
             TILES {
                 const int n0 = TILE_N0, m0 = TILE_M0;
                 for (int st = 0; st < stages; ++st, ++it) {
                     const unsigned s = it % WG_STAGES;
                     if (it >= WG_STAGES) mbar_wait(empty + 8 * s, ((it / WG_STAGES) - 1) & 1);
+#if WG_EARLY
+                    if (it >= early) {
+#endif
                     mbar_expect(full + 8 * s, X_STAGE + W_STAGE);
 #pragma unroll
                     for (int kc = 0; kc < WG_KC; ++kc)
                         tma_2d(wbase + s * W_STAGE + kc * WG_ROWS * 64, wmap, (st * WG_KC + kc) * 32, n0, full + 8 * s);
+#if WG_EARLY
+                    }
+#endif
 #if WG_MC
                     tma_2d_multicast(base + s * X_STAGE + rank * (X_STAGE / 2), xmap, st * WG_KC * 32,
                                      m0 + rank * (WG_TOK / 2), full + 8 * s, 3);
@@ -279,6 +307,9 @@ __device__ __forceinline__ void mm_wgmma_tma(const TensorMap* wmap, const Tensor
     }
 #if WG_SETMAXNREG
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_REGS) : "memory");
+#endif
+#if WG_EARLY
+    pdl_start();  // before the epilogue's residual and stores
 #endif
 
 #ifdef WG_LAG
