@@ -82,7 +82,7 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(ATTN_MERGE_LAST, ("kernels",), "a switch: attn_mma's one-row decode rows with chunks over workers are "
            "merged by the row's last block to finish, not by attn_merge (its arithmetic, the same bits; default "
            "plan.MMA_MERGE_LAST)"),
-    EnvVar(WGMMA_BUILD, ("kernels",), "tiles|persist|g3|g3p: the build of the exact prefill matmul on Hopper "
+    EnvVar(WGMMA_BUILD, ("kernels",), "tiles|persist|g3|g3p|mc|mcp|g3mc: the build of the exact prefill matmul on Hopper "
            "(mm_wgmma_tma, the same bits in each; kernels/cuda/plan.py WGMMA_BUILDS; default tiles)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
