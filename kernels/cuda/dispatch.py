@@ -163,6 +163,8 @@ def attention_ws_lean(env: Mapping[str, str]) -> bool:
     """Whether attention_ws.cu takes its lean build whatever plan.WGMMA_WS_LEAN / _FTZ / _VEC_FOLD / _SKIP_MASK say
     (LOCKSTEP_ATTN_WS_LEAN; default off)."""
     return switch(env, ATTN_WS_LEAN, default=False)
+
+
 def attention_ring_on(env: Mapping[str, str]) -> bool:
     """Whether attn_mma's one-row decode blocks that share S take the K/V ring (RING; the same bits):
     LOCKSTEP_ATTN_RING, else plan.MMA_KV_RING."""
