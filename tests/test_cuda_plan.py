@@ -377,11 +377,11 @@ def test_gated_launch_plan():
     assert plan.gated_launch("q8_0", 1, 2560, 4096, 4096, 128, 132) is None
 
 
-def test_attention_ws_lean_build_is_off_unless_switched_on():
+def test_attention_ws_lean_build_is_on_unless_switched_off():
     from contract.env import ATTN_WS_LEAN
     from kernels.cuda import dispatch
 
     assert not (plan.WGMMA_WS_LEAN or plan.WGMMA_WS_FTZ or plan.WGMMA_WS_VEC_FOLD or plan.WGMMA_WS_TMA)
-    assert dispatch.attention_ws_lean({}) is False
+    assert dispatch.attention_ws_lean({}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "1"}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "0"}) is False

@@ -161,8 +161,9 @@ def attention_ws_on(env: Mapping[str, str]) -> bool:
 
 def attention_ws_lean(env: Mapping[str, str]) -> bool:
     """Whether attention_ws.cu takes its lean build whatever plan.WGMMA_WS_LEAN / _FTZ / _VEC_FOLD / _SKIP_MASK say
-    (LOCKSTEP_ATTN_WS_LEAN; default off)."""
-    return switch(env, ATTN_WS_LEAN, default=False)
+    (LOCKSTEP_ATTN_WS_LEAN; default on: the H200 measured it faster with attn_mma's bits, bench/evidence/
+    s22-attn-lean; 0 turns it off)."""
+    return switch(env, ATTN_WS_LEAN, default=True)
 
 
 def attention_ring_on(env: Mapping[str, str]) -> bool:
