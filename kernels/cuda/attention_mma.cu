@@ -150,11 +150,11 @@ __device__ __forceinline__ void merge_here(const float* __restrict__ part, float
         __syncthreads();
         for (int g = warp; g < ng; g += NW) {  // head g's coefficients by warp g % NW
             float v[CPL], px[CPL];
-            float run = -INFINITY;
+            float run = NEG_INF;
 #pragma unroll
             for (int j = 0; j < CPL; ++j) {
                 const int c = lane * CPL + j;
-                v[j] = c < n ? sm[g * MTF + c] : -INFINITY;
+                v[j] = c < n ? sm[g * MTF + c] : NEG_INF;
                 px[j] = run = fmaxf(run, v[j]);  // the lane's inclusive maxima
             }
             float inc = run;  // the warp's inclusive scan of the lanes' maxima
