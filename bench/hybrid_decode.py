@@ -12,7 +12,6 @@ bandwidth (DESIGN.md: 4.28 TB/s).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -73,13 +72,10 @@ def run_cell(runner: Runner, chats: int, prompt: int, gen: int, rng, sync=lambda
         seqs.append([pages, state, int(out[0].argmax[-1]), prompt])
     prefill_s = time.perf_counter() - t0
 
-    tokens = []  # every decoded token, in order: cells of builds with the same bits decode the same ones
-
     def step():
         out = runner.step([StepEntry(p, [tok], pos, "last", full_rows=False, state=st) for p, st, tok, pos in seqs])
         for s, o in zip(seqs, out, strict=True):
             s[2], s[3] = int(o.argmax[-1]), s[3] + 1
-            tokens.append(s[2])
 
     for _ in range(3):  # the bucket's graph captured
         step()
@@ -95,7 +91,6 @@ def run_cell(runner: Runner, chats: int, prompt: int, gen: int, rng, sync=lambda
                                             for p, st, _, pos in seqs])
         for s, o in zip(seqs, pending.collect(), strict=True):
             s[2], s[3] = int(o.argmax[-1]), s[3] + 1
-            tokens.append(s[2])
         return nxt
 
     pending = runner.launch([StepEntry(p, [tok], pos, "last", full_rows=False, state=st) for p, st, tok, pos in seqs])
@@ -108,8 +103,7 @@ def run_cell(runner: Runner, chats: int, prompt: int, gen: int, rng, sync=lambda
     pending.collect()
     cell = {"chats": chats, "prefill_tps": round(chats * prompt / prefill_s, 1),
             "decode_tps": round(chats * gen / decode_s, 1), "decode_step_ms": round(1000 * decode_s / gen, 3),
-            "decode_ahead_tps": round(chats * gen / ahead_s, 1), "decode_ahead_step_ms": round(1000 * ahead_s / gen, 3),
-            "tokens_sha1": hashlib.sha1(np.array(tokens, np.int64).tobytes()).hexdigest()[:16]}
+            "decode_ahead_tps": round(chats * gen / ahead_s, 1), "decode_ahead_step_ms": round(1000 * ahead_s / gen, 3)}
     if runner.graphs is not None and runner.graphs._graphs:
         from hybrid_profile import graph_replay_ms
 
@@ -157,13 +151,6 @@ def main(argv=None) -> int:
     ap.add_argument("--matvec", default="on",
                     help="one-row kernels, comma-separated cells: on (matvec.cu as planned), off (matmul.cu's), or a "
                          "JSON file of matvec.cu builds (bench/probes/matvec_pick.py) to plan with")
-    ap.add_argument("--cluster", default="0",
-                    help="cells of one-row matmuls on clusters of this many blocks (plan.cluster_launch; 0: none), a "
-                         "trailing g: the DeltaNet out_proj takes its gated norm itself (plan.gated_launch), s: "
-                         "residual rows' sums taken by their matmuls for the norms after them (CudaOps.row_sums), c: "
-                         "the DeltaNet conv in the delta rule's launch (CudaOps.delta_conv); comma-separated: the "
-                         "first is the base build, the others label their cells mode/cN[g][s][c]")
-    ap.add_argument("--profile-builds", help="the --cluster builds profiled (comma-separated; default every one)")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -179,17 +166,12 @@ def main(argv=None) -> int:
     per_seq = pages_for(args.prompt + 2 * args.gen + 8)
     report = {"shape": "4b-hybrid", "config": hf_config("4b-hybrid"), "weight_bytes": wbytes, "solo_bound_tps": round(bound, 1),
               "prompt": args.prompt, "generated": args.gen, "cells": {}}
-    clusters = args.cluster.split(",")
-    cells = [(mode, mv, cl) for cl in clusters for mv in args.matvec.split(",") for mode in args.modes.split(",")]
-
-    def run_build(mode: str, mv: str, cl: str) -> None:
+    cells = [(mode, mv) for mv in args.matvec.split(",") for mode in args.modes.split(",")]
+    for mode, mv in cells:
         ops = CudaOps(exact=mode == "on")
         ops.matvec = mv != "off"
-        ops.mm_cluster, ops.gated_prologue, ops.row_sums = int(cl.rstrip("gsc")), "g" in cl, "s" in cl
-        ops.delta_conv = "c" in cl
         use_matvec_table(None if mv in ("on", "off") else Path(mv))
         label = mode if mv == args.matvec.split(",")[0] else f"{mode}/{Path(mv).stem}"
-        label += f"/c{cl}" if cl != clusters[0] else ""
         runner = Runner(loaded, ops, max(chats) * per_seq, "f16", max_pages_per_seq=per_seq)
         rng = np.random.default_rng(1)
         run_cell(runner, 1, args.prompt, 2, rng)  # compiles the prompt and decode kernels: not timed
@@ -199,7 +181,7 @@ def main(argv=None) -> int:
             cell = run_cell(runner, c, args.prompt, args.gen, rng, cp.cuda.Device().synchronize)
             cell["bandwidth_fraction"] = round(cell["decode_tps"] / c / bound, 3)
             cell["ahead_bandwidth_fraction"] = round(cell["decode_ahead_tps"] / c / bound, 3)
-            cell["matvec"], cell["cluster"] = mv, cl
+            cell["matvec"] = mv
             report["cells"].setdefault(label, []).append(cell)
             print(f"exact {label:<3} chats {c:>2}: decode {cell['decode_tps']:8.1f} tok/s ({cell['decode_step_ms']:.2f} "
                   f"ms a step, replay {cell.get('graph_replay_ms')} ms, {cell['bandwidth_fraction']:.2f} of the bound; "
@@ -207,40 +189,20 @@ def main(argv=None) -> int:
                   f"prefill {cell['prefill_tps']:8.1f} tok/s",
                   flush=True)
             Path(args.out).write_text(json.dumps(report, indent=1))
-        profiled = args.profile_builds is None or cl in args.profile_builds.split(",")
-        if args.profile and profiled and label.split("/")[0] == "on" and mv == args.matvec.split(",")[0]:
+        if args.profile and label == "on":
             from hybrid_profile import print_profile, profile_solo
 
             prof = profile_solo(runner)
-            path = Path(args.profile)
-            if cl != clusters[0]:
-                path = path.with_name(f"{path.stem}-c{cl}{path.suffix}")
-            path.write_text(json.dumps(prof, indent=1))
-            print(f"profile {label}:", flush=True)
+            Path(args.profile).write_text(json.dumps(prof, indent=1))
             print_profile(prof)
         del runner
         cp.get_default_memory_pool().free_all_blocks()
-
-    for mode, mv, cl in cells:
-        try:
-            run_build(mode, mv, cl)
-        except Exception as e:  # a build that fails leaves the others' cells
-            print(f"cell {mode} {mv} {cl} failed: {type(e).__name__}: {e}", flush=True)
-            report.setdefault("errors", {})[f"{mode} {mv} {cl}"] = f"{type(e).__name__}: {e}"[:500]
-            Path(args.out).write_text(json.dumps(report, indent=1))
-            cp.get_default_memory_pool().free_all_blocks()
     on = {c["chats"]: c for c in report["cells"].get("on", [])}
     if 1 in on and len(on) > 1:
         report["aggregate_over_solo"] = {c: round(v["decode_tps"] / on[1]["decode_tps"], 2) for c, v in on.items()}
     off = {c["chats"]: c for c in report["cells"].get("off", [])}
     report["on_over_off"] = {c: {k: round(on[c][k] / off[c][k], 3) for k in ("decode_tps", "prefill_tps")}
                              for c in on if c in off}
-    base = {(label.split("/")[0], c["chats"]): c["tokens_sha1"] for label, cs in report["cells"].items() for c in cs
-            if "/c" not in label}
-    report["tokens_as_base"] = {f"{label} {c['chats']}": c["tokens_sha1"] == base.get((label.split("/")[0], c["chats"]))
-                                for label, cs in report["cells"].items() if "/c" in label for c in cs}
-    if report["tokens_as_base"]:
-        print("decoded tokens as the base build's:", report["tokens_as_base"], flush=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 

@@ -30,10 +30,6 @@ MODEL_DIRS = "LOCKSTEP_MODEL_DIRS"
 PDL = "LOCKSTEP_PDL"
 DECODE_GRAPHS = "LOCKSTEP_DECODE_GRAPHS"
 MATVEC = "LOCKSTEP_MATVEC"
-MM_CLUSTER = "LOCKSTEP_MM_CLUSTER"
-MM_GATED = "LOCKSTEP_MM_GATED"
-MM_SUMS = "LOCKSTEP_MM_SUMS"
-DELTA_CONV = "LOCKSTEP_DELTA_CONV"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 ATTN_WS_LEAN = "LOCKSTEP_ATTN_WS_LEAN"
@@ -60,16 +56,6 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(PDL, ("kernels",), "a switch: programmatic dependent launch on CUDA (default on)"),
     EnvVar(MATVEC, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA take matvec.cu's ring kernel, the "
            "bits of matmul.cu's one-row kernel (default off: not yet measured on a device)"),
-    EnvVar(MM_CLUSTER, ("kernels",), "2|4|8: one-row 16-bit matmuls on CUDA whose row tiles fill the SMs' last wave "
-           "poorly run their K slices on clusters of that many blocks (the same bits); 0 or unset: off"),
-    EnvVar(MM_GATED, ("kernels",), "a switch: a one-row DeltaNet out_proj on CUDA normalises its gated heads itself "
-           "(matmul.cu's mm_*_gated: gated_rms_norm's and the matmul's bits) instead of after a gated_rms_norm launch; "
-           "default off"),
-    EnvVar(MM_SUMS, ("kernels",), "a switch: one-row 16-bit matmuls on CUDA that write a residual row take its "
-           "rms_norm sum of squares (their last block), so the norm of that row runs in the next matmul without a "
-           "launch or reduction of its own (the same bits); default off"),
-    EnvVar(DELTA_CONV, ("kernels",), "a switch: a decode step's DeltaNet conv1d_silu runs inside its delta rule's "
-           "launch on CUDA (delta_step_conv, the same bits); default off"),
     EnvVar(WGMMA_ATTN, ("kernels",), "a switch: prefill attention of 16-bit caches on Hopper takes attention_wgmma.cu "
            "(attn_mma's arithmetic on wgmma, its bits; default on for sm_90, 0 keeps attn_mma; other GPUs always "
            "keep attn_mma)"),

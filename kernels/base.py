@@ -193,10 +193,6 @@ class Ops(Protocol):
                     n_k_heads: int) -> Any:
         """The gated delta rule (l2-normed q and k, beta = sigmoid(b), decay exp(-exp(a_log) *
         softplus(a + dt_bias))) over mixed = q | k | v [T, ...] -> [T, v_heads, v_dim]."""
-    def conv_gated_delta(self, x: Any, weight: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, rows: RecurrentRows,
-                         layer: int, n_k_heads: int) -> Any:
-        """gated_delta(conv1d_silu(x, weight, rows, layer), a, b, ...), the same bits (one kernel where
-        that is faster)."""
     def gated_rms_norm(self, x: Any, weight: Any, gate: Any, eps: float) -> Any:
         """rms_norm(x, weight, eps) * silu(gate)."""
     def gated_norm_matmul(self, x: Any, weight: Any, gate: Any, eps: float, w: Any, residual: Any) -> Any:

@@ -302,27 +302,6 @@ def test_tiny_qwen3_5_decode_graphs_give_the_uncaptured_bits(hybrid):
     assert 1 in graphed.graphs._graphs and solo.tobytes() == got.tobytes()
 
 
-def test_fused_conv_decode_gives_the_separate_launches_bits(hybrid):
-    """Decode steps with the conv inside the delta rule's launch (delta_step_conv): the logits (and so the
-    conv windows and delta states they carry forward) of conv1d_silu then delta_step, eager, in the 2-row
-    graph beside a neighbour and in the solo graph."""
-    from engine.runner import Runner
-
-    tokens = _prompt(hybrid, 2 * C + 3)
-    neighbour = _prompt(hybrid, 30, seed=2)
-    old = Runner(hybrid, CudaOps(exact=True), 8, "f32", max_pages_per_seq=2)
-    want = _run(old, tokens, [C], neighbour=neighbour, decode=6)
-    want_solo = _run(old, tokens, [C], decode=6)
-    for graphs in (False, True):
-        ops = CudaOps(exact=True)
-        ops.delta_conv = True
-        new = Runner(hybrid, ops, 8, "f32", max_pages_per_seq=2 if graphs else 0)
-        assert _run(new, tokens, [C], neighbour=neighbour, decode=6).tobytes() == want.tobytes()
-        assert _run(new, tokens, [C], decode=6).tobytes() == want_solo.tobytes()
-        assert (new.graphs is not None) == graphs
-        assert not cp.asnumpy(ops._delta_counters).any()  # every launch set its counts back
-
-
 def test_exact_off_takes_no_delta_state_inside_its_chunks(gpu_off):
     """Off, chunks start at the piece's first row (5 here): position 32 lies inside one, 37 ends one."""
     shape = Shape(*SMALL)

@@ -352,31 +352,6 @@ def test_attention_ws_is_on_unless_switched_off():
     assert dispatch.attention_ws_on({ATTN_WS: "0"}) is False
 
 
-def test_cluster_launch_plan():
-    """The 4B hybrid's 2560-row one-row launches cluster on 132 SMs; wide matrices and other rows do not."""
-    one = plan.matmul_launch("f16", 1, 2560, 9216, 132)
-    cl = plan.cluster_launch(one, "f16", 4, 132)
-    assert cl.kernel == "mm_f16_one_c4" and cl.grid == (640, 1, 1) and cl.block == (128, 1, 1)
-    assert cl.shared == one.shared and cl.split == one.split == 16
-    assert plan.cluster_launch(plan.matmul_launch("f16", 1, 18432, 2560, 132), "f16", 4, 132) is None
-    assert plan.cluster_launch(plan.matmul_launch("f16", 1, 4096, 4096, 132), "f16", 4, 132) is None  # 256 tiles
-    assert plan.cluster_launch(plan.matmul_launch("f16", 2, 2560, 9216, 132), "f16", 4, 132) is None
-    assert plan.cluster_launch(plan.matmul_launch("q8_0", 1, 2560, 9216, 132), "q8_0", 4, 132) is None
-    assert plan.cluster_launch(one, "f16", 0, 132) is None and plan.cluster_launch(one, "f16", 3, 132) is None
-
-
-def test_gated_launch_plan():
-    """The 4B hybrid's out_proj (32 heads of 128 into 2560 rows) takes the gated one-row kernel, on clusters
-    where the one-row kernel would; slices that are not whole heads, other head sizes, rows, padding do not."""
-    assert plan.gated_launch("f16", 1, 2560, 4096, 4096, 128, 132).kernel == "mm_f16_gated"
-    assert plan.gated_launch("bf16", 1, 2560, 4096, 4096, 128, 132, 4).kernel == "mm_bf16_gated_c4"
-    assert plan.gated_launch("f16", 1, 2560, 4096, 4096, 128, 132, 4).grid == (640, 1, 1)
-    assert plan.gated_launch("f16", 1, 2560, 4096, 4096, 64, 132) is None
-    assert plan.gated_launch("f16", 2, 2560, 4096, 4096, 128, 132) is None
-    assert plan.gated_launch("f16", 1, 300, 2048, 2048, 128, 132) is None  # split 32: slices of two chunks
-    assert plan.gated_launch("q8_0", 1, 2560, 4096, 4096, 128, 132) is None
-
-
 def test_attention_ws_lean_build_is_on_unless_switched_off():
     from contract.env import ATTN_WS_LEAN
     from kernels.cuda import dispatch

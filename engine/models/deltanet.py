@@ -83,7 +83,8 @@ class DeltaNetLayer:
         y = ops.norm_matmul(x, norm_weight, eps, self.w_in)
         z0 = s.qkv
         b0 = z0 + s.value
-        core = ops.conv_gated_delta(y[:, :z0], self.conv, y[:, b0 + s.v_heads :], y[:, b0 : b0 + s.v_heads],
-                                    self.a_log, self.dt_bias, rows, self.index, s.k_heads)
+        mixed = ops.conv1d_silu(y[:, :z0], self.conv, rows, self.index)
+        core = ops.gated_delta(mixed, y[:, b0 + s.v_heads :], y[:, b0 : b0 + s.v_heads], self.a_log, self.dt_bias,
+                               rows, self.index, s.k_heads)
         return ops.gated_norm_matmul(core.reshape(t * s.v_heads, s.v_dim), self.norm,
                                      y[:, z0:b0].reshape(t * s.v_heads, s.v_dim), eps, self.w_out, x)

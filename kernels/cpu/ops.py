@@ -93,9 +93,6 @@ class CpuOps(PagedOps, CpuMoeOps):
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
         return deltanet.gated_delta(mixed, a, b, a_log, dt_bias, rows, layer, n_k_heads, self.exact)
 
-    def conv_gated_delta(self, x, weight, a, b, a_log, dt_bias, rows, layer: int, n_k_heads: int) -> np.ndarray:
-        return self.gated_delta(self.conv1d_silu(x, weight, rows, layer), a, b, a_log, dt_bias, rows, layer, n_k_heads)
-
     def plan_weights(self, weights: dict[str, Weight]) -> None:
         """Decides once per model whether its matrices get float32 copies (see F32_COPY_LIMIT); raw
         quantized blocks never do (kernels/cpu/quant_matmul.py)."""

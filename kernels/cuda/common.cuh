@@ -200,67 +200,6 @@ __device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int D, fl
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
 }
 
-__device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
-
-// gated_rms_norm's (deltanet.cu) value of x in a head of inverse rms `inv`: ((x * inv) * w) * silu(gate).
-__device__ __forceinline__ float gated_value(float x, float inv, float w, float g) {
-    return __fmul_rn(__fmul_rn(__fmul_rn(x, inv), w), __fmul_rn(g, sigmoid_f(g)));
-}
-
-// rms_inv of one head of 128 values (xh) by one warp, rms_inv's sums in rms_inv's order: virtual warp vw < 4
-// of its 256 threads holds values 32 vw .. 32 vw + 31 (one each), the other four hold zeros.
-__device__ __forceinline__ float gated_head_inv(const float* __restrict__ xh, float eps) {
-    const int lane = threadIdx.x & 31;
-    float s = 0.f;
-#pragma unroll
-    for (int vw = 0; vw < 8; ++vw) {
-        float acc = 0.f;
-        if (vw < 4) acc = __fmaf_rn(xh[vw * 32 + lane], xh[vw * 32 + lane], acc);
-        acc = warp_sum(acc);
-        s = vw == 0 ? acc : __fadd_rn(s, acc);
-    }
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, 128.0f), eps)));
-}
-
-// rms_inv's last step from its sum of squares s of a row of D.
-__device__ __forceinline__ float inv_of_sums(float s, int D, float eps) {
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, (float)D), eps)));
-}
-
-// After a one-row matmul's blocks have stored their outputs (row `y` of D), the last of its `tiles`
-// blocks to finish (counted in *counter, set back to 0 for the next launch, as moe_sum_tail's counts)
-// takes the row's sum of squares in rms_inv's order into sums[0] (read through L2: other SMs wrote
-// the row), so that the norm of the row needs no reduction of its own (PRO_SUMS). Every thread of the
-// block calls it (barriers).
-__device__ __forceinline__ void row_sums_tail(const float* __restrict__ y, int D, float* __restrict__ sums,
-                                              int* __restrict__ counter, int tiles) {
-    __shared__ float scratch[8];
-    __shared__ int last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == tiles - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // the other blocks' outputs are read after their counts
-    for (int vw = warp; vw < 8; vw += nwarps) {  // rms_inv's virtual warps
-        float acc = 0.f;
-        for (int i = vw * 32 + lane; i < D; i += 256) {
-            const float v = __ldcg(y + i);
-            acc = __fmaf_rn(v, v, acc);
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) scratch[vw] = acc;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = scratch[0];
-        for (int w = 1; w < 8; ++w) s = __fadd_rn(s, scratch[w]);
-        sums[0] = s;
-        *counter = 0;
-    }
-}
-
 // gate * sigmoid(gate) * up, as every kernel that gates a product computes it.
 __device__ __forceinline__ float silu_times(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
@@ -311,39 +250,6 @@ __device__ __forceinline__ bool combine_slices(float (&acc)[TM][4], float* red) 
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
         }
-    }
-    return true;
-}
-
-// combine_slices over a cluster of CL blocks (1-D, CL consecutive blocks; __cluster_dims__), block rank r
-// holding slices r * W .. r * W + W - 1 (W warps a block): each slice's partial lands in rank 0's `red`
-// (distributed shared memory), and rank 0's warp 0 adds them in slice order, as combine_slices does.
-// Returns false on every other warp.
-template <int TM>
-__device__ __forceinline__ bool combine_cluster(float (&acc)[TM][4], float* red, int CL) {
-    const int W = blockDim.x >> 5, S = W * CL, lane = threadIdx.x & 31;
-    const int s = (threadIdx.x >> 5) + (int)(blockIdx.x % CL) * W;
-    if (s > 0) {
-        const unsigned local = (unsigned)__cvta_generic_to_shared(red + ((s - 1) * 32 + lane) * (TM * 4));
-        unsigned remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(remote) : "r"(local));
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)  // one word at a time: `red` is only 4-byte aligned
-                asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote + 4 * (tm * 4 + i)), "f"(acc[tm][i])
-                             : "memory");
-    }
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    if (s != 0) return false;
-#pragma unroll 4
-    for (int p = 1; p < S; ++p) {
-        const float* src = red + ((p - 1) * 32 + lane) * (TM * 4);
-#pragma unroll
-        for (int tm = 0; tm < TM; ++tm)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[tm][i] = __fadd_rn(acc[tm][i], src[tm * 4 + i]);
     }
     return true;
 }

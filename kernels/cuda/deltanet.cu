@@ -19,6 +19,7 @@
 #define CONV_THREADS 128
 #define CHUNK_THREADS 256
 
+__device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 
 // torch's softplus threshold: above 20, softplus(x) is x in float32
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -29,32 +30,6 @@ __device__ __forceinline__ float decay_log(float a, float a_log, float dt_bias) 
 }
 
 __device__ __forceinline__ float* state_of(const i64* d, i64 off) { return reinterpret_cast<float*>(d[4]) + off; }
-
-// One row of a channel's causal conv and silu: the window hist (K - 1 inputs, oldest first) then xin,
-// times the taps wt, added oldest first; conv_shift then moves the window on by xin.
-__device__ __forceinline__ float conv_out(float (&hist)[MAXK], const float (&wt)[MAXK], float xin, int K) {
-#pragma unroll
-    for (int j = 0; j < MAXK; ++j)  // the window then the new input: K values (static indices: registers)
-        if (j == K - 1) hist[j] = xin;
-    float acc = __fmul_rn(hist[0], wt[0]);
-#pragma unroll
-    for (int j = 1; j < MAXK; ++j)
-        if (j < K) acc = __fadd_rn(acc, __fmul_rn(hist[j], wt[j]));
-    return __fmul_rn(acc, sigmoid_f(acc));
-}
-
-__device__ __forceinline__ void conv_shift(float (&hist)[MAXK], int K) {
-#pragma unroll
-    for (int j = 0; j + 1 < MAXK; ++j)
-        if (j < K - 1) hist[j] = hist[j + 1];
-}
-
-// conv_out, then the window moved on.
-__device__ __forceinline__ float conv_step(float (&hist)[MAXK], const float (&wt)[MAXK], float xin, int K) {
-    const float y = conv_out(hist, wt, xin, K);
-    conv_shift(hist, K);
-    return y;
-}
 
 // x [T, D] (rows ldx floats apart) through each sequence's causal depthwise conv (w [D, K]) and
 // silu into out [T, D]; the window moves on by the rows. A thread per (channel, sequence): the taps
@@ -81,8 +56,18 @@ conv1d_silu(const float* __restrict__ x, i64 ldx, const float* __restrict__ w, f
     int sk = (int)d[5];
     const int shi = (int)d[6];
     for (int r = 0; r < n; ++r) {
-        out[(row0 + r) * D + c] = conv_out(hist, wt, x[(row0 + r) * ldx + c], K);
-        conv_shift(hist, K);
+        const float xin = x[(row0 + r) * ldx + c];
+#pragma unroll
+        for (int j = 0; j < MAXK; ++j)  // the window then the new input: K values (static indices: registers)
+            if (j == K - 1) hist[j] = xin;
+        float acc = __fmul_rn(hist[0], wt[0]);
+#pragma unroll
+        for (int j = 1; j < MAXK; ++j)
+            if (j < K) acc = __fadd_rn(acc, __fmul_rn(hist[j], wt[j]));
+        out[(row0 + r) * D + c] = __fmul_rn(acc, sigmoid_f(acc));
+#pragma unroll
+        for (int j = 0; j + 1 < MAXK; ++j)
+            if (j < K - 1) hist[j] = hist[j + 1];
         for (; sk < shi && snap_rel[sk] == r + 1; ++sk) {
 #pragma unroll
             for (int j = 0; j + 1 < MAXK; ++j)
@@ -119,21 +104,11 @@ __device__ __forceinline__ float l2_inv(float sumsq) { return __fdiv_rn(1.0f, __
 #ifdef VT
 #define DW (VT / 32)
 #define KR (KD / DW)
-// The per-token rule's rows of one block (delta_step). CONV (delta_step_conv, decode steps): mixed is the
-// conv's input x (rows ldm floats apart), each q, k and v value taken through the channel's conv and silu
-// here (conv_step: conv1d_silu's bits) from the window in the state; the conv windows move on as
-// conv1d_silu moves them: a v channel's by its block, a key head's q and k channels' by the last of the
-// (value heads of the key head x slices) blocks that read them (a count in counters[sequence, key head],
-// set back to 0 by that block). Else mixed is the conv's output, rows qkv floats apart.
-template <bool CONV>
-__device__ __forceinline__ void delta_rows(const float* __restrict__ mixed, i64 ldm, const float* __restrict__ cw,
-                                           int KW, int* __restrict__ counters, const float* __restrict__ a,
-                                           const float* __restrict__ b, i64 ldab, const float* __restrict__ a_log,
-                                           const float* __restrict__ dt_bias, float* __restrict__ out,
-                                           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale,
-                                           i64 layer_off, i64 conv_len) {
+extern "C" __global__ void __launch_bounds__(VT)
+delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
+           const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
+           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len) {
     static_assert(KD % DW == 0, "the key rows split evenly across the warps");
-    constexpr int QC = (KD + VT - 1) / VT;  // q (and k) channels a thread takes through the conv
     pdl_start();
     __shared__ float qs[KD], ks[KD], red[DW], part[DW][32], dsh[32];
     const int h = blockIdx.x, lane = threadIdx.x & 31, g = threadIdx.x >> 5;
@@ -150,54 +125,16 @@ __device__ __forceinline__ void delta_rows(const float* __restrict__ mixed, i64 
 #pragma unroll
     for (int i = 0; i < KR; ++i) col[i] = live ? S[(i64)i * VD + j] : 0.f;
     const float al = a_log[h], dtb = dt_bias[h];
-    // CONV: the windows and taps of this thread's channels (q and k: kh * KD + c and (n_kh + kh) * KD + c
-    // for c = threadIdx.x + VT i; v: warp 0's lane j)
-    float* cst = CONV ? state_of(d, layer_off) : nullptr;
-    float qh[QC][MAXK], qt[QC][MAXK], kh_[QC][MAXK], kt[QC][MAXK], vhs[MAXK], vt[MAXK];
-    const i64 vc = 2 * (i64)n_kh * KD + (i64)h * VD + j;
-    if (CONV) {
-#pragma unroll
-        for (int q = 0; q < QC; ++q) {
-            const int c = threadIdx.x + VT * q;
-            const i64 cq = (i64)kh * KD + c, ck = (i64)(n_kh + kh) * KD + c;
-#pragma unroll
-            for (int t = 0; t < MAXK; ++t) {
-                const bool ok = c < KD && t < KW;
-                qt[q][t] = ok ? cw[cq * KW + t] : 0.f;
-                kt[q][t] = ok ? cw[ck * KW + t] : 0.f;
-                qh[q][t] = ok && t < KW - 1 ? cst[(i64)t * qkv + cq] : 0.f;
-                kh_[q][t] = ok && t < KW - 1 ? cst[(i64)t * qkv + ck] : 0.f;
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < MAXK; ++t) {
-            const bool ok = g == 0 && live && t < KW;
-            vt[t] = ok ? cw[vc * KW + t] : 0.f;
-            vhs[t] = ok && t < KW - 1 ? cst[(i64)t * qkv + vc] : 0.f;
-        }
-    }
     for (int r = 0; r < n; ++r) {
         const i64 row = row0 + r;
-        const float* m = mixed + row * (CONV ? ldm : qkv);
+        const float* m = mixed + row * qkv;
         __syncthreads();  // the previous row's readers are done with qs, ks, part
-        if (CONV) {
-#pragma unroll
-            for (int q = 0; q < QC; ++q) {
-                const int c = threadIdx.x + VT * q;
-                if (c < KD) {
-                    qs[c] = conv_step(qh[q], qt[q], m[(i64)kh * KD + c], KW);
-                    ks[c] = conv_step(kh_[q], kt[q], m[(i64)(n_kh + kh) * KD + c], KW);
-                }
-            }
-        } else {
-            for (int i = threadIdx.x; i < KD; i += VT) {
-                qs[i] = m[(i64)kh * KD + i];
-                ks[i] = m[(i64)(n_kh + kh) * KD + i];
-            }
+        for (int i = threadIdx.x; i < KD; i += VT) {
+            qs[i] = m[(i64)kh * KD + i];
+            ks[i] = m[(i64)(n_kh + kh) * KD + i];
         }
         // this row's scalars and value, loaded beside the keys (warp 0 forms the column's delta)
-        const float v = g == 0 && live ? (CONV ? conv_step(vhs, vt, m[vc], KW) : m[2 * (i64)n_kh * KD + (i64)h * VD + j])
-                                       : 0.f;
+        const float v = g == 0 && live ? m[2 * (i64)n_kh * KD + (i64)h * VD + j] : 0.f;
         const float a_row = a[row * ldab + h], b_row = b[row * ldab + h];
         __syncthreads();
         const float qi = l2_inv(block_sumsq(qs, KD, red));
@@ -246,51 +183,6 @@ __device__ __forceinline__ void delta_rows(const float* __restrict__ mixed, i64 
 #pragma unroll
         for (int i = 0; i < KR; ++i) S[(i64)i * VD + j] = col[i];
     }
-    if (CONV) {
-        if (g == 0 && live) {
-#pragma unroll
-            for (int t = 0; t + 1 < MAXK; ++t)
-                if (t < KW - 1) cst[(i64)t * qkv + vc] = vhs[t];
-        }
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        int* count = counters + (i64)blockIdx.y * n_kh + kh;
-        if (threadIdx.x == 0) last = atomicAdd(count, 1) == (vh / n_kh) * (int)gridDim.z - 1;
-        __syncthreads();
-        if (!last) return;
-#pragma unroll
-        for (int q = 0; q < QC; ++q) {
-            const int c = threadIdx.x + VT * q;
-            if (c >= KD) continue;
-#pragma unroll
-            for (int t = 0; t + 1 < MAXK; ++t)
-                if (t < KW - 1) {
-                    cst[(i64)t * qkv + (i64)kh * KD + c] = qh[q][t];
-                    cst[(i64)t * qkv + (i64)(n_kh + kh) * KD + c] = kh_[q][t];
-                }
-        }
-        if (threadIdx.x == 0) *count = 0;
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(VT)
-delta_step(const float* __restrict__ mixed, const float* __restrict__ a, const float* __restrict__ b, i64 ldab,
-           const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ out,
-           const i64* __restrict__ desc, int n_kh, int vh, int VD, float q_scale, i64 layer_off, i64 conv_len) {
-    delta_rows<false>(mixed, 0, nullptr, 0, nullptr, a, b, ldab, a_log, dt_bias, out, desc, n_kh, vh, VD, q_scale,
-                      layer_off, conv_len);
-}
-
-// delta_step of decode rows from the conv's input x (rows ldx floats apart, conv taps cw [qkv, KW]): the
-// conv1d_silu launch before it folded in (delta_rows' CONV).
-extern "C" __global__ void __launch_bounds__(VT)
-delta_step_conv(const float* __restrict__ x, i64 ldx, const float* __restrict__ cw, int KW, int* __restrict__ counters,
-                const float* __restrict__ a, const float* __restrict__ b, i64 ldab, const float* __restrict__ a_log,
-                const float* __restrict__ dt_bias, float* __restrict__ out, const i64* __restrict__ desc, int n_kh,
-                int vh, int VD, float q_scale, i64 layer_off, i64 conv_len) {
-    delta_rows<true>(x, ldx, cw, KW, counters, a, b, ldab, a_log, dt_bias, out, desc, n_kh, vh, VD, q_scale,
-                     layer_off, conv_len);
 }
 #endif
 

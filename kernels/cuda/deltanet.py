@@ -116,8 +116,6 @@ class DeltaNetOps:
     recurrent_chunk = CHUNK
     exact: bool
     _dummy: cp.ndarray
-    delta_conv = False  # CudaOps sets it (LOCKSTEP_DELTA_CONV)
-    _delta_counters: cp.ndarray  # delta_step_conv's counts (CudaOps makes them)
 
     def state_alloc(self, n_layers: int, conv_dim: int, kernel_w: int, v_heads: int, k_dim: int, v_dim: int):
         if kernel_w > MAX_KERNEL:
@@ -181,35 +179,6 @@ class DeltaNetOps:
                 meta.snap_rel, snap))
         for k, key in enumerate(meta.snap_keys):
             rows.taken.setdefault(key, []).append(_pinned_copy(snap[k]))
-        return out
-
-    def conv_gated_delta(self, x, weight, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int):
-        """conv1d_silu then gated_delta; a step of decode rows only in one launch where `delta_conv` is on
-        (delta_step_conv: the two launches' bits, outputs and states)."""
-        meta = self._step_meta(rows) if self.delta_conv and rows.bounds else None
-        if meta is None or meta.n_prompt or meta.snap_keys:
-            return self.gated_delta(self.conv1d_silu(x, weight, rows, layer), a, b, a_log, dt_bias, rows, layer,
-                                    n_k_heads)
-        x, ldx = _strided(x)
-        t = int(x.shape[0])
-        st = rows.states[0]
-        vh, kd, vd = st.ssm_shape
-        out = cp.empty((t, vh, vd), dtype=cp.float32)
-        if t == 0:
-            return out
-        a, lda = _strided(a)
-        b, ldb = _strided(b)
-        if lda != ldb:
-            a, b = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
-            lda = vh
-        if self._delta_counters.size < meta.n_decode * n_k_heads:  # zero between launches (their blocks reset them)
-            self._delta_counters = cp.zeros(2 * meta.n_decode * n_k_heads, dtype=cp.int32)
-        warps = next(w for w in (4, 2, 1) if kd % w == 0)
-        fn = kernel("deltanet.cu", "delta_step_conv", (("KD", kd), ("VT", 32 * warps)))
-        launch(fn, (vh, meta.n_decode, (vd + 31) // 32), (32 * warps,),
-               (x, np.int64(ldx), weight, np.int32(weight.shape[1]), self._delta_counters, a, b, np.int64(lda), a_log,
-                dt_bias, out, meta.desc, np.int32(n_k_heads), np.int32(vh), np.int32(vd), np.float32(kd ** -0.5),
-                np.int64(layer * st.per_layer), np.int64(st.conv_len)))
         return out
 
     def gated_delta(self, mixed, a, b, a_log, dt_bias, rows: RecurrentRows, layer: int, n_k_heads: int):

@@ -54,15 +54,6 @@ MMA_16(bf16)
 #define PRO_X16 8
 // Token m's activations are row rows[m] of x (the grouped kernels' gather; rows null: row m).
 #define PRO_ROWS 16
-// One row of heads of 128 values (a DeltaNet layer's out_proj), each normalised on the way in as
-// gated_rms_norm does it (gated_head_inv, gated_value: its bits), gate values at `gate`, the norm's
-// weights nw: a warp's batch of four chunks is one head (plan.gated_launch keeps slices to whole heads).
-#define PRO_GATED 32
-#define GATED_SEG 128
-// PRO_NORM's row with rms_inv's sum of squares `sums[0]` already taken (by the matmul that wrote the row:
-// row_sums_tail), so no block reduces the row itself.
-#define PRO_SUMS 64
-#define PRO_ROW (PRO_ONE | PRO_NORM | PRO_GATED | PRO_SUMS)  // the one-row loop's prologues
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -306,25 +297,18 @@ __device__ __forceinline__ void row_pairs(unsigned q0, unsigned q1, int u, unsig
     for (int i = 0; i < 4; ++i) b[i] = lane < 4 ? b[i] : 0u;
 }
 
-// CL > 1 (one row, 16-bit or int8 weights): a row tile's S slices spread over a cluster of CL blocks of
-// S / CL warps (block rank r holds slices r * S / CL ..), combined by combine_cluster: mm_tc's sums.
-template <int WT, int TM, int U, int PRO, int CL = 1, bool TAIL = false>
+template <int WT, int TM, int U, int PRO>
 __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __restrict__ scales,
                                       const float* __restrict__ x, const float* __restrict__ bias,
                                       const float* __restrict__ res, float* __restrict__ out, int M, int N,
                                       int K, int Kp, int flags, const float* __restrict__ nw, float eps,
                                       int ldx, const QkvOut& qkv, int kv, int m_base,
-                                      const int* __restrict__ rows = nullptr, const float* __restrict__ gate = nullptr,
-                                      const float* __restrict__ sums_in = nullptr, float* __restrict__ sums_out = nullptr,
-                                      int* __restrict__ counter = nullptr) {
-    static_assert(CL == 1 || ((PRO == PRO_ONE || PRO == PRO_GATED) && !KQ(WT)), "clusters split one-row tiles of whole rows");
-    static_assert(!TAIL || (PRO == PRO_ONE || PRO == PRO_GATED), "a row's sums are taken by one-row matmuls");
+                                      const int* __restrict__ rows = nullptr) {
     extern __shared__ float red[];
-    const int S = (blockDim.x >> 5) * CL;
-    const int s = (threadIdx.x >> 5) + (CL > 1 ? (int)(blockIdx.x % CL) * (int)(blockDim.x >> 5) : 0);
-    const int lane = threadIdx.x & 31;
+    const int S = blockDim.x >> 5;
+    const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = (CL > 1 ? blockIdx.x / CL : blockIdx.x) * 16;
+    const int n0 = blockIdx.x * 16;
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
@@ -378,7 +362,6 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     __shared__ float norm_scratch[8];
     float inv = 0.f;
     if (PRO == PRO_NORM) inv = rms_inv(x, K, eps, norm_scratch);
-    if (PRO == PRO_SUMS) inv = inv_of_sums(sums_in[0], K, eps);
     // Each token tile's row of x for this lane (token m_base + 8 tm + g), read once: PRO_ROWS takes
     // it from `rows` (written by the kernel before, so after pdl_start).
     int xrow[TM];
@@ -422,13 +405,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
-    static_assert(!(PRO & PRO_ROW) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
-    static_assert(PRO != PRO_GATED || U * 32 == GATED_SEG, "a gated batch is one head");
-    if (PRO & PRO_ROW) {
+    static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
+    if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (c0 != c_begin) load_weights(c0);
-            float head_inv = 0.f;
-            if (PRO == PRO_GATED) head_inv = gated_head_inv(x + c0 * 32, eps);
             unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
             for (int h = 0; h < U / 4; ++h) {
@@ -442,14 +422,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
                         for (int i = 0; i < 4; ++i) v[i] = k + i < K ? x[k + i] : 0.f;
                     }
-                    if (PRO == PRO_NORM || PRO == PRO_SUMS) {
+                    if (PRO == PRO_NORM) {
 #pragma unroll
                         for (int i = 0; i < 4; ++i)
                             if (k + i < K) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[k + i]);
-                    }
-                    if (PRO == PRO_GATED) {
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) v[i] = gated_value(v[i], head_inv, nw[(k + i) % GATED_SEG], gate[k + i]);
                     }
                 }
                 p0[h] = pack_act<WT>(v[0], v[1]);
@@ -468,7 +444,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 }
         }
     }
-    for (int c0 = c_begin; c0 < c_end && !(PRO & PRO_ROW); c0 += U) {
+    for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
         if (PRO == PRO_X16) {
             // The batch's activations first, then its weights behind a branch: ptxas keeps loads in
             // their basic block, so every load is out before the first MMA waits (it moved each
@@ -528,16 +504,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     }
 
     // The fixed combine: warp 0 adds the S partial sums in slice order (combine_slices).
-    if constexpr (!TAIL) {
-        if (CL > 1 ? !combine_cluster<TM>(acc, red, CL) : !combine_slices<TM>(acc, red)) return;
+    if (!combine_slices<TM>(acc, red)) return;
 
-        stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc, n0, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
-    } else {  // every warp of the tile's block (rank 0 of a cluster) goes on to row_sums_tail
-        const bool lead = CL > 1 ? combine_cluster<TM>(acc, red, CL) : combine_slices<TM>(acc, red);
-        if (CL > 1 && blockIdx.x % CL != 0) return;
-        if (lead) stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc, n0, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
-        row_sums_tail(out, N, sums_out, counter, (int)(gridDim.x / CL));
-    }
+    stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc, n0, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
 }
 
 // Block size is 32 * S threads; kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) (K-quants: 16, 8 at
@@ -578,70 +547,6 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
 MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
 MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
-
-// One row on clusters of CL blocks (plan.cluster_launch): where a weight's row tiles fill the SMs'
-// last wave poorly, CL times the blocks of 1 / CL the warps even the SMs' shares out. A build of their
-// own (MM_CLUSTERS=1), so the other kernels' module stays as it was.
-#if MM_CLUSTERS
-#define MM_TC_CL(NAME, WT, U, CL)                                                                        \
-    extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(MM_THREADS(WT, 1), 1) NAME(  \
-        const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
-        int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
-        const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
-        int kv) {                                                                                        \
-        mm_tc<WT, 1, U, PRO_ONE, CL>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,      \
-                                     QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv, 0); \
-    }
-#define MM_TC_CL_SET(T, WT) MM_TC_CL(mm_##T##_one_c2, WT, 4, 2) MM_TC_CL(mm_##T##_one_c4, WT, 4, 4) \
-    MM_TC_CL(mm_##T##_one_c8, WT, 4, 8)
-MM_TC_CL_SET(f16, WT_F16)
-MM_TC_CL_SET(bf16, WT_BF16)
-
-// A DeltaNet layer's gated_rms_norm, then its out_proj with the residual, in one launch (PRO_GATED),
-// on blocks alone or (CL > 1) on clusters.
-#define MM_TC_GATED_ARGS                                                                                 \
-    (const void* w, const u16* scales, const float* x, const float* res, float* out, int N, int K, int Kp, \
-     int flags, const float* nw, float eps, const float* gate)
-#define MM_TC_GATED_BODY(WT, CL) \
-    { mm_tc<WT, 1, 4, PRO_GATED, CL>(w, scales, x, nullptr, res, out, 1, N, K, Kp, flags, nw, eps, K, QkvOut{}, 0, 0, \
-                                     nullptr, gate); }
-#define MM_TC_GATED(NAME, WT, CL) \
-    extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(MM_THREADS(WT, 1), 1) NAME \
-    MM_TC_GATED_ARGS MM_TC_GATED_BODY(WT, CL)
-#define MM_TC_GATED_SET(T, WT)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1), 1) mm_##T##_gated MM_TC_GATED_ARGS        \
-    MM_TC_GATED_BODY(WT, 1)                                                                                      \
-    MM_TC_GATED(mm_##T##_gated_c2, WT, 2) MM_TC_GATED(mm_##T##_gated_c4, WT, 4) MM_TC_GATED(mm_##T##_gated_c8, WT, 8)
-MM_TC_GATED_SET(f16, WT_F16)
-MM_TC_GATED_SET(bf16, WT_BF16)
-
-// The one-row producers of a residual row whose norm follows (plan.ROW_SUMS): mm_*_one (PRO_ONE) or
-// mm_*_gated (PRO_GATED), alone or on clusters, with row_sums_tail's sum of squares of their output
-// row in sums[0]; and its consumer mm_*_sums (PRO_SUMS), mm_*_norm's launch taking the sums.
-#define MM_TC_SUMS_ARGS                                                                                  \
-    (const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, int M, \
-     int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,              \
-     const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
-     int kv, const float* gate, const float* sums_in, float* sums_out, int* counter)
-#define MM_TC_SUMS_BODY(WT, PRO, CL, TAIL)                                                               \
-    { mm_tc<WT, 1, 4, PRO, CL, TAIL>(w, scales, x, bias, res, out, M, N, K, Kp, flags, nw, eps, ldx,     \
-                                     QkvOut{out, kc, vc, positions, slots, cos_t, sin_t, H, Hkv, D}, kv, 0, \
-                                     nullptr, gate, sums_in, sums_out, counter); }
-#define MM_TC_SUMS_CL(NAME, WT, PRO, CL) \
-    extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(MM_THREADS(WT, 1), 1) NAME \
-    MM_TC_SUMS_ARGS MM_TC_SUMS_BODY(WT, PRO, CL, true)
-#define MM_TC_SUMS_1(NAME, WT, PRO, TAIL) \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, 1), 1) NAME MM_TC_SUMS_ARGS \
-    MM_TC_SUMS_BODY(WT, PRO, 1, TAIL)
-#define MM_TC_SUMS_SET(T, WT)                                                                             \
-    MM_TC_SUMS_1(mm_##T##_sums, WT, PRO_SUMS, false)                                                    \
-    MM_TC_SUMS_1(mm_##T##_one_s, WT, PRO_ONE, true) MM_TC_SUMS_1(mm_##T##_gated_s, WT, PRO_GATED, true) \
-    MM_TC_SUMS_CL(mm_##T##_one_c2_s, WT, PRO_ONE, 2) MM_TC_SUMS_CL(mm_##T##_one_c4_s, WT, PRO_ONE, 4)   \
-    MM_TC_SUMS_CL(mm_##T##_one_c8_s, WT, PRO_ONE, 8) MM_TC_SUMS_CL(mm_##T##_gated_c2_s, WT, PRO_GATED, 2) \
-    MM_TC_SUMS_CL(mm_##T##_gated_c4_s, WT, PRO_GATED, 4) MM_TC_SUMS_CL(mm_##T##_gated_c8_s, WT, PRO_GATED, 8)
-MM_TC_SUMS_SET(f16, WT_F16)
-MM_TC_SUMS_SET(bf16, WT_BF16)
-#endif
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

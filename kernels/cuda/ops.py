@@ -22,7 +22,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from contract.env import DELTA_CONV, MATVEC, MM_CLUSTER, MM_GATED, MM_SUMS, switch
+from contract.env import MATVEC, switch
 from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qk_norm_rope_write
 from kernels.cuda import dispatch, kquant, modules, plan, tensor_map
 from kernels.cuda.arrays import f32_rows as _rows
@@ -105,19 +105,6 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma = self.device.compute_capability == "90"  # sm_90a code runs on sm_90 alone
         # one-row 16-bit matmuls on matvec.cu's ring kernel (mm_tc's sums); off until measured on a device
         self.matvec = switch(os.environ, MATVEC, default=False)
-        # One-row matmuls whose row tiles fill the SMs' last wave poorly: blocks in clusters of this
-        # many (plan.cluster_launch), 0 none.
-        self.mm_cluster = int(os.environ.get(MM_CLUSTER, "0"))
-        # A one-row DeltaNet out_proj takes its gated norm in its own launch (plan.gated_launch).
-        self.gated_prologue = switch(os.environ, MM_GATED, default=False)
-        # One-row matmuls that write a residual row take its sum of squares for the norm that follows
-        # (row_sums_tail), which then needs no reduction or launch of its own (PRO_SUMS).
-        self.row_sums = switch(os.environ, MM_SUMS, default=False)
-        # the launches' own counters (made before any capture): each launch sets its own back to 0
-        self._row_sums, self._sum_counters, self._sum_slot = None, cp.zeros(256, dtype=cp.int32), 0
-        # A decode step's DeltaNet conv in its delta rule's launch (DeltaNetOps.conv_gated_delta).
-        self.delta_conv = switch(os.environ, DELTA_CONV, default=False)
-        self._delta_counters = cp.zeros(4096, dtype=cp.int32)
         # prefill attention on attention_wgmma.cu (attn_mma's bits) on sm_90 unless LOCKSTEP_WGMMA_ATTN=0
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
@@ -330,37 +317,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         t = int(out.shape[0])
         if mv := dispatch.matvec_launch(self, t, w, prologue, rope=bool(qkv_out)):
             return self._matvec(mv, x, w, out, bias, res, flags, norm_weight, eps)
-        if prologue == "norm" and t == 1 and w.dtype in plan.CLUSTER_TYPES and self._sums_of(x) is not None:
-            prologue = "sums"
         mm = plan.matmul_launch(w.dtype, t, w.shape[0], w.shape[1], self.sm_count, prologue=prologue)
-        defines, extra = (), ()
-        if not qkv_out and (cl := plan.cluster_launch(mm, w.dtype, self.mm_cluster, self.sm_count)):
-            mm, defines = cl, plan.CLUSTER_BUILD
-        d = self._dummy
-        if prologue == "sums":
-            defines, extra = plan.CLUSTER_BUILD, (d, self._sums_of(x), d, d)
-        elif (self.row_sums and t == 1 and prologue is None and int(flags) == EPI_RESIDUAL and not qkv_out
-              and w.dtype in plan.CLUSTER_TYPES and "_one" in mm.kernel):
-            mm, defines = replace(mm, kernel=mm.kernel + "_s"), plan.CLUSTER_BUILD
-            extra = (d, d, *self._take_sums(out))
-        launch(streaming_kernel(mm, defines), mm.grid, mm.block,
-               mm_tc_args(w, x, out, d, bias, res, flags, norm_weight, eps, qkv_out) + extra, shared=mm.shared)
+        launch(streaming_kernel(mm), mm.grid, mm.block,
+               mm_tc_args(w, x, out, self._dummy, bias, res, flags, norm_weight, eps, qkv_out), shared=mm.shared)
         return out
-
-    def _sums_of(self, x):
-        """rms_inv's sum of squares of the one row x, where the matmul that wrote x took it (mm_*_s), or None."""
-        if not self.row_sums or self._row_sums is None:
-            return None
-        row, sums = self._row_sums
-        return sums if x.data.ptr == row.data.ptr and x.size == row.size else None
-
-    def _take_sums(self, out) -> tuple:
-        """A producer's (sums, counter) for its output row `out`, which a norm may then take (_sums_of)."""
-        slot = self._sum_slot % 256
-        self._sum_slot += 1
-        sums = cp.empty(1, dtype=cp.float32)
-        self._row_sums = (out, sums)  # out kept alive: no later array has its address while it stands here
-        return sums, self._sum_counters[slot : slot + 1]
 
     def _matvec(self, mv: plan.MatmulLaunch, x, w: CudaWeight, out, bias, res, flags, norm_weight=None, eps=0.0,
                 gate=None, seg: int = 0):
@@ -379,7 +339,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
 
     def _normed(self, x, norm_weight, eps: float, w: CudaWeight, prologue: str | None):
         """The streaming kernel's input for `prologue` (see _prologue)."""
-        if prologue in ("norm", "sums"):
+        if prologue == "norm":
             return x
         if prologue != "x16":
             return self.rms_norm(x, norm_weight, eps)
@@ -404,9 +364,6 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             return self._kq_norm_matmul(x, norm_weight, eps, w, bias)
         prologue = self._prologue(t, k, w)
         wgmma = prologue is None and self._to_wgmma(t, k, w)
-        if (prologue is None and not wgmma and t == 1 and w.dtype in plan.CLUSTER_TYPES and w.gate_up != "halves"
-                and w.shape[1] == k and self._sums_of(x) is not None and self._streams(t, w)):
-            prologue = "sums"  # the row's norm in the matmul, from the sums its writer took
         if prologue is None and not wgmma:
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
@@ -423,34 +380,12 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         seg, k = int(weight.shape[0]), w.shape[1]
         t = int(x.size) // k
         mv = dispatch.matvec_launch(self, t, w, "gated") if w.gate_up is None and plan.MV_GATED else None
-        one = (None if mv is not None or not self.gated_prologue or w.gate_up is not None else
-               plan.gated_launch(w.dtype, t, w.shape[0], k, w.kp, seg, self.sm_count, self.mm_cluster))
-        if one is not None:
-            return self._gated_one(one, x, weight, gate, eps, w, residual)
         if mv is None or k % seg or k // seg > plan.MV_MAX_SEGS:
             return self.matmul(self.gated_rms_norm(x, weight, gate, eps).reshape(t, k), w, residual=residual)
         row = cp.ascontiguousarray(x, dtype=cp.float32).reshape(1, k)
         gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
         return self._matvec(mv, row, w, cp.empty((1, w.shape[0]), dtype=cp.float32), None, _rows(residual),
                             EPI_RESIDUAL, weight, eps, gate, seg)
-
-    def _gated_one(self, mm: plan.MatmulLaunch, x, weight, gate, eps: float, w: CudaWeight, residual):
-        """gated_rms_norm of one row's heads, then its matmul with the residual: one launch (mm_*_gated)."""
-        k = w.shape[1]
-        row = cp.ascontiguousarray(x, dtype=cp.float32).reshape(1, k)
-        gate = cp.ascontiguousarray(gate, dtype=cp.float32).reshape(1, k)
-        out = cp.empty((1, w.shape[0]), dtype=cp.float32)
-        res = self._dummy if residual is None else _rows(residual)
-        flags = 0 if residual is None else EPI_RESIDUAL
-        if self.row_sums and residual is not None:  # its row's sums for the norm that follows (mm_*_gated*_s)
-            args = mm_tc_args(w, row, out, self._dummy, None, res, flags, weight, eps) + (gate, self._dummy,
-                                                                                          *self._take_sums(out))
-            mm = replace(mm, kernel=mm.kernel + "_s")
-        else:
-            args = (w.data, self._dummy if w.scales is None else w.scales, row, res, out, _i32(w.shape[0]), _i32(k),
-                    _i32(w.kp), _i32(flags), weight, np.float32(eps), gate)
-        launch(kernel("matmul.cu", mm.kernel, plan.CLUSTER_BUILD), mm.grid, mm.block, args, shared=mm.shared)
-        return out
 
     def _to_wgmma(self, t: int, k: int, w: CudaWeight) -> plan.MatmulLaunch | None:
         return dispatch.to_wgmma(self, t, k, w)

@@ -8,7 +8,7 @@ decides which rows share a launch, never a row's arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 ROW_TILE = 16  # weight rows per MMA tile (the 16-side)
 TOKEN_TILE = 8  # token rows per MMA tile (the 8-side)
@@ -214,42 +214,6 @@ def moe_tiles(pairs: int, experts: int, rows: int) -> int:
     """Tiles of at most `rows` rows the grouped matmul's grid holds for `pairs` (token, expert) pairs
     however they route: sum over experts of ceil(c_e / rows) <= pairs / rows + the experts used."""
     return ceil_div(pairs, rows) + min(experts, pairs)
-
-
-CLUSTER_TYPES = ("f16", "bf16")  # weights with one-row kernels on clusters (matmul.cu's mm_*_one_c*)
-CLUSTER_SIZES = (2, 4, 8)
-CLUSTER_BUILD = (("MM_CLUSTERS", 1),)  # matmul.cu's defines of the build that has them
-CLUSTER_WASTE = 1.25  # SM waves a one-row launch's blocks need over the waves its tiles fill, past which it clusters
-
-
-def cluster_launch(mm: MatmulLaunch, dtype: str, cluster: int, sm_count: int) -> MatmulLaunch | None:
-    """A one-row launch (mm_*_one) with each row tile's K slices spread over a cluster of `cluster`
-    blocks (the same slices, combined in the same order: mm_tc's bits), where its tiles leave the
-    SMs' last wave mostly idle (160 tiles on 132 SMs: the 4B hybrid's out_proj and down); else None."""
-    if cluster not in CLUSTER_SIZES or dtype not in CLUSTER_TYPES or not mm.kernel.endswith("_one"):
-        return None
-    tiles = mm.grid[0]
-    if mm.split < cluster or ceil_div(tiles, sm_count) * sm_count < CLUSTER_WASTE * tiles:
-        return None
-    return MatmulLaunch(f"{mm.kernel}_c{cluster}", (tiles * cluster, 1, 1), (32 * mm.split // cluster, 1, 1),
-                        mm.shared, mm.split, 1)
-
-
-GATED_SEG = 128  # matmul.cu's PRO_GATED: heads of this many values, one a warp's batch of four chunks
-
-
-def gated_launch(dtype: str, m: int, n: int, k: int, kp: int, seg: int, sm_count: int,
-                 cluster: int = 0) -> MatmulLaunch | None:
-    """The one launch of gated_rms_norm (heads of `seg` values) then a one-row matmul (mm_*_gated:
-    the one-row kernel's sums of the normalised row, and the norm's bits), on clusters where
-    cluster_launch puts the one-row kernel; None where a warp's K slice would not be whole heads."""
-    if m != 1 or seg != GATED_SEG or dtype not in CLUSTER_TYPES or kp != k:
-        return None
-    mm = matmul_launch(dtype, 1, n, k, sm_count)
-    if (k // K_CHUNK) % (4 * mm.split):
-        return None
-    base = cluster_launch(mm, dtype, cluster, sm_count) or mm
-    return replace(base, kernel=base.kernel.replace("_one", "_gated"))
 
 
 def reads_16bit(m: int, n: int, k: int, sm_count: int, dtype: str = "f16") -> bool:
