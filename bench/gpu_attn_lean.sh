@@ -23,9 +23,7 @@ lim() { local v="LN_T_$1"; echo "${!v:-$2}"; }
 unset LOCKSTEP_WGMMA_ATTN LOCKSTEP_ATTN_WS LOCKSTEP_ATTN_WS_LEAN
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
 { cat COMMIT 2>/dev/null || git log -1 --format="commit %h" 2>/dev/null; } | tee -a "$OUT/summary.txt"
-( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
-  > "$work/shape.log" 2>&1 &
-shape=$!
+shape8b_bg
 stage "probe"
 timeout "$(lim probe 90)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-lean-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-400 "$work/probe.log" | tail -n 8

@@ -16,3 +16,9 @@ work=/tmp/$(basename "$0" .sh | tr _ -)-work
 mkdir -p "$work"
 start=$(date +%s)
 stage() { echo "== $1 at $(( $(date +%s) - start )) s"; }
+# The 8B bench shape to /tmp/shape-8b.gguf in the background (kept if there), its pid in $shape.
+shape8b_bg() {
+  ( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
+    > "$work/shape.log" 2>&1 &
+  shape=$!
+}

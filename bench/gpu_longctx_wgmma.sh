@@ -18,9 +18,7 @@ source bench/gpu_env.sh
 lim() { local v="WG_T_$1"; echo "${!v:-$2}"; }
 unset LOCKSTEP_WGMMA_ATTN
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
-( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
-  > "$work/shape.log" 2>&1 &
-shape=$!
+shape8b_bg
 stage "default"
 timeout "$(lim default 20)" python3 -c '
 from kernels.cuda.ops import CudaOps

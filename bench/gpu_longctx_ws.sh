@@ -19,9 +19,7 @@ source bench/gpu_env.sh
 lim() { local v="WS_T_$1"; echo "${!v:-$2}"; }
 unset LOCKSTEP_WGMMA_ATTN LOCKSTEP_ATTN_WS
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
-( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
-  > "$work/shape.log" 2>&1 &
-shape=$!
+shape8b_bg
 stage "probe"
 timeout "$(lim probe 45)" python3 bench/probes/attn_wgmma_ab.py --ws --out "$OUT/attn-ws-ab-h200.json" > "$work/probe.log" 2>&1
 echo "probe rc $?"; cut -c1-600 "$work/probe.log" | tail -n 8

@@ -23,9 +23,7 @@ left() { echo $(( ${LD_T_ALL:-265} - ($(date +%s) - start) )); }
 want() { [[ " ${LD_STAGES:-tests probe engine chats profile} " == *" $1 "* ]]; }
 unset LOCKSTEP_ATTN_RING LOCKSTEP_ATTN_MERGE_LAST
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
-( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
-  > "$work/shape.log" 2>&1 &
-shape=$!
+shape8b_bg
 if want probe; then
 stage "probe"
 timeout "$(lim probe 50)" python3 bench/probes/attn_decode_ab.py --out "$OUT/attn-decode-ab-h200.json" > "$work/probe.log" 2>&1

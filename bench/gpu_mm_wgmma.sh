@@ -22,9 +22,7 @@ deadline=$((start + ${MM_DEADLINE:-270}))
 lim() { local v="MM_T_$1" left=$((deadline - $(date +%s) - 3)); local want=${!v:-$2}; echo $((want < left ? want : left)); }
 unset LOCKSTEP_WGMMA_BUILD
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
-( [ -f /tmp/shape-8b.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b.gguf", "8b", 0)' ) \
-  > "$work/shape.log" 2>&1 &
-shape=$!
+shape8b_bg
 if [ -z "${MM_PICK:-}" ]; then  # MM_PICK=<build>: no probes, the tests and the engine cells of that build
 stage "build"
 timeout "$(lim build 60)" python3 bench/probes/mm_wgmma_ab.py --compile --builds tiles,persist,g3,g3p,mc,mcp,g3mc > "$work/build.log" 2>&1
