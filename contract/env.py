@@ -33,8 +33,7 @@ MATVEC = "LOCKSTEP_MATVEC"
 WGMMA_ATTN = "LOCKSTEP_WGMMA_ATTN"
 ATTN_WS = "LOCKSTEP_ATTN_WS"
 ATTN_WS_LEAN = "LOCKSTEP_ATTN_WS_LEAN"
-ATTN_RING = "LOCKSTEP_ATTN_RING"
-ATTN_MERGE_LAST = "LOCKSTEP_ATTN_MERGE_LAST"
+ATTN_WS_TMA = "LOCKSTEP_ATTN_WS_TMA"
 WGMMA_BUILD = "LOCKSTEP_WGMMA_BUILD"
 THREADS = "LLAMA_ARG_THREADS"
 
@@ -63,11 +62,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "(the same bits, warp-specialised: a producer warpgroup, mbarrier ring, ping-pong consumers; default on where attention_wgmma.cu runs, 0 keeps attention_wgmma.cu)"),
     EnvVar(ATTN_WS_LEAN, ("kernels",), "a switch: attention_ws.cu's lean build (plan.WGMMA_WS_LEAN, _FTZ, _VEC_FOLD "
            "and _SKIP_MASK at once: fewer instructions a sub-tile, the same bits; default on, 0 turns it off)"),
-    EnvVar(ATTN_RING, ("kernels",), "a switch: attn_mma's one-row decode blocks keep two K/V sub-tiles in flight "
-           "(K and V issued as separate groups into the same two stages; the same bits; default plan.MMA_KV_RING)"),
-    EnvVar(ATTN_MERGE_LAST, ("kernels",), "a switch: attn_mma's one-row decode rows with chunks over workers are "
-           "merged by the row's last block to finish, not by attn_merge (its arithmetic, the same bits; default "
-           "plan.MMA_MERGE_LAST)"),
+    EnvVar(ATTN_WS_TMA, ("kernels",), "a switch: the lean attention_ws.cu build brings K/V sub-tiles by TMA "
+           "(the same swizzled tiles, the same bits; default plan.WGMMA_WS_TMA)"),
     EnvVar(WGMMA_BUILD, ("kernels",), "tiles|persist|g3|g3p|mc|mcp|g3mc: the build of the exact prefill matmul on Hopper "
            "(mm_wgmma_tma, the same bits in each; kernels/cuda/plan.py WGMMA_BUILDS; default g3p)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "

@@ -162,14 +162,6 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
                 assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
     monkeypatch.setattr(plan, "MMA_DIM_WARPS", 4)
     monkeypatch.setattr(plan, "MMA_SHARE_S", 1)
-    # one K/V sub-tile in flight or two (K and V issued apart); the chunks merged by attn_merge or by the
-    # row's last block
-    for blocks, ring, merge_last in ((3, True, False), (3, False, True), (3, True, True), (10_000, True, True)):
-        monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", blocks)
-        monkeypatch.setattr(gpu, "attention_ring", ring)
-        monkeypatch.setattr(gpu, "attention_merge_last", merge_last)
-        assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
-        assert int(gpu._attn_counters.sum()) == 0
     monkeypatch.setattr(plan, "MMA_BLOCKS_PER_SM", 3)
     monkeypatch.setattr(plan, "MERGE_SCAN", 0)  # the merge's running maxima by each thread's loop, not a scan
     assert _attend(gpu, cache, q, seqs, positions, 0.1).tobytes() == base.tobytes()
@@ -243,21 +235,16 @@ extern "C" __global__ void late_write(unsigned short* k, unsigned short* v, cons
 """
 
 
-@pytest.mark.parametrize("ring_merge", [False, True], ids=["main", "ring_merge_last"])
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("positions", [[699], [520], [510, 511, 512, 513]], ids=["decode", "decode_first_subtile", "verify"])
-def test_cells_written_just_before_are_read_after_the_wait(gpu, monkeypatch, hd, positions, ring_merge):
+def test_cells_written_just_before_are_read_after_the_wait(gpu, hd, positions):
     """In a captured step attention starts while the KV write before it still runs (PDL); here that
     write is held back ~50 us. The cells this step writes (a decode row's own; a verify step's rows
     of one sequence, across a page boundary) must come from after the wait, never from a line
     loaded before it: the replay must give the uncaptured step's bits. (The tensor-core kernel loads a
     one-row block's first sub-tile before the wait where it ends T positions before the row: not at
-    520, whose own cell is in its chunk's first sub-tile; with the K/V ring, the second sub-tile's keys
-    too where they end T positions before the row.)"""
+    520, whose own cell is in its chunk's first sub-tile.)"""
     from kernels.cuda import launch as kernel_launch
-
-    monkeypatch.setattr(gpu, "attention_ring", ring_merge)
-    monkeypatch.setattr(gpu, "attention_merge_last", ring_merge)
 
     if not kernel_launch.pdl_supported():
         pytest.skip("programmatic dependent launch needs sm_90")
@@ -312,11 +299,6 @@ def test_long_context_row_alone_in_a_prefill_tile_and_padded(gpu, monkeypatch, c
     monkeypatch.setattr(plan, "MMA_SHARE_S", 1 - plan.MMA_SHARE_S)  # every warp computing all of S, or shared
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
     monkeypatch.setattr(plan, "MERGE_SCAN", 1 - plan.MERGE_SCAN)  # the merge's running maxima: loop or scan
-    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
-    monkeypatch.undo()
-    monkeypatch.setattr(gpu, "attention_ring", not gpu.attention_ring)  # one K/V sub-tile in flight, or two
-    assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
-    monkeypatch.setattr(gpu, "attention_merge_last", not gpu.attention_merge_last)  # merged in the last block
     assert _attend(gpu, cache, q_row[None], [0], [pos], scale)[0].tobytes() == alone.tobytes()
     monkeypatch.undo()
     monkeypatch.setattr(plan, "BLOCKS_PER_SM", 0)  # one block a row: the chunks folded in registers

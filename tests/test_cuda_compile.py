@@ -81,14 +81,13 @@ def test_attention_variants_compile(job, compiled):
 
 
 # attention_mma.cu's one-row decode builds whose dim warps split S's key tiles (SHARE_S), per (head dim,
-# MMA rows per query row, dim warps, KV type), with and without the K/V ring and the in-kernel merge
+# MMA rows per query row, dim warps, KV type)
 MMA_SHARED_S = [Job("attention_mma.cu", (("HEAD_DIM", d), ("GP", gp), ("RB", 1), ("DW", dw), ("KV_T", kv), ("OUT16", kv),
-                                         ("MIN_BLOCKS", 3), ("SHARE_S", 1), ("RING", ring),
-                                         ("MERGE_LAST", ring)))
-                for d, gp, dw, kv in ((128, 4, 4, 1), (64, 16, 4, 2), (32, 2, 2, 1)) for ring in (0, 1)]
+                                         ("MIN_BLOCKS", 3), ("SHARE_S", 1)))
+                for d, gp, dw, kv in ((128, 4, 4, 1), (64, 16, 4, 2), (32, 2, 2, 1))]
 
 
-@pytest.mark.parametrize("job", MMA_SHARED_S, ids=lambda j: "-".join(str(v) for _, v in j.defines[:4]) + f"-ring{j.defines[-1][1]}")
+@pytest.mark.parametrize("job", MMA_SHARED_S, ids=lambda j: "-".join(str(v) for _, v in j.defines[:4]))
 def test_mma_attention_shared_s_builds_compile(job, compiled):
     assert_clean(compiled(job)[1])
 

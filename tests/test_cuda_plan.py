@@ -360,3 +360,12 @@ def test_attention_ws_lean_build_is_on_unless_switched_off():
     assert dispatch.attention_ws_lean({}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "1"}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "0"}) is False
+
+
+def test_attention_ws_tma_follows_the_plan_unless_switched():
+    from contract.env import ATTN_WS_TMA
+    from kernels.cuda import dispatch
+
+    assert dispatch.attention_ws_tma({}) is bool(plan.WGMMA_WS_TMA)
+    assert dispatch.attention_ws_tma({ATTN_WS_TMA: "1"}) is True
+    assert dispatch.attention_ws_tma({ATTN_WS_TMA: "0"}) is False

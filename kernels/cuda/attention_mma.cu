@@ -45,12 +45,6 @@
 #ifndef SHARE_S
 #define SHARE_S 0  // with DW > 1: each warp computes its share of S's key tiles, all read S from shared memory
 #endif
-#ifndef MERGE_LAST
-#define MERGE_LAST 0  // one-row blocks with a split: the row's last block to finish folds its chunks (no attn_merge)
-#endif
-#ifndef RING
-#define RING 0  // one-row blocks sharing S: K and V of a sub-tile in separate groups, two sub-tiles in flight
-#endif
 
 #define D HEAD_DIM
 #define KT 64                 // keys per sub-tile (part of the arithmetic)
@@ -75,12 +69,6 @@
 #if SHS && (NT / 2) % DW
 #error "a warp's share of S must be whole pairs of key tiles"
 #endif
-#if MERGE_LAST && RB != 1
-#error "the in-kernel merge serves one-row blocks (one row's chunks a block)"
-#endif
-#if RING && !(SHS && RB == 1)
-#error "the K/V ring serves one-row blocks that share S (one pass, a barrier between S and P V)"
-#endif
 
 __device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
 #if KV_T == 2
@@ -104,127 +92,10 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const u16* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
 
-#if MERGE_LAST
-// The in-kernel merge: attn_merge's arithmetic (attention.cu) for the block's ng query heads side by side.
-// Per tile of MTF chunks from chunk 1: each head's chunk maxima and sums staged, the running max before
-// each chunk (the max of chunk 0 and the chunks before it, exact in any order: a warp's scan per head)
-// and merge_coeffs of it and the chunk's max, then per output (head, dim) the fold ascending: l and O by
-// merge_add with those coefficients; O / l at the end. The same values as attn_merge in the same order.
-#define CPL (LD / GP < 4 ? LD / GP : 4)  // chunks a lane takes in the scan (the tile fits the K/V stages)
-#define MTF (32 * CPL)                    // chunks per tile
-#define NOUT ((GP * D + THREADS - 1) / THREADS)  // outputs (head, dim) a thread folds
-#define MBF (NOUT <= 4 ? 32 / NOUT : (16 / NOUT > 0 ? 16 / NOUT : 1))  // chunks whose values a thread loads together
-#if CPL < 1
-#error "the in-kernel merge's tile needs LD >= GP"
-#endif
-__device__ __forceinline__ void merge_here(const float* __restrict__ part, float* __restrict__ out, float* sf,
-                                           float* s_mr, int r, int qh0, int ng, int last, int n_heads, int W,
-                                           int tid, int warp, int lane) {
-    float* sm = sf;                  // [GP][MTF]: the tile's chunk maxima
-    float* sl = sm + GP * MTF;       // sums
-    float* sa = sl + GP * MTF;       // the running state's coefficient
-    float* sb = sa + GP * MTF;       // the chunk's
-    const i64 row = (i64)r * n_heads + qh0;
-    float l[NOUT], acc[NOUT];
-    int go[NOUT], dd[NOUT];
-#pragma unroll
-    for (int o = 0; o < NOUT; ++o) {
-        const int i = tid + o * THREADS;
-        go[o] = i / D, dd[o] = i % D;
-        if (go[o] < ng) {
-            const float* base = part + (row + go[o]) * W * (D + 2);
-            l[o] = __ldcg(base + D + 1), acc[o] = __ldcg(base + dd[o]);
-        }
-    }
-    for (int g = tid; g < ng; g += THREADS) s_mr[g] = __ldcg(part + (row + g) * W * (D + 2) + D);
-    for (int t0 = 1; t0 <= last; t0 += MTF) {
-        const int n = imin(MTF, last + 1 - t0);
-        for (int i = tid; i < ng * MTF; i += THREADS) {
-            const int g = i / MTF, c = i % MTF;
-            if (c < n) {
-                const float* pc = part + ((row + g) * W + t0 + c) * (D + 2);
-                sm[g * MTF + c] = __ldcg(pc + D);
-                sl[g * MTF + c] = __ldcg(pc + D + 1);
-            }
-        }
-        __syncthreads();
-        for (int g = warp; g < ng; g += NW) {  // head g's coefficients by warp g % NW
-            float v[CPL], px[CPL];
-            float run = NEG_INF;
-#pragma unroll
-            for (int j = 0; j < CPL; ++j) {
-                const int c = lane * CPL + j;
-                v[j] = c < n ? sm[g * MTF + c] : NEG_INF;
-                px[j] = run = fmaxf(run, v[j]);  // the lane's inclusive maxima
-            }
-            float inc = run;  // the warp's inclusive scan of the lanes' maxima
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, inc, off);
-                if (lane >= off) inc = fmaxf(inc, y);
-            }
-            float before = __shfl_up_sync(0xffffffffu, inc, 1);  // the max of the lanes before this one
-            const float total = __shfl_sync(0xffffffffu, inc, 31);
-            const float mr = s_mr[g];
-            __syncwarp();
-#pragma unroll
-            for (int j = 0; j < CPL; ++j) {
-                const int c = lane * CPL + j;
-                if (c >= n) break;
-                // the max of the tile's chunks before c, with the running max of the earlier ones
-                const float prev = j > 0 ? (lane > 0 ? fmaxf(before, px[j - 1]) : px[j - 1]) : before;
-                const float mp = c == 0 ? mr : fmaxf(mr, prev);
-                float a, b, m_new;
-                merge_coeffs(mp, v[j], a, b, m_new);
-                sa[g * MTF + c] = a;
-                sb[g * MTF + c] = b;
-            }
-            if (lane == 0) s_mr[g] = fmaxf(mr, total);
-        }
-        __syncthreads();
-        float nv[MBF][NOUT];
-        auto fetch = [&](int i0) {  // chunks t0 + i0 .. + MBF - 1, those past the tile as its last
-#pragma unroll
-            for (int k = 0; k < MBF; ++k)
-#pragma unroll
-                for (int o = 0; o < NOUT; ++o)
-                    if (go[o] < ng)
-                        nv[k][o] = __ldcg(part + ((row + go[o]) * W + t0 + imin(i0 + k, n - 1)) * (D + 2) + dd[o]);
-        };
-        fetch(0);
-        for (int i0 = 0; i0 < n; i0 += MBF) {
-            float cv[MBF][NOUT];
-#pragma unroll
-            for (int k = 0; k < MBF; ++k)
-#pragma unroll
-                for (int o = 0; o < NOUT; ++o) cv[k][o] = nv[k][o];
-            if (i0 + MBF < n) fetch(i0 + MBF);
-#pragma unroll
-            for (int k = 0; k < MBF; ++k) {
-                const int i = i0 + k;
-                if (i >= n) break;
-#pragma unroll
-                for (int o = 0; o < NOUT; ++o) {
-                    if (go[o] >= ng) continue;
-                    const int at = go[o] * MTF + i;
-                    l[o] = merge_add(l[o], sa[at], sl[at], sb[at]);
-                    acc[o] = merge_add(acc[o], sa[at], cv[k][o], sb[at]);
-                }
-            }
-        }
-        __syncthreads();  // the tile's coefficients read before the next tile's
-    }
-#pragma unroll
-    for (int o = 0; o < NOUT; ++o)
-        if (go[o] < ng) store_attn<OUT16>(out, (row + go[o]) * D + dd[o], __fdiv_rn(acc[o], l[o]));
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
          const int* __restrict__ positions, const int* __restrict__ seq, const int* __restrict__ tables,
-         float* __restrict__ part, int T, int n_heads, int n_kv, int W, float scale, float* __restrict__ out,
-         int* __restrict__ counters) {
+         float* __restrict__ part, int T, int n_heads, int n_kv, int W, float scale, float* __restrict__ out) {
     extern __shared__ __align__(16) unsigned char smem[];
     u16* Ks = reinterpret_cast<u16*>(smem);  // [2][KT][LD]
     u16* Vs = Ks + 2 * STAGE;
@@ -253,7 +124,6 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
     for (int j = 0; j < RB; ++j) maxlast = max(maxlast, s_pos[j] < 0 ? -1 : s_pos[j] / PAGE);
     // blocks sized for a longer context than these rows reach leave at once
     if ((int)blockIdx.z > maxlast) return;
-#if !RING
     // K and V sub-tile `sub` of chunk c of a sequence (table) into stage st; keys past pmax zero-filled
     auto load = [&](const int* table, int pmax, int c, int sub, int st) {
         const i64 page = table[c];
@@ -266,40 +136,12 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         }
         cp_async_commit();
     };
-#endif
     // A one-row block's first sub-tile goes out before the wait (while the kernel before still runs)
     // where its keys lie T or more positions before the row's: the cells this step writes are those
     // of its rows, and a sequence's rows in a launch are consecutive positions (later launches of a
     // step run after the write has finished). Stage 0 only: q is staged in V's stage 1.
     const bool early = RB == 1 && (int)blockIdx.z * PAGE + KT + T <= s_pos[0];
-#if RING
-    // K or V of sub-tile (c, sub) of the row's sequence into stage st as one commit group (empty past the
-    // row's last chunk, so that every step commits alike and the waits count the same groups)
-    auto half = [&](const u16* src, u16* dst, int c, int sub) {
-        if (c <= s_pos[0] / PAGE) {
-            const i64 page = tables[(i64)s_seq[0] * W + c];
-            for (int i = tid; i < KT * (D / 8); i += THREADS) {
-                const int kr = i / (D / 8), u = i % (D / 8);
-                const i64 off = (page * PAGE + sub * KT + kr) * cell + (i64)h * D + u * 8;
-                cp_async16(dst + kr * LD + u * 8, src + off, c * PAGE + sub * KT + kr <= s_pos[0] ? 16 : 0);
-            }
-        }
-        cp_async_commit();
-    };
-    // the sub-tile after (c, sub) among this block's: the next of the chunk, else the first of chunk c + Z
-    auto after = [&](int& c, int& sub) {
-        const int lastc = s_pos[0] / PAGE;
-        if (++sub >= (c < lastc ? PAGE / KT : (s_pos[0] % PAGE) / KT + 1)) c += gridDim.z, sub = 0;
-    };
-    int c1 = blockIdx.z, s1 = 0;
-    after(c1, s1);
-    // the second sub-tile's keys too where they lie T before the row (K only: V's stage 1 holds q until read)
-    const bool early1 = early && c1 * PAGE + s1 * KT + KT + T <= s_pos[0];
-    if (early) half(kc, Ks, blockIdx.z, 0), half(vc, Vs, blockIdx.z, 0);
-    if (early1) half(kc, Ks + STAGE, c1, s1);
-#else
     if (early) load(tables + (i64)s_seq[0] * W, s_pos[0], blockIdx.z, 0, 0);
-#endif
     pdl_start();
 
     stage_q<D, GP, RW * 16, MR, true, KV_T>(Qs, LD, q, scale, s_pos, r0, n_heads, h, G, g0, ng, tid, THREADS);
@@ -318,9 +160,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         todo &= ~act;
         const int lastc = pmax / PAGE;
         if ((int)blockIdx.z > lastc) continue;
-#if !RING
         const int* table = tables + (i64)sq * W;
-#endif
         int p[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) p[e] = ok[e] && ((act >> jr[e]) & 1u) ? s_pos[jr[e]] : -1;
@@ -335,31 +175,17 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
 
         int c = blockIdx.z, sub = 0, st = 0;
         __syncthreads();  // q read (first pass), the stages free
-#if RING
-        // groups in flight: K and V of this sub-tile and the next; the next but one's K goes out once every
-        // warp has read this K stage, its V once they have read this V stage
-        int yc = c1, ys = s1;  // the load cursor: two sub-tiles ahead of (c, sub) after the prologue
-        if (!early) half(kc, Ks, c, 0), half(vc, Vs, c, 0);
-        if (!early1) half(kc, Ks + STAGE, yc, ys);
-        half(vc, Vs + STAGE, yc, ys);
-        after(yc, ys);
-#else
         if (!early) load(table, pmax, c, 0, 0);
-#endif
         while (true) {
             int nc = c, ns = sub + 1;
             if (ns >= subs(c)) nc = c + gridDim.z, ns = 0;
             const bool more = nc <= lastc;
-#if RING
-            asm volatile("cp.async.wait_group 3;\n" ::);  // this sub-tile's K (its V, the next's K and V pending)
-#else
             if (more) {
                 load(table, pmax, nc, ns, st ^ 1);
                 asm volatile("cp.async.wait_group 1;\n" ::);
             } else {
                 asm volatile("cp.async.wait_group 0;\n" ::);
             }
-#endif
             __syncthreads();
 #if SHS
             // S's key tiles split over the DW warps of these rows (an S value is the same MMA whichever warp
@@ -391,13 +217,7 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                     *reinterpret_cast<float2*>(sr + 8 * SLD + j * 8) = make_float2(sw[j][2], sw[j][3]);
                 }
             }
-#if RING
-            asm volatile("cp.async.wait_group 2;\n" ::);  // this sub-tile's V
-#endif
             __syncthreads();
-#if RING
-            half(kc, Ks + st * STAGE, yc, ys);
-#endif
             if (busy) {
                 const u16* Vt = Vs + st * STAGE;
                 float s[NT][4];
@@ -446,10 +266,6 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
                 }
             }
             __syncthreads();  // the stage is free for the load after next
-#if RING
-            half(vc, Vs + st * STAGE, yc, ys);
-            after(yc, ys);
-#endif
             if (ns == 0 || !more) {  // chunk c done: its partial stored, or folded into the row's state
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
@@ -473,27 +289,4 @@ attn_mma(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __r
         }
         if (!split) store_rows<OUT16, D, DTW>(out, p, jr, qh, r0, n_heads, t, n0, Os, tid, THREADS, L);
     }
-#if MERGE_LAST
-    // The row's last block to store its chunks merges them (the launch's tickets start at zero and every
-    // merging block returns its own to zero); which block it is changes no bits
-    if (split) {
-        __shared__ int merging;
-        __shared__ float s_mr[GP];  // each head's running max over the tiles merged so far
-        const int last = s_pos[0] / PAGE;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            int* cnt = counters + (i64)blockIdx.x * gridDim.y + blockIdx.y;
-            merging = atomicAdd(cnt, 1) == imin((int)gridDim.z, last + 1) - 1;
-            if (merging) *cnt = 0;
-        }
-        __syncthreads();
-        if (!merging) return;
-        __threadfence();
-        merge_here(part, out, reinterpret_cast<float*>(smem), s_mr, r0, h * G + g0, ng, last, n_heads, W, tid, warp,
-                   lane);
-    }
-#else
-    (void)counters;
-#endif
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import ATTN_MERGE_LAST, ATTN_RING, ATTN_WS, ATTN_WS_LEAN, WGMMA_ATTN, WGMMA_BUILD, switch
+from contract.env import ATTN_WS, ATTN_WS_LEAN, ATTN_WS_TMA, WGMMA_ATTN, WGMMA_BUILD, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -166,16 +166,10 @@ def attention_ws_lean(env: Mapping[str, str]) -> bool:
     return switch(env, ATTN_WS_LEAN, default=True)
 
 
-def attention_ring_on(env: Mapping[str, str]) -> bool:
-    """Whether attn_mma's one-row decode blocks that share S take the K/V ring (RING; the same bits):
-    LOCKSTEP_ATTN_RING, else plan.MMA_KV_RING."""
-    return switch(env, ATTN_RING, default=bool(plan.MMA_KV_RING))
-
-
-def attention_merge_last_on(env: Mapping[str, str]) -> bool:
-    """Whether attn_mma's one-row rows split over workers are merged by their last block (MERGE_LAST; the
-    same bits): LOCKSTEP_ATTN_MERGE_LAST, else plan.MMA_MERGE_LAST."""
-    return switch(env, ATTN_MERGE_LAST, default=bool(plan.MMA_MERGE_LAST))
+def attention_ws_tma(env: Mapping[str, str]) -> bool:
+    """Whether the lean attention_ws.cu build brings its K/V sub-tiles by TMA (LOCKSTEP_ATTN_WS_TMA, else
+    plan.WGMMA_WS_TMA; the same bits)."""
+    return switch(env, ATTN_WS_TMA, default=plan.WGMMA_WS_TMA)
 
 
 def wgmma_build(env: Mapping[str, str]) -> str:

@@ -109,8 +109,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.wgmma_attention = dispatch.wgmma_attention_on(self.device.compute_capability, os.environ)
         self.attention_ws = dispatch.attention_ws_on(os.environ)
         self.attention_ws_lean = dispatch.attention_ws_lean(os.environ)
-        self.attention_ring = dispatch.attention_ring_on(os.environ)
-        self.attention_merge_last = dispatch.attention_merge_last_on(os.environ)
+        self.attention_ws_tma = dispatch.attention_ws_tma(os.environ)
         self.wgmma_build = dispatch.wgmma_build(os.environ)  # mm_wgmma_tma's build (plan.WGMMA_BUILDS)
 
     # --- data movement
@@ -625,7 +624,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         if wt is not None:
             kv = (("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16), ("EX2", plan.MMA_EX2))
             lean = self.attention_ws_lean
-            tma = wt.ws and plan.WGMMA_WS_TMA and (lean or plan.WGMMA_WS_LEAN)
+            tma = wt.ws and self.attention_ws_tma and (lean or plan.WGMMA_WS_LEAN)
             fn = (big_smem_kernel("attention_ws.cu", "attn_ws", wt.shared,
                                   (("HEAD_DIM", d), ("GP", wt.gp), ("NS", wt.stages), ("PP", int(plan.WGMMA_WS_PINGPONG)),
                                    ("OV", int(plan.WGMMA_WS_OVERLAP)), ("MK", int(plan.WGMMA_WS_SKIP_MASK or lean)),
@@ -647,12 +646,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         defines = (("HEAD_DIM", d), ("GP", at.gp), ("RB", at.rb), ("KV_T", KV_CODES[layer.kv_type]), ("OUT16", out16),
                    ("DW", at.dim_warps), ("MIN_BLOCKS", at.min_blocks), ("EX2", plan.MMA_EX2))
         defines += (("SHARE_S", 1),) if at.share_s else ()
-        defines += (("RING", 1),) if at.share_s and at.rb == 1 and self.attention_ring else ()
         groups = n_kv * at.subgroups
         step = at.row_slice
-        # one build for launches with and without the split (the merge runs only with it)
-        merge_last = at.rb == 1 and self.attention_merge_last and min(t, step) * groups <= ATTN_COUNTERS
-        defines += (("MERGE_LAST", 1),) if merge_last else ()
         # the one build may serve launches with and without the folded O (captured in graphs alike): it
         # is allowed the larger
         fn = big_smem_kernel("attention_mma.cu", "attn_mma",
@@ -664,8 +659,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             # Row slices only bound the scratch: rows are independent, so the bits are the same.
             launch(fn, (plan.ceil_div(r1 - r0, at.rb), groups, at.workers), (at.threads,),
                    (q[r0:r1], k16, v16, positions[r0:r1], seq[r0:r1], tables, part, _i32(r1 - r0), _i32(n_heads),
-                    _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1], self._attn_counters), shared=at.shared)
-            if at.workers > 1 and not merge_last:
+                    _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1]), shared=at.shared)
+            if at.workers > 1:
                 merge = kernel("attention.cu", "attn_merge", (("HEAD_DIM", d), ("OUT16", out16)) + plan.merge_build())
                 launch(merge, (r1 - r0, n_heads), (d,),
                        (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))

@@ -477,14 +477,6 @@ MMA_BLOCKS_PER_SM = 3
 # (SHARE_S), in place of each computing all of S: a quarter of the K reads from shared memory and of the
 # score MMAs (the same MMAs: the same bits)
 MMA_SHARE_S = 1
-# A one-row block that shares S issues a sub-tile's K and V as separate groups into the same two stages, the
-# next but one's K once every warp has read this K (its V likewise): two sub-tiles in flight, not one
-# (RING; the same data in shared memory, the same bits). LOCKSTEP_ATTN_RING overrides (dispatch).
-MMA_KV_RING = 0
-# A one-row launch whose chunks are over workers: the row's last block to store its chunks folds them
-# (MERGE_LAST: attn_merge's arithmetic, the heads side by side; tickets in the attention counters), in
-# place of attn_merge's launch. LOCKSTEP_ATTN_MERGE_LAST overrides (dispatch).
-MMA_MERGE_LAST = 0
 MMA_REGISTER_THREADS = 384  # threads an SM whose registers (64K) give each ~170, what a one-row block uses
 SM_SHARED = 227 * 1024  # shared memory an SM gives its blocks (sm_90), 1 KB of it reserved per block
 
