@@ -97,17 +97,18 @@ def test_a_prompt_row_keeps_its_bits_whatever_the_chunking(gpu, wgmma, config):
 
 # attention_ws.cu's knobs (plan.WGMMA_WS_*) per build the tests force: as planned, the lean build
 # (LOCKSTEP_ATTN_WS_LEAN's: compares skipped, ex2.approx.ftz weights, float2 fold), that with the
-# softmax overlap and that with its K/V by TMA
-LEAN = {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_VEC_FOLD": True}
-WS_BUILDS = {"planned": {}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True},
+# softmax overlap and that with its K/V by TMA (WGMMA_WS_TMA: the CudaOps' attention_ws_tma)
+LEAN = {"WGMMA_WS_LEAN": True, "WGMMA_WS_FTZ": True, "WGMMA_WS_SKIP_MASK": True, "WGMMA_WS_VEC_FOLD": True,
+        "WGMMA_WS_TMA": False}
+WS_BUILDS = {"planned": {"WGMMA_WS_TMA": False}, "lean": LEAN, "lean_ov": {**LEAN, "WGMMA_WS_OVERLAP": True},
              "lean_tma": {**LEAN, "WGMMA_WS_TMA": True}}
 
 
-def _ws_build(monkeypatch, build):
+def _ws_build(gpu, monkeypatch, build):
     from kernels.cuda import plan
 
     for k, v in WS_BUILDS[build].items():
-        monkeypatch.setattr(plan, k, v)
+        monkeypatch.setattr(*((gpu, "attention_ws_tma") if k == "WGMMA_WS_TMA" else (plan, k)), v)
 
 
 @pytest.mark.parametrize("build", ["default", "lean", "lean_tma"])
@@ -117,7 +118,7 @@ def test_cells_past_the_sequence_end_are_never_read(gpu, wgmma, monkeypatch, bui
     default build, and attention_ws.cu's lean builds forced: the TMA one copies that sub-tile)."""
     if build != "default":
         monkeypatch.setattr(gpu, "attention_ws", True)
-        _ws_build(monkeypatch, build)
+        _ws_build(gpu, monkeypatch, build)
     hd, n_heads, n_kv, kv_type = CONFIGS[0]
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
     scale = hd**-0.5
@@ -148,7 +149,7 @@ def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma,
     hd, n_heads, n_kv, kv_type = config
     monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)
     monkeypatch.setattr(gpu, "attention_ws", True)
-    _ws_build(monkeypatch, build)
+    _ws_build(gpu, monkeypatch, build)
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
     scale = hd**-0.5
     for seqs, positions in _launches(LENGTHS):
@@ -171,7 +172,7 @@ def test_warp_specialised_kernel_keeps_the_bits_of_subnormal_weights(gpu, wgmma,
     hd, n_heads, n_kv, kv_type = config
     monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)
     monkeypatch.setattr(gpu, "attention_ws", True)
-    _ws_build(monkeypatch, build)
+    _ws_build(gpu, monkeypatch, build)
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv, LENGTHS), lengths=LENGTHS)
     seqs, positions = next(_launches(LENGTHS))
     q = 40 * RNG.standard_normal((len(seqs), n_heads, hd)).astype(np.float32)

@@ -356,7 +356,7 @@ def test_attention_ws_lean_build_is_on_unless_switched_off():
     from contract.env import ATTN_WS_LEAN
     from kernels.cuda import dispatch
 
-    assert not (plan.WGMMA_WS_LEAN or plan.WGMMA_WS_FTZ or plan.WGMMA_WS_VEC_FOLD or plan.WGMMA_WS_TMA)
+    assert not (plan.WGMMA_WS_LEAN or plan.WGMMA_WS_FTZ or plan.WGMMA_WS_VEC_FOLD)
     assert dispatch.attention_ws_lean({}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "1"}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "0"}) is False

@@ -80,6 +80,7 @@ def main() -> int:
             knobs = {k: getattr(plan, k) for k in KNOBS}
             for k, v in SETS.get(name, {}).items():
                 setattr(plan, k, v)
+            ops.attention_ws_tma = plan.WGMMA_WS_TMA  # the ops' switch, not the plan, picks the build
             plan.WGMMA_ATTN_FILL = fill if fill is not None else saved
             try:
                 build = ops.attention_build(ROWS, H, HKV, D, width)

@@ -571,7 +571,7 @@ WGMMA_WS_SKIP_MASK = False  # no position compares where a row sees the whole su
 WGMMA_WS_LEAN = False  # fewer instructions a sub-tile, the same arithmetic (LN: attention_ws.cu says which)
 WGMMA_WS_FTZ = False  # softmax weights by ex2.approx.ftz where P is f16 (FZ; the same bits: row_weights)
 WGMMA_WS_VEC_FOLD = False  # the folded O in shared memory as float2s (VF: attention_tc.cuh's fold_vec)
-WGMMA_WS_TMA = False  # the lean build's K/V sub-tiles by TMA (TK), a pass's last one by copies (zero past it)
+WGMMA_WS_TMA = True  # the lean build's K/V sub-tiles by TMA (TK), a pass's last one by copies (zero past it)
 
 
 @dataclass(frozen=True)
