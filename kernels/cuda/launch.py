@@ -118,11 +118,12 @@ def _driver_launch(fn, grid, block, args, shared: int, stream, pdl: bool) -> Non
         raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {err}")
 
 
-def launch(fn, grid, block, args, shared: int = 0) -> None:
-    """fn(grid, block, args) on the current stream; with PDL while that stream is being captured.
-    Arguments that CuPy cannot pass (tensor maps) go through the driver's launch as well."""
+def launch(fn, grid, block, args, shared: int = 0, early: bool = True) -> None:
+    """fn(grid, block, args) on the current stream; with PDL while that stream is being captured,
+    unless `early` is False (the kernel then starts once the one before has finished). Arguments that
+    CuPy cannot pass (tensor maps) go through the driver's launch as well."""
     stream = cp.cuda.get_current_stream()
-    pdl = bool(stream.ptr) and pdl_supported() and stream.is_capturing()
+    pdl = early and bool(stream.ptr) and pdl_supported() and stream.is_capturing()
     if pdl or any(isinstance(a, TensorMap) for a in args):
         _driver_launch(fn, grid, block, args, shared, stream, pdl)
     else:

@@ -612,7 +612,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                     self._attn_counters, out[r0:r1]))
             if not fused:
                 launch(merge, (r1 - r0, n_heads), (d,),
-                       (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
+                       (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)), early=False)
         return out
 
     def _attention_mma(self, q, layer: CudaKVLayer, positions, seq, tables, scale: float, out16: int, out) -> None:
@@ -660,10 +660,10 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             launch(fn, (plan.ceil_div(r1 - r0, at.rb), groups, at.workers), (at.threads,),
                    (q[r0:r1], k16, v16, positions[r0:r1], seq[r0:r1], tables, part, _i32(r1 - r0), _i32(n_heads),
                     _i32(n_kv), _i32(width), np.float32(scale), out[r0:r1]), shared=at.shared)
-            if at.workers > 1:
+            if at.workers > 1:  # the merge waits for the whole attention: started early, its blocks slowed it
                 merge = kernel("attention.cu", "attn_merge", (("HEAD_DIM", d), ("OUT16", out16)) + plan.merge_build())
                 launch(merge, (r1 - r0, n_heads), (d,),
-                       (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)))
+                       (part, positions[r0:r1], out[r0:r1], _i32(n_heads), _i32(width)), early=False)
 
     def kv_read_pages(self, layer: CudaKVLayer, pages) -> tuple[np.ndarray, ...]:
         idx = _index(pages, cp.int64)
