@@ -35,6 +35,7 @@ ATTN_WS = "LOCKSTEP_ATTN_WS"
 ATTN_WS_LEAN = "LOCKSTEP_ATTN_WS_LEAN"
 ATTN_WS_TMA = "LOCKSTEP_ATTN_WS_TMA"
 WGMMA_BUILD = "LOCKSTEP_WGMMA_BUILD"
+WGMMA_KQ = "LOCKSTEP_WGMMA_KQ"
 THREADS = "LLAMA_ARG_THREADS"
 
 REGISTRY: tuple[EnvVar, ...] = (
@@ -64,6 +65,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "and _SKIP_MASK at once: fewer instructions a sub-tile, the same bits; default on, 0 turns it off)"),
     EnvVar(ATTN_WS_TMA, ("kernels",), "a switch: the lean attention_ws.cu build brings K/V sub-tiles by TMA "
            "(the same swizzled tiles, the same bits; default plan.WGMMA_WS_TMA)"),
+    EnvVar(WGMMA_KQ, ("kernels",), "a switch: Q4_K and Q6_K prefills on Hopper take wgmma_kq.cu (mm_tc's sums on "
+           "the warpgroup MMA, its bits; unset: plan.WGMMA_KQ)"),
     EnvVar(WGMMA_BUILD, ("kernels",), "tiles|persist|g3|g3p|mc|mcp|g3mc: the build of the exact prefill matmul on Hopper "
            "(mm_wgmma_tma, the same bits in each; kernels/cuda/plan.py WGMMA_BUILDS; default g3p)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "

@@ -35,7 +35,7 @@ def _nvcc(job: Job, out: Path) -> tuple[Path, subprocess.CompletedProcess]:
     """Device code only (-cubin), as NVRTC compiles it, its PTX kept in `out` (--keep)."""
     path = SOURCES[job.source]
     flags = [o for o in OPTIONS if o != "-std=c++17"]
-    spills = ["-Xptxas", "--warn-on-spills"] if job.source == "wgmma.cu" else []  # its MMAs' registers
+    spills = ["-Xptxas", "--warn-on-spills"] if job.source in ("wgmma.cu", "wgmma_kq.cu") else []  # MMAs' registers
     cmd = [NVCC, _arch(path), "-std=c++17", *flags, *spills, *(f"-D{k}={v}" for k, v in job.defines), "--keep",
            f"--keep-dir={out}", "-cubin", str(path), "-o", str(out / "out.cubin")]
     return out, subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -132,6 +132,24 @@ def test_wgmma_kernel_keeps_its_mmas_in_flight(job, compiled):
     assert done.returncode == 0, done.stderr
     assert "C7513" not in done.stderr and "C7517" not in done.stderr, done.stderr
     assert "spill" not in done.stderr.lower(), done.stderr
+
+
+# mm_wgmma_kq per (stages, pipelined token slices, Q4_K's slices, cp.async planes, joins in registers): the
+# plan's build, the probe's and the GPU tests'
+WGMMA_KQ = [Job("wgmma_kq.cu", (("KG_STAGES", s), ("KG_PIPE", p), ("KG_SLICES", q), ("KG_CPASYNC", a), ("KG_TOTAL_REGS", r)))
+            for s, p, q, a, r in ((plan.WGMMA_KQ_STAGES, plan.WGMMA_KQ_PIPE, plan.WGMMA_KQ_SLICES, plan.WGMMA_KQ_CPASYNC,
+                                   plan.WGMMA_KQ_TOTAL_REGS), (4, 1, 2, 1, 0), (4, 1, 4, 1, 0), (6, 1, 4, 1, 0),
+                                  (6, 0, 2, 1, 0), (4, 1, 2, 0, 0), (6, 1, 4, 1, 1))]
+WGMMA_KQ = list(dict.fromkeys(WGMMA_KQ))
+
+
+@pytest.mark.parametrize("job", WGMMA_KQ, ids=lambda j: "-".join(str(v) for _, v in j.defines))
+def test_wgmma_kq_kernel_keeps_its_mmas_in_flight(job, compiled):
+    """As mm_wgmma_tma: no serialised MMAs (C75xx: ptxas serialises them wherever an accumulator of an MMA
+    that may be in flight is read, e.g. across a loop's back edge) and no spills."""
+    _, done = compiled(job)
+    assert_clean(done)
+    assert "C75" not in done.stderr, done.stderr
 
 
 # attention_wgmma.cu per (head dim, MMA rows per query row, warpgroups, stages, KV type); its plan's builds

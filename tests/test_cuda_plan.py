@@ -1,9 +1,11 @@
 """The CUDA backend's launch planning and host-side layouts, checked without a GPU."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from kernels.cuda import available, plan
+from kernels.cuda import available, dispatch, plan
 from kernels.cuda.graph_inputs import bucket_for, pack_inputs
 from kernels.cuda.weights import device_bytes, pad_host
 from kernels.weights import Weight
@@ -230,6 +232,30 @@ def test_wgmma_launch_covers_the_batch_with_the_same_split(shape):
                 assert wg.shared == plan.wgmma_smem(rows) <= (227 * 1024) // (2 if rows == 64 else 1)
 
 
+@pytest.mark.parametrize("shape", [(4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336), (1000, 2816)], ids=str)
+def test_wgmma_kq_launch_takes_mm_wides_batches_with_its_split(shape):
+    """mm_wgmma_kq (Q4_K, Q6_K) where mm_wide would run, with mm_wide's (so mm_tc's) split, covering every
+    tile, in the SM's shared memory; the ones sums' grid covers whole 128-token tiles and every chunk."""
+    n, k = shape
+    for dtype in ("q4_k", "q6_k", "q8_0", "f16"):
+        for m in (1, 127, 128, 512, 2048):
+            kq, wide = plan.wgmma_kq_launch(dtype, m, n, k, 132), plan.wide_launch(dtype, m, n, k, 132)
+            assert (kq is None) == (dtype not in ("q4_k", "q6_k") or wide is None)
+            if kq is None:
+                continue
+            assert kq.split == wide.split == plan.split_k(n, k, 132, dtype)
+            assert kq.kernel == f"mm_wgmma_kq_{plan.KERNEL_NAMES[dtype]}"
+            assert kq.grid == (plan.ceil_div(m, 128), plan.ceil_div(n, 128), 1) and kq.block == (384, 1, 1)
+            assert kq.shared == plan.wgmma_kq_smem(dtype, plan.WGMMA_KQ_STAGES) <= 227 * 1024
+            (gx, gy, _), (threads, _, _) = plan.q4k_ones_grid(m, k)
+            assert gx * threads // 32 * 8 == plan.ceil_div(m, 128) * 128 and gy * 8 >= k // 32
+    assert max(plan.wgmma_kq_smem(d, 6) for d in ("q4_k", "q6_k")) <= 227 * 1024
+    assert all(plan.wgmma_kq_stage(d) % 1024 == 0 for d in ("q4_k", "q6_k"))  # the token tiles' swizzle atoms
+    dev = SimpleNamespace(sm_count=132, exact=True, tiled=True, wgmma=True)
+    w = SimpleNamespace(dtype="q4_k", shape=(4096, 4096), gate_up=None, rope_tiles=0)
+    assert dispatch.matmul_family(dev, 512, w) == ("mm_wgmma_kq" if plan.WGMMA_KQ else "mm_wide")
+
+
 @pytest.mark.parametrize("build", ["persist", "g3", "g3p", "mc", "mcp", "g3mc"])
 def test_wgmma_builds_cover_the_tiles_with_the_same_split(build):
     """Every mm_wgmma_tma build sums as the default does (plan.split_k), covers every tile and fits the
@@ -360,6 +386,15 @@ def test_attention_ws_lean_build_is_on_unless_switched_off():
     assert dispatch.attention_ws_lean({}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "1"}) is True
     assert dispatch.attention_ws_lean({ATTN_WS_LEAN: "0"}) is False
+
+
+def test_wgmma_kq_follows_the_plan_unless_switched():
+    from contract.env import WGMMA_KQ
+    from kernels.cuda import dispatch
+
+    assert dispatch.wgmma_kq_switch({}) is None
+    assert dispatch.wgmma_kq_switch({WGMMA_KQ: "1"}) is True
+    assert dispatch.wgmma_kq_switch({WGMMA_KQ: "0"}) is False
 
 
 def test_attention_ws_tma_follows_the_plan_unless_switched():

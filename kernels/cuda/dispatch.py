@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from contract.env import ATTN_WS, ATTN_WS_LEAN, ATTN_WS_TMA, WGMMA_ATTN, WGMMA_BUILD, switch
+from contract.env import ATTN_WS, ATTN_WS_LEAN, ATTN_WS_TMA, WGMMA_ATTN, WGMMA_BUILD, WGMMA_KQ, switch
 from kernels.cuda import plan
 
 Tiling = Literal[True, "wide", "tile", False]
@@ -29,14 +29,18 @@ def to_cublas(dev: Any, t: int, w: Any) -> bool:
 
 
 def shared_memory_launch(dev: Any, t: int, w: Any) -> tuple[str | None, plan.MatmulLaunch | None]:
-    """The shared-memory kernel a 16-bit or int8 weight takes for t rows, if any: "wgmma", "wide" or
-    "tile" and its launch."""
+    """The shared-memory kernel a 16-bit, int8 or K-quant weight takes for t rows, if any: "wgmma",
+    "wgmma_kq", "wide" or "tile" and its launch."""
     n, k = w.shape
     if kq_integer(w):
         return None, None
     build = getattr(dev, "wgmma_build", plan.WGMMA_BUILD)
     if dev.wgmma and dev.tiled is True and (wg := plan.wgmma_launch(w.dtype, t, n, k, dev.sm_count, build)):
         return "wgmma", wg
+    kq_on = getattr(dev, "wgmma_kq", None)
+    if (dev.wgmma and dev.tiled is True and (plan.WGMMA_KQ if kq_on is None else kq_on)
+            and (kq := plan.wgmma_kq_launch(w.dtype, t, n, k, dev.sm_count))):
+        return "wgmma_kq", kq
     if dev.tiled in (True, "wide") and (wide := plan.wide_launch(w.dtype, t, n, k, dev.sm_count)):
         return "wide", wide
     if dev.tiled and (tiled := plan.tile_launch(w.dtype, t, n, k, dev.sm_count)):
@@ -66,7 +70,7 @@ def matmul_family(dev: Any, t: int, w: Any) -> str:
     kind, _ = shared_memory_launch(dev, t, w)
     if kind is None and matvec_launch(dev, t, w):
         return "mv"
-    return {"wgmma": "mm_wgmma_tma", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
+    return {"wgmma": "mm_wgmma_tma", "wgmma_kq": "mm_wgmma_kq", "wide": "mm_wide", "tile": "mm_tile"}.get(kind, "mm_tc")
 
 
 def streams(dev: Any, t: int, w: Any) -> bool:
@@ -100,6 +104,14 @@ def to_wgmma(dev: Any, t: int, k: int, w: Any) -> plan.MatmulLaunch | None:
     return launch if kind == "wgmma" else None
 
 
+def to_wgmma_kq(dev: Any, t: int, k: int, w: Any) -> plan.MatmulLaunch | None:
+    """mm_wgmma_kq's launch where matmul would take it for t rows of k values (plan.WGMMA_KQ_TYPES)."""
+    if w.dtype not in plan.WGMMA_KQ_TYPES or w.gate_up == "halves" or w.shape[1] != k:
+        return None
+    kind, launch = shared_memory_launch(dev, t, w)
+    return launch if kind == "wgmma_kq" else None
+
+
 def norm_matmul_family(dev: Any, t: int, w: Any) -> str:
     """What norm_matmul runs t rows of w on: the streaming kernel fed by a prologue ("+norm", "+x16"),
     mm_wgmma fed 16-bit rows in its k order ("+norm16"), or rms_norm then matmul's family."""
@@ -110,6 +122,8 @@ def norm_matmul_family(dev: Any, t: int, w: Any) -> str:
         return ("mv" if p == "norm" and matvec_launch(dev, t, w, p) else "mm_tc") + f"+{p}"
     if to_wgmma(dev, t, k, w):
         return "mm_wgmma_tma+norm16"
+    if to_wgmma_kq(dev, t, k, w):
+        return "mm_wgmma_kq+norm16"
     return matmul_family(dev, t, w)
 
 
@@ -170,6 +184,12 @@ def attention_ws_tma(env: Mapping[str, str]) -> bool:
     """Whether the lean attention_ws.cu build brings its K/V sub-tiles by TMA (LOCKSTEP_ATTN_WS_TMA, else
     plan.WGMMA_WS_TMA; the same bits)."""
     return switch(env, ATTN_WS_TMA, default=plan.WGMMA_WS_TMA)
+
+
+def wgmma_kq_switch(env: Mapping[str, str]) -> bool | None:
+    """LOCKSTEP_WGMMA_KQ's say on K-quant prefills taking mm_wgmma_kq; None where it is unset (plan.WGMMA_KQ
+    decides, read at each launch)."""
+    return switch(env, WGMMA_KQ, default=False) if env.get(WGMMA_KQ) else None
 
 
 def wgmma_build(env: Mapping[str, str]) -> str:

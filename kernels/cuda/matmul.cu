@@ -810,6 +810,34 @@ extern "C" __global__ void act_to_16(const float* __restrict__ x, u16* __restric
     }
 }
 
+// Q4_K's ones sums (q4k_ones: the same two MMAs on the same pairs) of every (token, chunk) of 16-bit
+// activations in act_to_16's `perm` order, for mm_wgmma_kq (wgmma_kq.cu), which adds them in as
+// tile_chunk does: e [ceil(M / 128)][C][128] floats, token m of a 128-token tile at wgmma_kq.cu's
+// kg_epos(m % 128), tokens past M zero. A warp takes 8 tokens (its g) through 8 chunks.
+extern "C" __global__ void __launch_bounds__(256) q4k_ones_sums(const u16* __restrict__ x16, float* __restrict__ e,
+                                                                int M, int Kp) {
+    pdl_start();
+    const int C = Kp >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m8 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // 8-token group
+    if (m8 * 8 >= ((M + 127) & ~127)) return;
+    const int m = m8 * 8 + g, ml = (m8 * 8) & 127;
+    const unsigned* row = reinterpret_cast<const unsigned*>(x16 + (i64)(m < M ? m : 0) * Kp);
+    for (int c = blockIdx.y * 8; c < imin(C, blockIdx.y * 8 + 8); ++c) {
+        // the words mm_wide's lane (g, t) feeds its MMAs (k 8t .. 8t+7 of the chunk): words t, 4+t, 8+t, 12+t
+        unsigned b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = m < M ? row[16 * c + 4 * i + t] : 0u;
+        float s[4];
+        q4k_ones(s, b[0], b[1], b[2], b[3]);
+        if (g == 0) {  // row 0's sums of tokens 2t, 2t + 1 (every row of an MMA of ones has them)
+            float* at = e + ((i64)((m8 * 8) >> 7) * C + c) * 128;
+            const int m0 = ml + 2 * t;
+            at[(m0 & ~15) | (((m0 >> 1) & 3) << 2) | (((m0 >> 3) & 1) << 1)] = s[0];
+            at[(m0 & ~15) | (((m0 >> 1) & 3) << 2) | (((m0 >> 3) & 1) << 1) | 1] = s[1];
+        }
+    }
+}
+
 // ---- the tiled kernel for wide batches (prefill): the same sums as mm_tc, element for element.
 // A block computes 64 weight rows x 64 tokens with 4 warps (each 32 x 32: 2 row tiles x 4 token
 // tiles), staging each 32-k chunk of weights and activations in shared memory through a 3-deep

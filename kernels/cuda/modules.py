@@ -12,7 +12,7 @@ COMMON = "common.cuh"
 # No fast math anywhere: exact paths depend on IEEE division, square root and expf, and on FMA
 # contraction being off unless a kernel asks for __fmaf_rn.
 OPTIONS = ("-std=c++17", "-fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
-ARCH = {"wgmma.cu": "sm_90a", "attention_wgmma.cu": "sm_90a", "attention_ws.cu": "sm_90a"}  # sources with instructions of one architecture only (wgmma: H100/H200)
+ARCH = {"wgmma.cu": "sm_90a", "wgmma_kq.cu": "sm_90a", "attention_wgmma.cu": "sm_90a", "attention_ws.cu": "sm_90a"}  # sources with instructions of one architecture only (wgmma: H100/H200)
 
 
 def source(name: str) -> str:

@@ -111,6 +111,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         self.attention_ws_lean = dispatch.attention_ws_lean(os.environ)
         self.attention_ws_tma = dispatch.attention_ws_tma(os.environ)
         self.wgmma_build = dispatch.wgmma_build(os.environ)  # mm_wgmma_tma's build (plan.WGMMA_BUILDS)
+        self.wgmma_kq = dispatch.wgmma_kq_switch(os.environ)  # K-quant prefills on mm_wgmma_kq (None: the plan's)
 
     # --- data movement
     def plan_weights(self, weights: dict[str, Weight]) -> None:
@@ -249,6 +250,8 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         kind, wide = self._shared_memory_launch(t, w)
         if kind == "wgmma":  # long prefills on Hopper: the same sums on the warpgroup MMA (wgmma.cu)
             return self._wgmma(self._act16(x, kp, w.dtype == "bf16", perm=True), w, wide, b, res, out, flags)
+        if kind == "wgmma_kq":  # K-quant prefills on Hopper: mm_tc's sums on the warpgroup MMA (wgmma_kq.cu)
+            return self._wgmma_kq(self._act16(x, kp, False, perm=True), w, wide, b, res, out, flags)
         if kind == "wide":  # long prefills: the same sums on 16-bit activations staged in shared memory
             defines = (("WIDE_STAGES", plan.WIDE_STAGES), ("WIDE_KC", plan.WIDE_KC))
             launch(big_smem_kernel("matmul.cu", wide.kernel, wide.shared, defines), wide.grid, wide.block,
@@ -272,6 +275,21 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                 tensor_map.tiled_2d(x16, (64, plan.wgmma_token_box(wide)), tensor_map.SWIZZLE_128B), bias, res, out,
                 _i32(x16.shape[0]), _i32(w.shape[0]), _i32(w.kp), _i32(flags), _i32(wide.split)),
                shared=wide.shared)
+        return out
+
+    @staticmethod
+    def _wgmma_kq(x16, w: CudaWeight, kq: plan.MatmulLaunch, bias, res, out, flags):
+        """mm_wgmma_kq over x16 (f16 activations in act_to_16's `perm` order), Q4_K's after the tokens' ones
+        sums (q4k_ones_sums)."""
+        t, kp = (int(s) for s in x16.shape)
+        e = bias  # unread (Q6_K)
+        if w.dtype == "q4_k":
+            e = cp.empty((plan.ceil_div(t, plan.WIDE_M), kp // plan.K_CHUNK, plan.WIDE_M), dtype=cp.float32)
+            grid, block = plan.q4k_ones_grid(t, kp)
+            launch(kernel("matmul.cu", "q4k_ones_sums"), grid, block, (x16, e, _i32(t), _i32(kp)))
+        launch(big_smem_kernel("wgmma_kq.cu", kq.kernel, kq.shared, kq.defines), kq.grid, kq.block,
+               (tensor_map.tiled_2d(x16, (64, plan.WIDE_M), tensor_map.SWIZZLE_128B), w.data, w.scales, e, bias, res,
+                out, _i32(t), _i32(w.shape[0]), _i32(kp), _i32(flags), _i32(kq.split)), shared=kq.shared)
         return out
 
     # Which kernel an op takes for t rows: kernels/cuda/dispatch.py (testable without a GPU).
@@ -361,6 +379,13 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             if w.gate_up is not None and bias is not None:
                 raise ValueError("a gated product takes no bias or residual")
             return self._kq_norm_matmul(x, norm_weight, eps, w, bias)
+        if kq := dispatch.to_wgmma_kq(self, t, k, w):  # the normalised rows in mm_wgmma_kq's k order
+            if w.gate_up is not None and bias is not None:
+                raise ValueError("a gated product takes no bias or residual")
+            out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
+            flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
+            return self._wgmma_kq(self._norm16(x, norm_weight, eps, w, perm=True), w, kq,
+                                  bias if bias is not None else self._dummy, self._dummy, out, flags)
         prologue = self._prologue(t, k, w)
         wgmma = prologue is None and self._to_wgmma(t, k, w)
         if prologue is None and not wgmma:

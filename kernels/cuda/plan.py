@@ -394,6 +394,52 @@ def wgmma_build_launch(dtype: str, m: int, n: int, k: int, sm_count: int, rows: 
                         wgmma_smem(rows), split_k(n, k, sm_count), WIDE_M // TOKEN_TILE, defines)
 
 
+# K-quant prefills on wgmma (wgmma_kq.cu, mm_tc's sums) where mm_wide would take them; False keeps mm_wide.
+WGMMA_KQ = False
+WGMMA_KQ_TYPES = ("q4_k", "q6_k")
+WGMMA_KQ_STAGES = 6  # wgmma_kq.cu's KG_STAGES (H200: 2-6 % faster than 4, bench/evidence/s24-kqwg)
+WGMMA_KQ_PIPE = 1  # wgmma_kq.cu's KG_PIPE: a token slice's FMA step while the next slice's MMAs run
+WGMMA_KQ_SLICES = 2  # wgmma_kq.cu's KG_SLICES: Q4_K's token slices a warpgroup (Q6_K's are 4)
+WGMMA_KQ_CPASYNC = 1  # wgmma_kq.cu's KG_CPASYNC: the planes by the producers' cp.async (0: a bulk copy a run)
+WGMMA_KQ_TOTAL_REGS = 0  # wgmma_kq.cu's KG_TOTAL_REGS (with 4 token slices): the joined K slices in registers; untimed
+
+
+def wgmma_kq_stage(dtype: str) -> int:
+    """One stage of mm_wgmma_kq: two chunks of 128 tokens, 8 row tiles' planes (nibbles 512 bytes, Q6_K's
+    top bits 256, scale words 64, super-block scales 64 / 32) and Q4_K's ones sums, to whole 1024 bytes."""
+    tile = 512 + 64 + (256 + 32 if dtype == "q6_k" else 64)
+    return round_up(2 * WIDE_M * 64 + 8 * tile + 2 * WIDE_M * 4, 1024)
+
+
+def wgmma_kq_smem(dtype: str, stages: int) -> int:
+    """Dynamic shared memory of mm_wgmma_kq: the stages and their two mbarriers, the joined K slices (64
+    floats a consumer thread), the swizzle's alignment slack."""
+    return stages * (wgmma_kq_stage(dtype) + 16) + 64 * 256 * 4 + 1024
+
+
+def wgmma_kq_launch(dtype: str, m: int, n: int, k: int, sm_count: int, stages: int | None = None,
+                    pipe: int | None = None, slices: int | None = None) -> MatmulLaunch | None:
+    """The launch of mm_wgmma_kq (sm_90 only) where mm_wide would take the batch: grid (token tiles,
+    128-row weight tiles), mm_wide's split (plan.split_k of the weight), so mm_tc's bits. `stages`,
+    `pipe`, `slices`: the build (default WGMMA_KQ_STAGES, _PIPE, _SLICES; and WGMMA_KQ_CPASYNC, _TOTAL_REGS)."""
+    wide = wide_launch(dtype, m, n, k, sm_count)
+    if dtype not in WGMMA_KQ_TYPES or wide is None or k % 256:
+        return None
+    stages = WGMMA_KQ_STAGES if stages is None else stages
+    pipe = WGMMA_KQ_PIPE if pipe is None else pipe
+    slices = WGMMA_KQ_SLICES if slices is None else slices
+    grid = (ceil_div(m, WIDE_M), ceil_div(n, WIDE_N), 1)
+    defines = (("KG_STAGES", stages), ("KG_PIPE", pipe), ("KG_SLICES", slices), ("KG_CPASYNC", WGMMA_KQ_CPASYNC),
+               ("KG_TOTAL_REGS", WGMMA_KQ_TOTAL_REGS))
+    return MatmulLaunch(f"mm_wgmma_kq_{KERNEL_NAMES[dtype]}", grid, (384, 1, 1), wgmma_kq_smem(dtype, stages),
+                        wide.split, WIDE_M // TOKEN_TILE, defines)
+
+
+def q4k_ones_grid(m: int, kp: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """matmul.cu's q4k_ones_sums: a warp per 8 tokens and 8 chunks, over whole 128-token tiles."""
+    return (ceil_div(m, WIDE_M) * WIDE_M // 64, ceil_div(kp // K_CHUNK, 8), 1), (256, 1, 1)
+
+
 def f32_matmul_grid(m: int, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return (ceil_div(n, F32_ROWS_PER_BLOCK), ceil_div(max(m, 1), F32_TOKENS_PER_Y), 1), (256, 1, 1)
 
