@@ -20,9 +20,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_ops import back_to_back_ms  # noqa: E402
-from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 
 def main() -> int:

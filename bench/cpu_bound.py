@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.loader import load_model  # noqa: E402
-from kernels.cpu import matvec  # noqa: E402
+from lockstep_kernels.cpu import matvec  # noqa: E402
 
 
 def _rate(n: int, k: int, rows: int, repeats: int = 200) -> float:

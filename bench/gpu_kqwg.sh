@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mm_wgmma_kq (Q4_K / Q6_K prefill on wgmma, kernels/cuda/wgmma_kq.cu) on a GPU machine in one call (KQ_DEADLINE
+# mm_wgmma_kq (Q4_K / Q6_K prefill on wgmma, lockstep_kernels/cuda/wgmma_kq.cu) on a GPU machine in one call (KQ_DEADLINE
 # s, 420), JSON under $OUT as each stage ends (8 files at most), summary last. Stages, each under its own limit
 # (KQ_T_<stage> s) and the deadline:
 #   build   (not by default) the probe's and the GPU tests' modules compiled side by side into CuPy's cache [70]
@@ -19,7 +19,7 @@ deadline=$((start + ${KQ_DEADLINE:-420}))
 lim() { local v="KQ_T_$1" left=$((deadline - $(date +%s) - 3)); local want=${!v:-$2}; echo $((want < left ? want : left)); }
 stages=${1:-smoke,tests,probe,engine}
 has() { [[ ",$stages," == *",$1,"* ]]; }
-kq_switch() { sed -i "s/^WGMMA_KQ = .*/WGMMA_KQ = $1/" kernels/cuda/plan.py; }
+kq_switch() { sed -i "s/^WGMMA_KQ = .*/WGMMA_KQ = $1/" lockstep_kernels/cuda/plan.py; }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
 model=/tmp/shape-8b-q4km.gguf
 if has engine; then
@@ -39,8 +39,8 @@ if has smoke; then
 import sys
 import cupy as cp
 sys.path.insert(0, ".")
-from kernels.cuda import plan
-from kernels.cuda.ops import CudaOps
+from lockstep_kernels.cuda import plan
+from lockstep_kernels.cuda.ops import CudaOps
 from tests.test_cuda_kq_wgmma import kq_weight
 plan.WGMMA_KQ = True
 kq, tc = CudaOps(exact=True), CudaOps(exact=True)
@@ -57,7 +57,7 @@ EOF
   cat "$work/smoke.log" | tail -n 4
   if [ $rc -ne 0 ]; then
     echo "smoke rc $rc: the bulk-copy build from here on" | tee -a "$OUT/summary.txt"
-    sed -i 's/^WGMMA_KQ_CPASYNC = 1/WGMMA_KQ_CPASYNC = 0/' kernels/cuda/plan.py
+    sed -i 's/^WGMMA_KQ_CPASYNC = 1/WGMMA_KQ_CPASYNC = 0/' lockstep_kernels/cuda/plan.py
   fi
 fi
 tests_ok=0

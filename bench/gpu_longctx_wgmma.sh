@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader |
 shape8b_bg
 stage "default"
 timeout "$(lim default 20)" python3 -c '
-from kernels.cuda.ops import CudaOps
+from lockstep_kernels.cuda.ops import CudaOps
 o = CudaOps(exact=True)
 print("default", {"cc": o.device.compute_capability, "wgmma_attention": o.wgmma_attention,
       "build_512_rows": o.attention_build(512, 32, 8, 128, 128), "build_1_row": o.attention_build(1, 32, 8, 128, 128)})

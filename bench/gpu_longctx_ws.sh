@@ -47,7 +47,7 @@ cells = json.load(open(sys.argv[1]))["cells"]
 ok = [v for v in ("ws", "ws_mk") if all(c.get(v, {}).get("same_bits_as_mma") for c in cells)]
 print(min(ok, key=lambda v: cells[-1][v]["ms"]) if ok and len(cells) == 3 else "none")' "$OUT/attn-ws-ab-h200.json" 2>/dev/null || echo none)
 echo "engine build: $pick" | tee -a "$OUT/summary.txt"
-[ "$pick" = ws_mk ] && sed -i 's/^WGMMA_WS_SKIP_MASK = False/WGMMA_WS_SKIP_MASK = True/' kernels/cuda/plan.py
+[ "$pick" = ws_mk ] && sed -i 's/^WGMMA_WS_SKIP_MASK = False/WGMMA_WS_SKIP_MASK = True/' lockstep_kernels/cuda/plan.py
 wait "$shape"; echo "shape rc $?"; stage "shape written"
 [ "$pick" != none ] && timeout "$(lim engine 85)" python3 bench/longctx.py -m /tmp/shape-8b.gguf --shape 8b --prompts "${WS_PROMPTS:-8192,30000}" \
   --modes on --env-variant ws:LOCKSTEP_ATTN_WS=1 --out "$OUT/longctx-ws-h200" > "$work/longctx.log" 2>&1

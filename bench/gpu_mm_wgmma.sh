@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mm_wgmma_tma's builds (kernels/cuda/plan.py WGMMA_BUILDS, LOCKSTEP_WGMMA_BUILD) against the default on the
+# mm_wgmma_tma's builds (lockstep_kernels/cuda/plan.py WGMMA_BUILDS, LOCKSTEP_WGMMA_BUILD) against the default on the
 # H200 in one device call (MM_DEADLINE s, 270), JSON under $OUT as each stage ends, summary last. Stages, each
 # under its own limit (MM_T_<stage> seconds) and the deadline:
 #   build   the probe's modules (matmul.cu, every wgmma.cu build) compiled side by side into CuPy's cache [60]

@@ -15,11 +15,11 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from kernels.cuda import kquant, plan
-from kernels.cuda import launch as kernel_launch
-from kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel
-from kernels.cuda.weights import CudaWeight
-from kernels.quants import BLOCK_TYPES
+from lockstep_kernels.cuda import kquant, plan
+from lockstep_kernels.cuda import launch as kernel_launch
+from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel
+from lockstep_kernels.cuda.weights import CudaWeight
+from lockstep_kernels.quants import BLOCK_TYPES
 
 SHAPES_1B = {"qo": (2048, 2048), "kv": (512, 2048), "gate_up": (8192, 2048), "down": (2048, 8192),
              "lm_head": (128256, 2048)}
@@ -163,7 +163,7 @@ def attention_inputs(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int,
         positions, seq = cp.arange(ctx - rows, ctx, dtype=cp.int32), cp.zeros(rows, cp.int32)
     else:
         positions, seq = cp.full(rows, ctx - 1, cp.int32), cp.arange(rows, dtype=cp.int32)
-    from kernels.base import PagedRows
+    from lockstep_kernels.base import PagedRows
 
     pr = PagedRows(positions, seq, tables, cp.zeros(rows, cp.int64))
     q = cp.random.standard_normal((rows, n_heads, hd), dtype=cp.float32)
@@ -180,9 +180,9 @@ def bench_attention(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, 
 
 def bench_accuracy() -> list[dict]:
     """Relative L2 error of each op against the NumPy reference on fresh random inputs."""
-    from kernels.base import PagedRows, RopeTable
-    from kernels.cpu.ops import CpuKVLayer, CpuOps
-    from kernels.weights import Weight
+    from lockstep_kernels.base import PagedRows, RopeTable
+    from lockstep_kernels.cpu.ops import CpuKVLayer, CpuOps
+    from lockstep_kernels.weights import Weight
 
     rng = np.random.default_rng()
     cpu, gpu = CpuOps(exact=False), CudaOps(exact=True)
@@ -236,7 +236,7 @@ class _BenchOps(CudaOps):
 
 def _fake_weights(cfg) -> dict:
     from engine.models.llama import expected_shapes
-    from kernels.weights import Weight
+    from lockstep_kernels.weights import Weight
 
     stub = np.zeros(1, np.float16)
     return {name: Weight(np.lib.stride_tricks.as_strided(stub, shape, (0,) * len(shape)), "f16")

@@ -19,8 +19,8 @@ import cupy as cp
 import numpy as np
 
 from bench.gpu_ops import decode_setup, model_setup, step_inputs
-from kernels.base import PagedRows
-from kernels.cuda import launch as kernel_launch
+from lockstep_kernels.base import PagedRows
+from lockstep_kernels.cuda import launch as kernel_launch
 
 
 def kernel_times(replay, reps: int) -> list[list[tuple[str, float, float]]]:

@@ -25,7 +25,7 @@ from engine.kv_cache import pages_for  # noqa: E402
 from engine.loader import LoadedModel  # noqa: E402
 from engine.models.qwen3_5 import expected_shapes, from_hf_config  # noqa: E402
 from engine.runner import Runner, StepEntry  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes_hybrid import hf_config  # noqa: E402
@@ -116,7 +116,7 @@ def run_cell(runner: Runner, chats: int, prompt: int, gen: int, rng, sync=lambda
 def use_matvec_table(path: Path | None, defaults: dict = {}) -> None:  # noqa: B006 (the plan's own, kept once)
     """Plans matvec.cu's launches with a table bench/probes/matvec_pick.py wrote (A/B cells), or
     (None) with the plan's own."""
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     defaults.setdefault("builds", plan.MV_BUILDS)
     defaults.setdefault("norm_bytes", plan.MV_NORM_BYTES)
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import cupy as cp
 
-    from kernels.cuda.ops import CudaOps
+    from lockstep_kernels.cuda.ops import CudaOps
 
     t = time.perf_counter()
     loaded = random_model()

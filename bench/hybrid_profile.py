@@ -12,7 +12,7 @@ import numpy as np
 from bench.gpu_profile import kernel_times, summarize
 from engine.kv_cache import pages_for
 from engine.runner import Runner, StepEntry
-from kernels.cuda import launch as kernel_launch
+from lockstep_kernels.cuda import launch as kernel_launch
 
 
 def graph_replay_ms(runner: Runner, bucket: int, reps: int = 50) -> float:

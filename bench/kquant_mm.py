@@ -17,9 +17,9 @@ import cupy as cp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded, random_weight, timed  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.cuda.weights import CudaWeight  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
 PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
 

@@ -35,11 +35,11 @@ from shapes import SHAPES, weight_bytes  # noqa: E402
 from engine.config import ModelConfig, MoeConfig  # noqa: E402
 from engine.models.llama import LlamaModel  # noqa: E402
 from engine.models.moe import expert_views  # noqa: E402
-from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.weights import Weight, quantize_q8_0  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from lockstep_kernels.weights import Weight, quantize_q8_0  # noqa: E402
 
 # split factors (gate|up, down) of the --split-variants runs, against the uploads' splits
-# --kernel-variants: ops attributes (kernels/cuda/moe.py's, against these defaults) and the rows (lo, hi]
+# --kernel-variants: ops attributes (lockstep_kernels/cuda/moe.py's, against these defaults) and the rows (lo, hi]
 # of the buckets whose kernels they change
 KERNEL_DEFAULTS = {"one_token_route": "router"}
 KERNEL_VARIANTS = {"route-gate_up": ({"one_token_route": "gate_up"}, 0, 1),
@@ -102,7 +102,7 @@ def pdl_off_profile(ops, forward, max_pages: int, rows: int, inputs, layers: int
     import cupy as cp
     from gpu_profile import kernel_times, summarize
 
-    from kernels.cuda import launch as kernel_launch
+    from lockstep_kernels.cuda import launch as kernel_launch
 
     supported = kernel_launch.pdl_supported
     kernel_launch.pdl_supported = lambda: False
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from engine.kv_cache import PagePool
-    from kernels.cuda.ops import CudaOps
+    from lockstep_kernels.cuda.ops import CudaOps
 
     buckets = [int(b) for b in args.buckets.split(",")]
     ops = CudaOps(exact=True)
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         return model.forward(ids, rows, pool.layers, logit_rows)
 
     def dense_split() -> None:
-        from kernels.cuda import plan
+        from lockstep_kernels.cuda import plan
 
         for layer in model.layers:
             ex = layer.moe.experts
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     base_splits = [(ex.gate_up.split, ex.down.split) for ex in (layer.moe.experts for layer in model.layers)]
 
     def rescale_split(gu: float, down: float) -> None:  # from the uploads' splits, per projection
-        from kernels.cuda import plan
+        from lockstep_kernels.cuda import plan
 
         for layer, (s_gu, s_down) in zip(model.layers, base_splits, strict=True):
             ex = layer.moe.experts
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
                 sw.split = max(1, min(plan.MAX_SPLIT, int(s0 * f)))
             ex.token_tiles_cap = min(plan.max_token_tiles(ex.gate_up.split), plan.max_token_tiles(ex.down.split))
 
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     all_rows = plan.ALL_ROWS_TOKENS
     rng = np.random.default_rng(1)
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     for exact, split in runs:
         if split == "dense":
             dense_split()
-        from kernels.cuda import plan
+        from lockstep_kernels.cuda import plan
 
         plan.ALL_ROWS_TOKENS = 0 if split == "mean-tiles" else all_rows
         if split in SPLIT_VARIANTS:

@@ -1,6 +1,6 @@
 """The benchmark model shapes of DESIGN.md, written as GGUF files of random weights from a seed: F16, or
 for the dense shapes Q4_K_M-like (llama-quantize's mix: Q4_K, with Q6_K for the output and for attn_v /
-ffn_down of the layers its use_more_bits rule picks; blocks written by kernels/quants/writer.py).
+ffn_down of the layers its use_more_bits rule picks; blocks written by lockstep_kernels/quants/writer.py).
 
 Random weights do not change speed; the vocabulary is synthetic (the benchmarks send token ids).
 Shapes with `experts` are Qwen3-MoE files (qwen3moe: q/k norms, every layer sparse, stacked experts);
@@ -16,9 +16,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels.quants import BLOCK_TYPES  # noqa: E402
-from kernels.quants.mixes import q4_k_m_type  # noqa: E402
-from kernels.quants.writer import quantize  # noqa: E402
+from lockstep_kernels.quants import BLOCK_TYPES  # noqa: E402
+from lockstep_kernels.quants.mixes import q4_k_m_type  # noqa: E402
+from lockstep_kernels.quants.writer import quantize  # noqa: E402
 from tests.tiny_models import write_gguf_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

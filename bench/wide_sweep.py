@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_ops import random_weight, timed  # noqa: E402
 
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.modules import big_smem_kernel  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.modules import big_smem_kernel  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 SHAPES = {"8B qo": (4096, 4096), "8B gate_up": (28672, 4096), "8B down": (4096, 14336), "1B gate_up": (16384, 2048)}
 VARIANTS = [(3, 1), (4, 1), (6, 1), (3, 2), (4, 2), (2, 4)]  # (stages, 32-k chunks per stage)

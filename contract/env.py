@@ -68,7 +68,7 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(WGMMA_KQ, ("kernels",), "a switch: Q4_K and Q6_K prefills on Hopper take wgmma_kq.cu (mm_tc's sums on "
            "the warpgroup MMA, its bits; unset: plan.WGMMA_KQ)"),
     EnvVar(WGMMA_BUILD, ("kernels",), "tiles|persist|g3|g3p|mc|mcp|g3mc: the build of the exact prefill matmul on Hopper "
-           "(mm_wgmma_tma, the same bits in each; kernels/cuda/plan.py WGMMA_BUILDS; default g3p)"),
+           "(mm_wgmma_tma, the same bits in each; lockstep_kernels/cuda/plan.py WGMMA_BUILDS; default g3p)"),
     EnvVar(DECODE_GRAPHS, ("engine",), "a switch: decode steps replay CUDA graphs (default on; off: every step "
            "launched from Python, for comparisons)"),
 )

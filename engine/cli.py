@@ -18,7 +18,7 @@ from engine.cli_compat import add_compat_flags, builtin_or_source, explain_unkno
 from engine.exits import BAD_FLAGS, Fatal, bad_flag
 from engine.modes import PREEMPT_MODES
 from engine.threads import THREADS_HELP, configure_threads, resolve_threads
-from kernels.base import KV_TYPES, PAGE_SIZE
+from lockstep_kernels.base import KV_TYPES, PAGE_SIZE
 
 # Cache types llama-server knows that the engine does not store (yet): named, refused explicitly.
 UNSUPPORTED_KV = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

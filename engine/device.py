@@ -14,12 +14,12 @@ log = logging.getLogger("engine.device")
 def cuda_problem() -> str | None:
     """Why the CUDA backend cannot run here, or None when it can."""
     try:
-        from kernels.cuda import available
+        from lockstep_kernels.cuda import available
 
         ok, detail = available()  # CuPy imports, a device is present, a compiled kernel runs on it
         if not ok:
             return detail
-        import kernels.cuda.ops  # noqa: F401 - the backend itself must import too
+        import lockstep_kernels.cuda.ops  # noqa: F401 - the backend itself must import too
     except Exception as e:
         return f"the CUDA backend does not import ({type(e).__name__}: {e})"
     return None
@@ -41,7 +41,7 @@ def resolve_device(requested: str) -> str:
 def free_memory(device: str) -> int:
     """Bytes the KV pool may take on `device`."""
     if device == "cuda":
-        from kernels.cuda import free_memory as cuda_free
+        from lockstep_kernels.cuda import free_memory as cuda_free
 
         return cuda_free()[0]
     return int(psutil.virtual_memory().available)

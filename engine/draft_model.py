@@ -15,7 +15,7 @@ from engine.exits import MODEL_LOAD, Fatal, bad_flag
 from engine.loader import check_regular
 from engine.runner import Runner, StepEntry
 from engine.sequences import common_prefix
-from kernels.base import PAGE_SIZE
+from lockstep_kernels.base import PAGE_SIZE
 
 
 def check_path(path: str) -> None:

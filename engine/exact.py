@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from contract.env import EXACT, switch
 from engine.config import ModelConfig
 from engine.exits import EXACT_REFUSED, Fatal, bad_flag
-from kernels.base import PAGE_SIZE
+from lockstep_kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.exact")
 

@@ -17,7 +17,7 @@ from engine.requests import DoneEvent, Request
 from engine.sampler import SamplingParams, random_seed
 from engine.scheduler import Scheduler
 from engine.textstream import TextStream
-from kernels.base import PAGE_SIZE
+from lockstep_kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.generate")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from kernels.base import PAGE_SIZE, Ops
+from lockstep_kernels.base import PAGE_SIZE, Ops
 
 
 def pages_for(n_tokens: int) -> int:

@@ -20,8 +20,8 @@ from engine.loader import LoadedModel, load_model
 from engine.models.llama import GATE_UP, STACKS
 from engine.models.qwen3_5 import hybrid_spec
 from engine.runner import Runner, make_ops
-from kernels.base import PAGE_SIZE
-from kernels.weights import Weight
+from lockstep_kernels.base import PAGE_SIZE
+from lockstep_kernels.weights import Weight
 
 log = logging.getLogger("engine.launch")
 
@@ -45,7 +45,7 @@ def pool_pages(ctx_size: int, config: ModelConfig) -> int:
     return max(1, pages_for(ctx_size or config.max_position))
 
 
-GRAPH_ROWS = 64  # the largest decode-graph bucket (kernels/cuda/graph_inputs.py)
+GRAPH_ROWS = 64  # the largest decode-graph bucket (lockstep_kernels/cuda/graph_inputs.py)
 
 
 def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, ubatch: int = 512,
@@ -78,7 +78,7 @@ def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
     """Device bytes of the weights as the model uploads them: each layer's q|k|v and gate|up as one
     stack (llama.STACKS), which is f16 on the device where its parts differ in type (K-quants: q|k|v
     as its runs' planes)."""
-    from kernels.cuda.weights import device_bytes, routed_expert, stack_bytes
+    from lockstep_kernels.cuda.weights import device_bytes, routed_expert, stack_bytes
 
     stacked: set[str] = set()
     total = 0
@@ -137,7 +137,7 @@ def rank_share(parts: dict[str, int], loaded: LoadedModel, tp: int) -> dict[str,
     memory): the KV pool and the split weights divided by the ranks, the embedding and lm_head whole."""
     out = dict(parts, kv=parts["kv"] // tp)
     if "weights" in parts:
-        from kernels.cuda.weights import device_bytes
+        from lockstep_kernels.cuda.weights import device_bytes
 
         whole = sum(device_bytes(w) for n, w in loaded.weights.items() if not n.startswith("model.layers."))
         out["weights"] = whole + (parts["weights"] - whole) // tp

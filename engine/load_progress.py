@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from contract.progress import LoadStep
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 log = logging.getLogger("engine.load")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from engine.runner import Runner
 from engine.sequences import Seq
-from kernels.base import PAGE_SIZE
+from lockstep_kernels.base import PAGE_SIZE
 
 TAIL_SNAPSHOTS = 4  # chunk ends kept before a prompt's end (a re-sent or extended prompt resumes there)
 

@@ -13,7 +13,7 @@ from engine.kv_cache import PagePool, pages_for
 from engine.loader import LoadedModel
 from engine.models.build import model_class
 from engine.modes import LogitRows
-from kernels.base import PAGE_SIZE, Ops, PagedRows, RecurrentRows
+from lockstep_kernels.base import PAGE_SIZE, Ops, PagedRows, RecurrentRows
 
 
 @dataclass
@@ -252,10 +252,10 @@ class Runner:
 
 def make_ops(device: str, exact: bool, threads: int = 1) -> Ops:
     if device == "cpu":
-        from kernels.cpu.ops import CpuOps
+        from lockstep_kernels.cpu.ops import CpuOps
 
         return CpuOps(exact=exact, threads=threads)
-    from kernels.cuda.ops import CudaOps  # imported only here: CuPy is optional
+    from lockstep_kernels.cuda.ops import CudaOps  # imported only here: CuPy is optional
 
     return CudaOps(exact=exact)
 

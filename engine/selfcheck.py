@@ -1,5 +1,5 @@
 """The exactness self-check at load: the model's shapes through every kernel family or build the
-plan may pick on this device (kernels.selfcheck): its matmuls, its fused q|k|v projection and its
+plan may pick on this device (lockstep_kernels.selfcheck): its matmuls, its fused q|k|v projection and its
 attention; a choice that changes a row's bits refuses exact mode with the usual one-line verdict,
 naming it."""
 
@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from engine.exact import refuse
-from kernels.selfcheck import AttentionShape, check_attention, check_matmuls, check_qkv
+from lockstep_kernels.selfcheck import AttentionShape, check_attention, check_matmuls, check_qkv
 
 log = logging.getLogger("engine.selfcheck")
 

@@ -1,10 +1,10 @@
 """CPU thread counts, set once per engine process (`-t/--threads`) before any kernel runs.
 
 Two pools compute on the CPU: BLAS (exact mode off, steps of many rows) and the compiled kernels
-(numba, and kernels/cpu/workers.py). Left to their defaults both start one thread per core and spin
+(numba, and lockstep_kernels/cpu/workers.py). Left to their defaults both start one thread per core and spin
 between calls, taking the cores the compute thread and the HTTP loop need. The engine gives the
 compiled kernels the flag's count and BLAS one thread a call; the flag's threads split BLAS products
-by weight tiles instead (kernels/cpu/blas_split.py).
+by weight tiles instead (lockstep_kernels/cpu/blas_split.py).
 
 The default, as llama-server's, is one thread per physical core this process may run on (SMT siblings
 share a core's multiply units, so a second thread on one only adds barrier waits), at most THREADS_CAP.
@@ -70,7 +70,7 @@ def configure_threads(n: int) -> None:
     import numpy  # noqa: F401  (threadpoolctl limits the BLAS libraries loaded so far: NumPy's)
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(BLAS_THREADS)  # the engine's threads split BLAS products instead (kernels/cpu/blas_split.py)
+    threadpool_limits(BLAS_THREADS)  # the engine's threads split BLAS products instead (lockstep_kernels/cpu/blas_split.py)
 
 
 def threads_report() -> dict:

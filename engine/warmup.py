@@ -14,7 +14,7 @@ import time
 
 from engine.kv_cache import pages_for
 from engine.runner import Runner, StepEntry
-from kernels.selfcheck import ROW_COUNTS
+from lockstep_kernels.selfcheck import ROW_COUNTS
 
 log = logging.getLogger("engine.warmup")
 

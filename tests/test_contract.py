@@ -21,7 +21,7 @@ from studio.failures import EXIT_CODES, classify
 from studio.flags import BY_NAME, FLAGS, parse_extra_args
 from tests.engine_helpers import ROOT, run_engine
 
-PRODUCT = [p for d in ("contract", "engine", "kernels", "settings", "studio") for p in (ROOT / d).rglob("*.py")]
+PRODUCT = [p for d in ("contract", "engine", "lockstep_kernels", "settings", "studio") for p in (ROOT / d).rglob("*.py")]
 # Engine options the studio does not pass through, and why.
 ENGINE_ONLY = {
     "-h": "help", "--help": "help",
@@ -110,7 +110,7 @@ def test_studio_accepts_every_engine_choice_and_refuses_others(name):
 
 
 def test_cache_types_the_studio_offers_are_ones_the_engine_knows():
-    from kernels.base import KV_TYPES
+    from lockstep_kernels.base import KV_TYPES
     assert set(CACHE_TYPES) <= set(KV_TYPES) | set(UNSUPPORTED_KV)
 
 
@@ -130,9 +130,9 @@ def test_lockstep_exact_reads_the_same_in_engine_and_studio(word):
 
 
 def test_one_page_size():
-    from kernels.base import PAGE_SIZE as kernels_page
+    from lockstep_kernels.base import PAGE_SIZE as kernels_page
     assert kernels_page is PAGE_SIZE
-    for cuh in (ROOT / "kernels" / "cuda").glob("*.cuh"):
+    for cuh in (ROOT / "lockstep_kernels" / "cuda").glob("*.cuh"):
         for value in re.findall(r"#define PAGE (\d+)", cuh.read_text()):
             assert int(value) == PAGE_SIZE, cuh.name
     assert not [p for p in PRODUCT if re.search(r"^PAGE_SIZE\s*=", p.read_text(), re.M) and p.parts[-2] != "contract"]

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from contract import middleware
 from tests.engine_helpers import ROOT
 
-PRODUCT = [p for d in ("contract", "engine", "kernels", "settings", "studio") for p in (ROOT / d).rglob("*.py")]
+PRODUCT = [p for d in ("contract", "engine", "lockstep_kernels", "settings", "studio") for p in (ROOT / d).rglob("*.py")]
 
 
 class Known(Exception):

@@ -1,4 +1,4 @@
-"""A layer's attention, a (row, KV head) a task, shared with the worker threads (kernels/cpu/jobs.py): the bits of
+"""A layer's attention, a (row, KV head) a task, shared with the worker threads (lockstep_kernels/cpu/jobs.py): the bits of
 attend.attend_rows whichever thread computes a row, for every KV type, rows alone or among others,
 and with split products and split attention published back to back on one control word."""
 
@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from kernels.base import PAGE_SIZE
-from kernels.cpu import attend, jobs, matvec, workers
-from kernels.weights import f32_to_bf16
+from lockstep_kernels.base import PAGE_SIZE
+from lockstep_kernels.cpu import attend, jobs, matvec, workers
+from lockstep_kernels.weights import f32_to_bf16
 from tests.test_cpu_matvec import _awake
 
 RNG = np.random.default_rng(20261203)
@@ -107,6 +107,6 @@ def test_products_and_attention_back_to_back_on_one_control_word(pool):
 
 
 def test_the_files_that_cache_copies_of_the_attention_change_with_it():
-    from kernels.cpu import layer
+    from lockstep_kernels.cpu import layer
 
     assert jobs.ATTEND_EPOCH == layer.ATTEND_EPOCH == attend.EPOCH

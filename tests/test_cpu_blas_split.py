@@ -1,4 +1,4 @@
-"""kernels/cpu/blas_split.py: exact mode off's BLAS products of many rows, the weight's tiles dealt to the
+"""lockstep_kernels/cpu/blas_split.py: exact mode off's BLAS products of many rows, the weight's tiles dealt to the
 engine's threads, agree with the row kernel's products (float32 tolerance) for every weight layout."""
 
 import threading
@@ -6,8 +6,8 @@ import threading
 import numpy as np
 import pytest
 
-from kernels.cpu.ops import KERNEL_ROWS_16, CpuOps
-from kernels.weights import RowStack, Weight, concat_rows
+from lockstep_kernels.cpu.ops import KERNEL_ROWS_16, CpuOps
+from lockstep_kernels.weights import RowStack, Weight, concat_rows
 
 RNG = np.random.default_rng(20261202)
 

@@ -1,13 +1,13 @@
-"""The CPU backend's whole layer in one compiled call (kernels/cpu/layer.py): the bits of the ops one by one,
+"""The CPU backend's whole layer in one compiled call (lockstep_kernels/cpu/layer.py): the bits of the ops one by one,
 for the output and for the K and V it writes, and row invariance on its own."""
 
 import numpy as np
 import pytest
 
-from kernels.base import PAGE_SIZE, PagedRows, RopeTable
-from kernels.cpu import layer
-from kernels.cpu.ops import CpuOps
-from kernels.weights import Weight, f32_to_bf16
+from lockstep_kernels.base import PAGE_SIZE, PagedRows, RopeTable
+from lockstep_kernels.cpu import layer
+from lockstep_kernels.cpu.ops import CpuOps
+from lockstep_kernels.weights import Weight, f32_to_bf16
 
 RNG = np.random.default_rng(20261202)
 HIDDEN, N_HEADS, N_KV, D, FFN = 128, 4, 2, 32, 256

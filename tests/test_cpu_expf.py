@@ -1,11 +1,11 @@
-"""kernels/cpu/expf.py's float32 exp, which the CPU attention's softmax and the FFN's silu use: close to
+"""lockstep_kernels/cpu/expf.py's float32 exp, which the CPU attention's softmax and the FFN's silu use: close to
 float64's, clamped to normal floats, and the same bits in a vectorised loop as element by element."""
 
 import numpy as np
 from numba import njit
 
-from kernels.cpu import compiled
-from kernels.cpu.expf import HIGH, LOW, exp32
+from lockstep_kernels.cpu import compiled
+from lockstep_kernels.cpu.expf import HIGH, LOW, exp32
 
 
 @njit

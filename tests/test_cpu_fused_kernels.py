@@ -1,12 +1,12 @@
-"""The CPU backend's joined kernels (kernels/cpu/fused.py, rope_write.py, the gated and residual row
+"""The CPU backend's joined kernels (lockstep_kernels/cpu/fused.py, rope_write.py, the gated and residual row
 kernel): the bits of the separate ops, and row invariance on their own."""
 
 import numpy as np
 import pytest
 
-from kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
-from kernels.cpu.ops import CpuOps, GateUp
-from kernels.weights import Weight
+from lockstep_kernels.base import PAGE_SIZE, PagedRows, RopeTable, split_qkv_rope_write
+from lockstep_kernels.cpu.ops import CpuOps, GateUp
+from lockstep_kernels.weights import Weight
 
 RNG = np.random.default_rng(20261202)
 
@@ -69,7 +69,7 @@ def test_compiled_qkv_rope_write_equals_the_separate_ops(kv_type, neox):
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_gated_and_residual_products_row_invariant_and_equal_to_the_unjoined_arithmetic(dtype, threads):
-    from kernels.cpu.ops import PARALLEL_VALUES
+    from lockstep_kernels.cpu.ops import PARALLEL_VALUES
 
     ops = CpuOps(exact=True, threads=threads)
     k, f = 64, PARALLEL_VALUES // 64 + 24  # large enough to be split across threads

@@ -1,5 +1,5 @@
-"""The CPU backend's vector row kernel over 16-bit weights (kernels/cpu/matvec.py) and the worker threads
-that share its weight rows (kernels/cpu/workers.py): close to a float64 reference, and the same bits
+"""The CPU backend's vector row kernel over 16-bit weights (lockstep_kernels/cpu/matvec.py) and the worker threads
+that share its weight rows (lockstep_kernels/cpu/workers.py): close to a float64 reference, and the same bits
 for a row alone, inside any batch, and split across any number of threads."""
 
 import multiprocessing
@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from kernels.cpu import matvec, workers
-from kernels.cpu.ops import CpuOps, GateUp
-from kernels.weights import Weight
+from lockstep_kernels.cpu import matvec, workers
+from lockstep_kernels.cpu.ops import CpuOps, GateUp
+from lockstep_kernels.weights import Weight
 
 RNG = np.random.default_rng(20261202)
 
@@ -123,7 +123,7 @@ def test_the_engines_ops_give_the_same_bits_on_one_thread_and_two():
 
 
 def test_the_files_that_cache_copies_of_the_kernel_change_with_it():
-    from kernels.cpu import compiled, fused, jobs, layer
+    from lockstep_kernels.cpu import compiled, fused, jobs, layer
 
     assert (compiled.MATVEC_EPOCH == fused.MATVEC_EPOCH == layer.MATVEC_EPOCH == workers.MATVEC_EPOCH
             == jobs.MATVEC_EPOCH == matvec.EPOCH)

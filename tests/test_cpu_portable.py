@@ -22,8 +22,8 @@ SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     from numba import njit
-    from kernels.cpu import matvec
-    from kernels.cpu.rope_write import _to_f16
+    from lockstep_kernels.cpu import matvec
+    from lockstep_kernels.cpu.rope_write import _to_f16
 
     @njit
     def to_f16(x, out):
@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_kernels_run_and_keep_their_bits_without_avx_fma_or_f16c(tmp_path):
-    from kernels.cpu import matvec
+    from lockstep_kernels.cpu import matvec
 
     env = {**os.environ, **BASELINE, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "got.npz")], env=env,

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from kernels.base import PAGE_SIZE, PagedRows, RopeTable
-from kernels.cpu.ops import CpuOps
-from kernels.weights import Weight
+from lockstep_kernels.base import PAGE_SIZE, PagedRows, RopeTable
+from lockstep_kernels.cpu.ops import CpuOps
+from lockstep_kernels.weights import Weight
 
 RNG = np.random.default_rng(20261130)
 BATCHES = list(range(2, 18))
@@ -55,7 +55,7 @@ def test_exact_off_keeps_the_row_kernel_for_a_16_bit_weight_up_to_its_row_limit(
     """BLAS would need float32 copies of a 16-bit weight on every call, which cost more than the row
     kernel's products for a few dozen rows: exact off takes the row kernel up to KERNEL_ROWS_16 rows
     (the same bits as exact on there), BLAS past it and past KERNEL_ROWS for a float32 weight."""
-    from kernels.cpu.ops import KERNEL_ROWS, KERNEL_ROWS_16
+    from lockstep_kernels.cpu.ops import KERNEL_ROWS, KERNEL_ROWS_16
 
     fast, exact = CpuOps(exact=False), CpuOps(exact=True)
     w = Weight.from_f32(_rand(96, 64), dtype)
@@ -204,7 +204,7 @@ def test_k_and_v_may_have_different_types():
 def test_compiled_matmul_row_invariant_over_random_batches(threads, dtype):
     """The compiled row kernel, on one thread and split across threads: a row alone and inside random
     batches of 1..40 rows, with a bias and a residual, bit for bit; and the split does not matter."""
-    from kernels.cpu.ops import PARALLEL_VALUES
+    from lockstep_kernels.cpu.ops import PARALLEL_VALUES
 
     ops = CpuOps(exact=True, threads=threads)
     w = Weight.from_f32(_rand(PARALLEL_VALUES // 128 + 37, 128), dtype)  # large enough to be split

@@ -22,7 +22,7 @@ def test_child_honours_the_thread_count(engine_factory, tiny_llama, args, thread
     props = _props(engine)
     assert props["n_threads"] == threads
     # read back from threadpoolctl and numba inside the child, not echoed from the flag; BLAS runs one
-    # thread a call whatever the flag (the flag's threads split its products: kernels/cpu/blas_split.py)
+    # thread a call whatever the flag (the flag's threads split its products: lockstep_kernels/cpu/blas_split.py)
     assert props["cpu_threads"] == {"blas": [1], "compiled_pool": threads}
     body = json.dumps({"prompt": "hello", "n_predict": 4, "temperature": 0}).encode()
     req = urllib.request.Request(engine.base + "/completion", body, {"Content-Type": "application/json"})

@@ -10,9 +10,9 @@ from tests.cuda_fixtures import cp, gpu  # noqa: F401 (gpu: fixtures)
 
 pytestmark = pytest.mark.gpu
 
-from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.cpu.ops import CpuKVLayer, CpuOps  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuKVLayer, CpuOps  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
 
 RNG = np.random.default_rng()
 LENGTHS = [1, 255, 256, 257, 700, 1300]
@@ -182,7 +182,7 @@ def test_attention_work_split_changes_no_bits(gpu, monkeypatch):
 def test_single_launch_merge_equals_the_merge_kernel(gpu, monkeypatch):
     """The last block of a row merging in place gives the bits of the separate attn_merge launch,
     and leaves its tickets at zero for the next launch."""
-    from kernels.cuda import ops as cuda_ops
+    from lockstep_kernels.cuda import ops as cuda_ops
 
     hd, n_heads, n_kv, kv_type = CONFIGS[2]  # the scalar kernel (an f32 cache)
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv))
@@ -200,8 +200,8 @@ def test_attention_out_equals_attention_then_o_projection(gpu, monkeypatch, dtyp
     """attention_out (at 9-16 rows attention stores the o projection's 16-bit input, OUT16) gives the
     bits of attention then matmul with the residual, at every batch width, with the merge kernel or
     the in-place merge."""
-    from kernels.cuda import ops as cuda_ops
-    from kernels.weights import Weight
+    from lockstep_kernels.cuda import ops as cuda_ops
+    from lockstep_kernels.weights import Weight
 
     hd, n_heads, n_kv, kv_type = CONFIGS[1]
     cache = Cache(gpu, hd, n_kv, kv_type, _kv(hd, n_kv))
@@ -244,7 +244,7 @@ def test_cells_written_just_before_are_read_after_the_wait(gpu, hd, positions):
     loaded before it: the replay must give the uncaptured step's bits. (The tensor-core kernel loads a
     one-row block's first sub-tile before the wait where it ends T positions before the row: not at
     520, whose own cell is in its chunk's first sub-tile.)"""
-    from kernels.cuda import launch as kernel_launch
+    from lockstep_kernels.cuda import launch as kernel_launch
 
     if not kernel_launch.pdl_supported():
         pytest.skip("programmatic dependent launch needs sm_90")

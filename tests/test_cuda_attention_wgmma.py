@@ -14,8 +14,8 @@ from tests.cuda_fixtures import cp, gpu  # noqa: F401 (gpu: fixture)
 
 pytestmark = pytest.mark.gpu
 
-from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
 from tests.test_cuda_attention import RNG, Cache, _attend, _kv, _tolerance  # noqa: E402
 
 CONFIGS = [  # head dim, query heads, KV heads, KV type: the 8B shape, bf16, groups of 7, 16 and 2
@@ -105,7 +105,7 @@ WS_BUILDS = {"planned": {"WGMMA_WS_TMA": False}, "lean": LEAN, "lean_ov": {**LEA
 
 
 def _ws_build(gpu, monkeypatch, build):
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     for k, v in WS_BUILDS[build].items():
         monkeypatch.setattr(*((gpu, "attention_ws_tma") if k == "WGMMA_WS_TMA" else (plan, k)), v)
@@ -144,7 +144,7 @@ def test_warp_specialised_kernel_gives_attn_mma_bits_on_every_launch(gpu, wgmma,
     """attention_ws.cu (the producer/ping-pong build) on every launch of two warpgroups a block, its
     fill threshold forced to 0 so the 65-row and mixed launches (several passes a block) take it too;
     a group of 2 (64 rows a warpgroup past 32 query rows a block) keeps one warpgroup."""
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     hd, n_heads, n_kv, kv_type = config
     monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)
@@ -167,7 +167,7 @@ def test_warp_specialised_kernel_keeps_the_bits_of_subnormal_weights(gpu, wgmma,
     """Scores spread over hundreds (q times 40): many softmax weights under 2^-126, which the lean
     build's ex2.approx.ftz makes +0 (f16 caches only); P in f16 and a sum of at least 1 lose them
     anyway, so the bits stay attn_mma's."""
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     hd, n_heads, n_kv, kv_type = config
     monkeypatch.setattr(plan, "WGMMA_ATTN_FILL", 0.0)

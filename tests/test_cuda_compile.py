@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import pytest
 
-from kernels.cuda import plan
-from kernels.cuda.modules import ARCH, OPTIONS, sources
+from lockstep_kernels.cuda import plan
+from lockstep_kernels.cuda.modules import ARCH, OPTIONS, sources
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")

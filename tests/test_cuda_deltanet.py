@@ -1,4 +1,4 @@
-"""The recurrent ops of hybrid models on CUDA (kernels/cuda/deltanet.cu) against the CPU reference, and
+"""The recurrent ops of hybrid models on CUDA (lockstep_kernels/cuda/deltanet.cu) against the CPU reference, and
 their bits against themselves: a sequence's rows alone or beside other sequences, its prompt in one
 piece or in pieces cut at chunk ends.
 
@@ -14,11 +14,11 @@ from tests.cuda_fixtures import cp, gpu, gpu_off  # noqa: F401 (gpu, gpu_off: fi
 
 pytestmark = pytest.mark.gpu
 
-from kernels.base import RecurrentRows  # noqa: E402
-from kernels.cpu import deltanet as cpu_dn  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.cuda.deltanet import CHUNK  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.base import RecurrentRows  # noqa: E402
+from lockstep_kernels.cpu import deltanet as cpu_dn  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.cuda.deltanet import CHUNK  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 from tests.test_hybrid_ops import step_rows  # noqa: E402
 
 RNG = np.random.default_rng()
@@ -205,7 +205,7 @@ def test_gated_rms_norm_and_sigmoid_mul_match_cpu(gpu):
 
 @pytest.mark.parametrize("d,rot", [(256, 64), (64, 16)])
 def test_gated_qk_norm_rope_gives_the_bits_of_rms_norm_then_rope(gpu, d, rot):
-    from kernels.base import RopeTable
+    from lockstep_kernels.base import RopeTable
 
     nh, nkv, t = 4, 2, 9
     y = cp.asarray(RNG.standard_normal((t, (2 * nh + 2 * nkv) * d + 8)).astype(np.float32))[:, :-8]

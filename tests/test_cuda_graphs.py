@@ -13,10 +13,10 @@ pytestmark = pytest.mark.gpu
 from engine.config import ModelConfig  # noqa: E402
 from engine.kv_cache import PagePool  # noqa: E402
 from engine.models.llama import LlamaModel, expected_shapes  # noqa: E402
-from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 
 RNG = np.random.default_rng()
 PAGES_PER_SEQ = 3
@@ -108,7 +108,7 @@ def test_graph_replay_equals_uncaptured_step(arch, dtype):
 def test_early_launched_kernels_change_no_bits(monkeypatch):
     """Graphs launch each kernel with programmatic dependent launch (it starts before the previous
     one ends, loading weights): replays must equal graphs captured with plain launches, every time."""
-    from kernels.cuda import launch
+    from lockstep_kernels.cuda import launch
 
     hopper = int(cp.cuda.Device().compute_capability) >= 90
     assert launch.pdl_supported() == (hopper and os.environ.get("LOCKSTEP_PDL", "1") != "0")

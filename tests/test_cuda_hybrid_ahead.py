@@ -11,7 +11,7 @@ from tests.cuda_fixtures import cp  # noqa: F401 (skips without a GPU)
 
 pytestmark = pytest.mark.gpu
 
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=[{}, {"moe": True}], ids=["dense", "moe"])

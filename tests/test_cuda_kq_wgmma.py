@@ -9,14 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.cuda_fixtures import cp  # noqa: F401 (before any kernels.cuda module)
+from tests.cuda_fixtures import cp  # noqa: F401 (before any lockstep_kernels.cuda module)
 
 pytestmark = pytest.mark.gpu
 
-from kernels.cuda import kquant, plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.cuda.weights import CudaWeight  # noqa: E402
-from kernels.quants import BLOCK_TYPES  # noqa: E402
+from lockstep_kernels.cuda import kquant, plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
+from lockstep_kernels.quants import BLOCK_TYPES  # noqa: E402
 
 RNG = np.random.default_rng()
 ROWS = (130, 512, 600, 17, 1)  # from 128 rows (wide_launch's), then ragged ones below it

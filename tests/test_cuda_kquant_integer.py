@@ -1,4 +1,4 @@
-"""The integer Q4_K / Q5_K / Q6_K kernels (kquant_mm.cu) on the GPU give kernels/cuda/kquant_ref.py's bits:
+"""The integer Q4_K / Q5_K / Q6_K kernels (kquant_mm.cu) on the GPU give lockstep_kernels/cuda/kquant_ref.py's bits:
 the activation records of kq_quant_x byte for byte, every matmul element at every row count (the
 one-row dp4a kernel, the int8-MMA kernels of 1-8 token tiles, those of 1-4 row tiles a warp and the
 tiled one), exact mode on and off, and
@@ -11,9 +11,9 @@ from tests.cuda_fixtures import cp, gpu, gpu_off  # noqa: F401 (gpu, gpu_off: fi
 
 pytestmark = pytest.mark.gpu
 
-from kernels.cuda import kquant_ref, plan  # noqa: E402
-from kernels.quants.writer import quantize  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.cuda import kquant_ref, plan  # noqa: E402
+from lockstep_kernels.quants.writer import quantize  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 
 RNG = np.random.default_rng()
 
@@ -112,9 +112,9 @@ def test_mixed_qkv_stays_blocks_and_gives_each_runs_bits(gpu, gpu_off, tiled):
     """Q4_K_M's q|k (Q4_K) with v (Q6_K): a CudaStack of the two runs' planes, sized as stack_bytes
     says; norm_matmul gives each run's own product in its columns, and norm_qkv_rope_write (the runs
     in rope tiles, heads from each run's first on) the bits of that product rotated and stored."""
-    from kernels.base import PAGE_SIZE, PagedRows, RopeTable
-    from kernels.cuda.weights import CudaStack, stack_bytes
-    from kernels.weights import concat_rows
+    from lockstep_kernels.base import PAGE_SIZE, PagedRows, RopeTable
+    from lockstep_kernels.cuda.weights import CudaStack, stack_bytes
+    from lockstep_kernels.weights import concat_rows
 
     n_heads, n_kv, hd, k = 8, 2, 64, 512
     parts = [Weight(_raw(h * hd, k, t), t) for h, t in ((n_heads, "q4_k"), (n_kv, "q4_k"), (n_kv, "q6_k"))]

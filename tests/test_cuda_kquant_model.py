@@ -7,7 +7,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from kernels.cuda import available  # noqa: E402
+from lockstep_kernels.cuda import available  # noqa: E402
 
 _OK, _WHY = available()
 if not _OK:
@@ -16,8 +16,8 @@ if not _OK:
 from engine.kv_cache import pages_for  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.runner import Runner, StepEntry, make_ops, prompt_logits  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda import weights as cuda_weights  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda import weights as cuda_weights  # noqa: E402
 from tests.tiny_models import make_q4_k_m_gguf  # noqa: E402
 
 pytestmark = pytest.mark.gpu

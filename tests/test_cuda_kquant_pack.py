@@ -1,15 +1,15 @@
-"""Q4_K / Q5_K / Q6_K planes for the CUDA kernels (kernels/cuda/kquant.py), checked on the CPU: read
+"""Q4_K / Q5_K / Q6_K planes for the CUDA kernels (lockstep_kernels/cuda/kquant.py), checked on the CPU: read
 back as common.cuh's kq_value (kquant_mm.cu's kqi_value for Q5_K) reads them, every value equals
 gguf's dequantisation bit for bit."""
 
 import numpy as np
 import pytest
 
-from kernels.cuda.kquant import pack, packed_bytes
-from kernels.cuda.weights import device_bytes
-from kernels.quants import dequantize
-from kernels.quants.writer import quantize
-from kernels.weights import Weight
+from lockstep_kernels.cuda.kquant import pack, packed_bytes
+from lockstep_kernels.cuda.weights import device_bytes
+from lockstep_kernels.quants import dequantize
+from lockstep_kernels.quants.writer import quantize
+from lockstep_kernels.weights import Weight
 
 
 def _u32(a: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -52,7 +52,7 @@ def read_back(nib: np.ndarray, aux: np.ndarray, n: int, k: int, dtype: str) -> n
 @pytest.mark.parametrize("dtype", ["q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("shape", [(16, 256), (37, 512), (5, 1024)], ids=str)
 def test_planes_read_back_as_gguf_dequantises(dtype, shape, monkeypatch):
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     monkeypatch.setattr(plan, "KQ_INTEGER", True)  # Q5_K's planes: the integer kernels' only
     n, k = shape

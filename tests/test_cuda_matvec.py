@@ -9,9 +9,9 @@ from tests.cuda_fixtures import cp
 
 pytestmark = pytest.mark.gpu
 
-from kernels.cuda import dispatch, plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.cuda import dispatch, plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.gpu
 
 from engine.config import ModelConfig, MoeConfig  # noqa: E402
 from engine.models.llama import LlamaModel, expected_shapes  # noqa: E402
-from kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, PagedRows  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 
 RNG = np.random.default_rng()
 TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "q4_k": 3e-3, "bf16": 1e-2}
@@ -291,7 +291,7 @@ def test_tiny_qwen3_5_moe_logits_follow_cpu(tmp_path):
     relative L2 under 1e-3 (the bound of the dense hybrid's test in tests/test_cuda_deltanet.py)."""
     from engine.loader import load_model
     from engine.runner import Runner, StepEntry, make_ops
-    from kernels.cuda.plan import DELTA_CHUNK
+    from lockstep_kernels.cuda.plan import DELTA_CHUNK
     from tests.tiny_hybrid import make_hybrid_model
 
     loaded = load_model(make_hybrid_model(tmp_path, moe=True))

@@ -13,15 +13,15 @@ from tests.cuda_fixtures import cp, gpu, gpu_off  # noqa: F401 (gpu, gpu_off: fi
 
 pytestmark = pytest.mark.gpu
 
-from kernels.base import PAGE_SIZE, RopeTable  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import Weight, f32_to_bf16  # noqa: E402
+from lockstep_kernels.base import PAGE_SIZE, RopeTable  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.weights import Weight, f32_to_bf16  # noqa: E402
 
 RNG = np.random.default_rng()  # fresh inputs every run; a failure prints what it needs
 MATMUL_TOL = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-3, "bf16": 1e-2, "q4_k": 2e-3, "q5_k": 2e-3, "q6_k": 2e-3}
 MATMUL_SHAPES = [(96, 64), (40, 72), (37, 44), (40, 256), (2048, 2048), (512, 2048), (2048, 8192)]
-from kernels.cuda import plan as _plan  # noqa: E402
+from lockstep_kernels.cuda import plan as _plan  # noqa: E402
 
 # types whose kernels read the blocks (repacked as planes; Q5_K on the integer kernels only)
 KQUANTS = list(_plan.KQUANT_TYPES if _plan.KQ_INTEGER else _plan.F16_MMA_KQUANTS)
@@ -101,7 +101,7 @@ def test_shared_memory_kernels_give_the_streaming_kernels_bits(dtype, shape, mon
     batch got."""
     n, k = shape
     _skip_partial_blocks(dtype, k)
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)  # tile even where streaming would be faster
     monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
@@ -123,8 +123,8 @@ def _wgmma_builds_give_mm_tc_bits(dtype, builds):
     and the first one's with SiLU into 16 bits. K of 65 chunks: slices that begin and end inside a stage."""
     import dataclasses
 
-    from kernels.cuda import plan
-    from kernels.cuda.ops import EPI_BIAS, EPI_OUT16, EPI_RESIDUAL, EPI_SILU
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.cuda.ops import EPI_BIAS, EPI_OUT16, EPI_RESIDUAL, EPI_SILU
 
     ops, streaming = CudaOps(exact=True), CudaOps(exact=True)
     if not ops.wgmma:
@@ -318,7 +318,7 @@ def test_pages_park_restore_and_copy_keep_bits(gpu):
 def test_matmul_residual_epilogue_equals_add(gpu, gpu_off, dtype, monkeypatch):
     """matmul(x, w, bias, residual=r) must give add(r, matmul(x, w, bias)) bit for bit on every path
     (streaming, tiled, float32, cuBLAS with exact off)."""
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
     w = _weight(2048, 1024, dtype)
@@ -338,7 +338,7 @@ def test_norm_matmul_equals_the_separate_ops(gpu, gpu_off, dtype, shape, monkeyp
     9-16 rows as rms_norm_16 then the kernel reading 16-bit pairs, long prompts on mm_wgmma as
     rms_norm_16 in its k order; the bits must be rms_norm's then matmul's, with and without bias,
     exact or not; other batches take the separate ops."""
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     n, k = shape
     _skip_partial_blocks(dtype, k)
@@ -362,8 +362,8 @@ def test_gated_product_equals_silu_mul_of_the_stacked_product(gpu, gpu_off, dtyp
     """upload_gate_up's weight (rows regrouped so that one thread holds a gate output and its up
     output): every kernel's epilogue must give silu_mul of the stacked weight's product, bit for
     bit, at every batch width, exact or not, with and without the norm prologue."""
-    from kernels.cuda import plan
-    from kernels.weights import concat_rows
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.weights import concat_rows
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
     k = 256 if dtype in BLOCK else 200
@@ -391,7 +391,7 @@ def test_ffn_equals_norm_matmul_then_down_with_residual(gpu, gpu_off, dtype, ffn
     """ffn (at 9-16 rows the gated products reach the down projection as 16-bit pairs, and on
     mm_wgmma at 128 or more in its k order) must give matmul(norm_matmul(x, gate|up), down,
     residual=x) bit for bit at every batch width."""
-    from kernels.cuda import plan
+    from lockstep_kernels.cuda import plan
 
     _skip_partial_blocks(dtype, ffn)
     monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
@@ -416,9 +416,9 @@ def test_qkv_weight_in_rope_tiles_gives_the_separate_ops_bits(gpu, gpu_off, dtyp
     pair): norm_qkv_rope_write, one launch where the streaming kernel's epilogue rotates and stores,
     must give q and the cache cells of norm_matmul then qkv_rope_write on the stacked weight, bit for
     bit, at every batch width and on every kernel, exact or not, with and without a bias."""
-    from kernels.base import PagedRows
-    from kernels.cuda import plan
-    from kernels.weights import concat_rows
+    from lockstep_kernels.base import PagedRows
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.weights import concat_rows
 
     monkeypatch.setattr(plan, "TILE_MIN_BLOCKS_PER_SM", 0)
     monkeypatch.setattr(plan, "WGMMA_MIN_BLOCKS_PER_SM", 0)
@@ -467,7 +467,7 @@ def test_silu_mul_reads_the_halves_in_place(gpu):
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("neox", [True, False])
 def test_qkv_rope_write_equals_the_separate_ops(gpu, kv_type, neox):
-    from kernels.base import PagedRows, split_qkv_rope_write
+    from lockstep_kernels.base import PagedRows, split_qkv_rope_write
 
     n_heads, n_kv, hd, t = 8, 2, 64, 37
     cos, sin, _ = _rope_table(2048, hd // 2, neox)
@@ -491,7 +491,7 @@ def test_qkv_rope_write_equals_the_separate_ops(gpu, kv_type, neox):
 def test_qk_norm_rope_write_equals_the_separate_ops(gpu, kv_type, neox, hd, t):
     """Qwen3's per-head q/k norm, rope and cache write in one launch: the bits of rms_norm, rope and
     kv_write (q, and the cache cells; padding rows write nothing)."""
-    from kernels.base import PagedRows, split_qk_norm_rope_write
+    from lockstep_kernels.base import PagedRows, split_qk_norm_rope_write
 
     n_heads, n_kv = 8, 2
     cos, sin, _ = _rope_table(2048, hd // 2, neox)

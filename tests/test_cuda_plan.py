@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernels.cuda import available, dispatch, plan
-from kernels.cuda.graph_inputs import bucket_for, pack_inputs
-from kernels.cuda.weights import device_bytes, pad_host
-from kernels.weights import Weight
+from lockstep_kernels.cuda import available, dispatch, plan
+from lockstep_kernels.cuda.graph_inputs import bucket_for, pack_inputs
+from lockstep_kernels.cuda.weights import device_bytes, pad_host
+from lockstep_kernels.weights import Weight
 
 SHAPES = [(96, 64), (40, 72), (2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (128256, 2048),
           (4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
@@ -322,7 +322,7 @@ def test_wgmma_attention_is_on_by_default_on_sm_90_only():
     """attention_wgmma.cu is the default on sm_90 (LOCKSTEP_WGMMA_ATTN=0 turns it off there); every other
     GPU keeps attn_mma whatever the variable says."""
     from contract.env import WGMMA_ATTN
-    from kernels.cuda import dispatch
+    from lockstep_kernels.cuda import dispatch
 
     assert dispatch.wgmma_attention_on("90", {}) is True
     assert dispatch.wgmma_attention_on("90", {WGMMA_ATTN: ""}) is True
@@ -341,7 +341,7 @@ def test_the_wgmma_attention_switch_takes_prefills_only():
     ones, f32 caches and groups of 1 stay where they were."""
     from types import SimpleNamespace
 
-    from kernels.cuda import dispatch
+    from lockstep_kernels.cuda import dispatch
 
     off, on = SimpleNamespace(sm_count=132), SimpleNamespace(sm_count=132, wgmma_attention=True)
     for t in (1, 16, 64, 65, 512, 4096):
@@ -371,7 +371,7 @@ def test_wgmma_attention_blocks_fit_an_sm(t):
 
 def test_attention_ws_is_on_unless_switched_off():
     from contract.env import ATTN_WS
-    from kernels.cuda import dispatch
+    from lockstep_kernels.cuda import dispatch
 
     assert dispatch.attention_ws_on({}) is True
     assert dispatch.attention_ws_on({ATTN_WS: "1"}) is True
@@ -380,7 +380,7 @@ def test_attention_ws_is_on_unless_switched_off():
 
 def test_attention_ws_lean_build_is_on_unless_switched_off():
     from contract.env import ATTN_WS_LEAN
-    from kernels.cuda import dispatch
+    from lockstep_kernels.cuda import dispatch
 
     assert not (plan.WGMMA_WS_LEAN or plan.WGMMA_WS_FTZ or plan.WGMMA_WS_VEC_FOLD)
     assert dispatch.attention_ws_lean({}) is True
@@ -390,7 +390,7 @@ def test_attention_ws_lean_build_is_on_unless_switched_off():
 
 def test_wgmma_kq_follows_the_plan_unless_switched():
     from contract.env import WGMMA_KQ
-    from kernels.cuda import dispatch
+    from lockstep_kernels.cuda import dispatch
 
     assert dispatch.wgmma_kq_switch({}) is None
     assert dispatch.wgmma_kq_switch({WGMMA_KQ: "1"}) is True
@@ -399,7 +399,7 @@ def test_wgmma_kq_follows_the_plan_unless_switched():
 
 def test_attention_ws_tma_follows_the_plan_unless_switched():
     from contract.env import ATTN_WS_TMA
-    from kernels.cuda import dispatch
+    from lockstep_kernels.cuda import dispatch
 
     assert dispatch.attention_ws_tma({}) is bool(plan.WGMMA_WS_TMA)
     assert dispatch.attention_ws_tma({ATTN_WS_TMA: "1"}) is True

@@ -9,9 +9,9 @@ from tests.cuda_fixtures import cp
 
 pytestmark = pytest.mark.gpu
 
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.selfcheck import check_matmuls  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.selfcheck import check_matmuls  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 
 SHAPES = {"1b": [(2048, 2048), (16384, 2048), (2048, 8192), (128256, 2048)],
           "8b": [(4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]}
@@ -39,7 +39,7 @@ ATTENTION = {"1b": (2048, 32, 8, 64), "8b": (4096, 32, 8, 128)}
 
 
 def _rope(positions: int, half: int):
-    from kernels.base import RopeTable
+    from lockstep_kernels.base import RopeTable
     angles = np.arange(positions)[:, None] * 10000.0 ** (-np.arange(half) / half)
     return RopeTable(cp.asarray(np.cos(angles).astype(np.float32)), cp.asarray(np.sin(angles).astype(np.float32)), True)
 
@@ -47,7 +47,7 @@ def _rope(positions: int, half: int):
 @pytest.mark.parametrize("shape", ["1b", "8b"])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_the_fused_qkv_projection_and_every_attention_build_give_row_zero_its_bits_alone(shape, dtype):
-    from kernels.selfcheck import AttentionShape, check_attention, check_qkv
+    from lockstep_kernels.selfcheck import AttentionShape, check_attention, check_qkv
     hidden, heads, kv, hd = ATTENTION[shape]
     ops = CudaOps(exact=True)
     rng = np.random.default_rng(1)

@@ -142,7 +142,7 @@ def test_sigterm_stops_a_ready_engine_cleanly(engine_factory, tiny_llama):
 def test_cuda_memory_plan_counts_weights_pool_and_work(tiny_llama):
     from engine.launch import memory_need
     from engine.loader import load_model
-    from kernels.cuda.weights import device_bytes
+    from lockstep_kernels.cuda.weights import device_bytes
 
     loaded = load_model(tiny_llama)
     cpu = memory_need(loaded, "cpu", 4, "f16")

@@ -5,7 +5,7 @@ import urllib.request
 
 from engine.runner import Runner, StepEntry
 from engine.warmup import prompt_rows, warm_up
-from kernels.cpu.ops import CpuOps
+from lockstep_kernels.cpu.ops import CpuOps
 from tests.engine_helpers import wait_serving
 
 

@@ -15,9 +15,9 @@ from engine.errors import UnsupportedError
 from engine.loader import load_model
 from engine.loader.gguf import GGUFFile
 from engine.runner import prompt_logits
-from kernels.quants import BLOCK_TYPES
-from kernels.quants.writer import QUANTIZERS, quantize
-from kernels.weights import RAW_BLOCK_TYPES, Weight
+from lockstep_kernels.quants import BLOCK_TYPES
+from lockstep_kernels.quants.writer import QUANTIZERS, quantize
+from lockstep_kernels.weights import RAW_BLOCK_TYPES, Weight
 from tests.engine_helpers import Engine
 from tests.test_quants_dequant import F16_FIELDS
 from tests.tiny_models import (
@@ -171,15 +171,15 @@ def test_engine_child_generates_from_a_q4_k_m_file_as_from_its_f32_twin(q4km):
 
 
 def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_memory(q4km, monkeypatch):
-    """CUDA reads Q4_K, Q5_K and Q6_K as blocks (kernels/cuda/kquant.py planes, about their stored size;
+    """CUDA reads Q4_K, Q5_K and Q6_K as blocks (lockstep_kernels/cuda/kquant.py planes, about their stored size;
     Q5_K only on the integer kernels);
     other raw block types, and stacks of parts of different types, become f16 at upload. The
     conversion and the memory plan need no GPU, so they are checked here."""
     from engine.launch import memory_need
-    from kernels.cuda import plan
-    from kernels.cuda.kquant import packed_bytes
-    from kernels.cuda.weights import device_bytes, kernel_weight, stack_bytes
-    from kernels.weights import RowStack, Weight, concat_rows
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.cuda.kquant import packed_bytes
+    from lockstep_kernels.cuda.weights import device_bytes, kernel_weight, stack_bytes
+    from lockstep_kernels.weights import RowStack, Weight, concat_rows
 
     monkeypatch.setattr(plan, "KQ_INTEGER", True)
     rng = np.random.default_rng(9)
@@ -201,7 +201,7 @@ def test_cuda_keeps_k_quants_as_blocks_takes_other_block_types_as_f16_and_plans_
     need = memory_need(loaded, "cuda", n_pages=1, kv_type="f16")
     assert stored <= need["weights"]
     # layer 1's q|k|v is q4_k, q4_k, q6_k (Q4_K_M's v): on the integer kernels a stack of the runs'
-    # planes (kernels/cuda/weights.py CudaStack), so every tensor at its own device size; on matmul.cu's
+    # planes (lockstep_kernels/cuda/weights.py CudaStack), so every tensor at its own device size; on matmul.cu's
     # f16 MMAs one RowStack, f16 on the device, and the plan counts what the upload makes of it
     qkv = [loaded.weights[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"]
     assert [w.dtype for w in qkv] == ["q4_k", "q4_k", "q6_k"]
@@ -224,8 +224,8 @@ def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size(monke
     """On matmul.cu's f16 MMAs; on the integer kernels a mixed q|k|v is its runs' planes (a mixed gate|up
     is f16 there too: its epilogue needs one operand)."""
     from engine.launch import cuda_weight_bytes
-    from kernels.cuda import plan
-    from kernels.cuda.weights import device_bytes
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.cuda.weights import device_bytes
 
     layer = "model.layers.0."
     mixed = {layer + "self_attn.q_proj.weight": _blocks(4096, 4096, "q4_k"),
@@ -255,7 +255,7 @@ def test_cuda_load_line_names_k_quant_experts_read_as_f16_and_their_memory():
     logs a line with their types, count and GiB, the GiB the memory plan counts; dense K-quants stay
     planes and are not named; a type without kernels gets its own line."""
     from engine.launch import cuda_weight_bytes
-    from kernels.cuda.weights import device_bytes, f16_at_load
+    from lockstep_kernels.cuda.weights import device_bytes, f16_at_load
 
     layer = "model.layers.0."
     experts = {layer + f"mlp.experts.{e}.{p}_proj.weight": _blocks(*shape, kind) for e in range(4)
@@ -278,7 +278,7 @@ def test_moe_experts_in_block_types_stay_raw_and_compute_as_their_values(tmp_pat
     """Stacked experts in a raw block type (Q4_0 here: the tiny MoE's rows are 32-multiples) are views
     of the stacked blocks, and the model computes as its dequantised weights."""
     from engine.loader import LoadedModel
-    from kernels.weights import Weight
+    from lockstep_kernels.weights import Weight
     from tests.tiny_moe import make_moe_hf_model, write_moe_gguf
 
     g = load_model(write_moe_gguf(make_moe_hf_model(tmp_path), tmp_path / "moe-q4_0.gguf", "q4_0"))

@@ -8,7 +8,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from kernels.cpu.deltanet import CHUNK
+from lockstep_kernels.cpu.deltanet import CHUNK
 from tests.test_engine_concurrency import wait_for
 
 EXACT = ("--exact-concurrency", "on", "--kv-unified", "--metrics")

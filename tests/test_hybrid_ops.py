@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kernels.base import RecurrentRows
-from kernels.cpu import deltanet as dn
+from lockstep_kernels.base import RecurrentRows
+from lockstep_kernels.cpu import deltanet as dn
 
 K_HEADS, V_HEADS, K_DIM, V_DIM, KERNEL = 2, 4, 8, 6, 4
 QKV = 2 * K_HEADS * K_DIM + V_HEADS * V_DIM

@@ -1,6 +1,6 @@
 """The integer Q4_K / Q6_K arithmetic of kquant_mm.cu, checked on the CPU.
 
-* kernels/cuda/kquant_ref.py (the bits the GPU kernels must give) stays close to the float32
+* lockstep_kernels/cuda/kquant_ref.py (the bits the GPU kernels must give) stays close to the float32
   reference: relative L2 under 1e-4 and under the error of activations rounded to f16 (what the
   16-bit kernels feed their MMAs), so the GPU tests' 2e-3 and the model test's 1e-3 hold;
 * the kernels' byte layouts: kq_quant_x's activation records and the planes' words, read as the
@@ -11,10 +11,10 @@
 import numpy as np
 import pytest
 
-from kernels.cuda import kquant_ref
-from kernels.cuda.kquant import _fields, pack
-from kernels.quants import dequantize
-from kernels.quants.writer import quantize
+from lockstep_kernels.cuda import kquant_ref
+from lockstep_kernels.cuda.kquant import _fields, pack
+from lockstep_kernels.quants import dequantize
+from lockstep_kernels.quants.writer import quantize
 
 M = 0x0F0F0F0F
 
@@ -164,10 +164,10 @@ def test_mma_fragments_give_the_chunk_sums(dtype):
 def test_mixed_kquant_stacks_are_planned_as_their_runs_planes(monkeypatch):
     """A Q4_K_M q|k|v (v Q6_K) stays blocks on the integer kernels: its runs' planes; on matmul.cu's
     f16 MMAs one f16 weight. Stacks with other types are f16 either way."""
-    from kernels.cuda import plan
-    from kernels.cuda.kquant import packed_bytes
-    from kernels.cuda.weights import stack_bytes, type_runs
-    from kernels.weights import Weight
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.cuda.kquant import packed_bytes
+    from lockstep_kernels.cuda.weights import stack_bytes, type_runs
+    from lockstep_kernels.weights import Weight
 
     monkeypatch.setattr(plan, "KQ_INTEGER", True)
     q, k, v = (Weight(_weight(n, 256, t), t) for n, t in ((64, "q4_k"), (32, "q4_k"), (32, "q6_k")))

@@ -4,8 +4,8 @@ row invariance (a token alone vs inside random batches that route elsewhere), bi
 import numpy as np
 import pytest
 
-from kernels.cpu.ops import CpuOps
-from kernels.weights import Weight
+from lockstep_kernels.cpu.ops import CpuOps
+from lockstep_kernels.weights import Weight
 
 RNG = np.random.default_rng(30)
 H, F, E, K = 64, 32, 8, 3

@@ -12,8 +12,8 @@ from engine.loader import LoadedModel, load_model  # noqa: E402
 from engine.loader.moe import hf_expert_views, hf_moe_config  # noqa: E402
 from engine.models.moe import MoeBlock  # noqa: E402
 from engine.runner import prompt_logits  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
-from kernels.weights import Weight  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.weights import Weight  # noqa: E402
 from tests.tiny_moe import make_moe_hf_model, write_moe_gguf  # noqa: E402
 
 SHAPES = {

@@ -4,10 +4,10 @@ row-invariant in exact mode, embeddings dequantising only the looked-up rows."""
 import numpy as np
 import pytest
 
-from kernels.cpu import quant_matmul
-from kernels.cpu.ops import CpuOps
-from kernels.quants import BLOCK_TYPES
-from kernels.weights import RAW_BLOCK_TYPES, RowStack, Weight, concat_rows
+from lockstep_kernels.cpu import quant_matmul
+from lockstep_kernels.cpu.ops import CpuOps
+from lockstep_kernels.quants import BLOCK_TYPES
+from lockstep_kernels.weights import RAW_BLOCK_TYPES, RowStack, Weight, concat_rows
 from tests.test_quants_dequant import F16_FIELDS
 
 RNG = np.random.default_rng(20261201)

@@ -5,7 +5,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from kernels.quants import BLOCK_TYPES, dequantize
+from lockstep_kernels.quants import BLOCK_TYPES, dequantize
 
 # byte offsets of each type's f16 scale fields within a block (MXFP4 has an e8m0 byte instead)
 F16_FIELDS = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,), "q2_k": (80, 82),

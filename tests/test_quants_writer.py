@@ -10,8 +10,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from kernels.quants import BLOCK_TYPES, dequantize
-from kernels.quants.writer import QUANTIZERS, quantize
+from lockstep_kernels.quants import BLOCK_TYPES, dequantize
+from lockstep_kernels.quants.writer import QUANTIZERS, quantize
 
 
 def _source(seed: int) -> np.ndarray:

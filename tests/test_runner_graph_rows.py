@@ -7,12 +7,12 @@ uncaptured. It checks the runner's flattening of decode and speculative verify r
 import numpy as np
 
 from engine.runner import Runner, make_ops
-from kernels.base import PagedRows
+from lockstep_kernels.base import PagedRows
 from tests.test_scheduler import GREEDY, run
 
 
 class RowsStandIn:
-    """Like kernels.cuda.graphs.DecodeGraphs: row i uses page-table row i, logits for every row."""
+    """Like lockstep_kernels.cuda.graphs.DecodeGraphs: row i uses page-table row i, logits for every row."""
 
     def __init__(self, runner: Runner, width: int, max_batch: int = 64):
         self.runner, self.width, self.max_batch = runner, width, max_batch

@@ -1,7 +1,7 @@
 """The exactness self-check's mechanism on the CPU: it finds each family's row count, passes the
 real CPU backend, and refuses (the engine's one-line verdict, which the studio classifies) when a
 family changes row 0's bits; and which CUDA kernels and attention builds it probes for real shapes
-(kernels.cuda.dispatch, plain arithmetic)."""
+(lockstep_kernels.cuda.dispatch, plain arithmetic)."""
 
 import logging
 from dataclasses import dataclass
@@ -14,8 +14,8 @@ from engine.exits import EXACT_REFUSED, Fatal
 from engine.loader import load_model
 from engine.runner import Runner, make_ops
 from engine.selfcheck import model_matmuls, self_check
-from kernels.cuda import dispatch, plan
-from kernels.selfcheck import AttentionShape, attention_rows, check_matmuls, family_rows, qkv_rows
+from lockstep_kernels.cuda import dispatch, plan
+from lockstep_kernels.selfcheck import AttentionShape, attention_rows, check_matmuls, family_rows, qkv_rows
 from studio.failures import classify
 
 
@@ -204,7 +204,7 @@ def test_the_cpu_backend_passes_qkv_and_attention_with_one_build_each(runner):
     assert qkv_rows(runner.ops, runner.model.layers[0].w_qkv, 512) == {"rows_gemv": 1}
 
 
-# What the CUDA backend's plan picks (kernels.cuda.dispatch is the code CudaOps runs), for real shapes.
+# What the CUDA backend's plan picks (lockstep_kernels.cuda.dispatch is the code CudaOps runs), for real shapes.
 H200 = SimpleNamespace(sm_count=132, exact=True, tiled=True, wgmma=True)
 A100 = SimpleNamespace(sm_count=108, exact=True, tiled=True, wgmma=False)
 RTX3060 = SimpleNamespace(sm_count=28, exact=True, tiled=True, wgmma=False)

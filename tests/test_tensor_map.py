@@ -1,4 +1,4 @@
-"""kernels/cuda/tensor_map.py without a GPU: which arrays it refuses, and that a map is encoded once
+"""lockstep_kernels/cuda/tensor_map.py without a GPU: which arrays it refuses, and that a map is encoded once
 per (address, shape, box) however many launches use it. The driver's encoder is a stand-in that
 counts its calls (libcuda is absent on CPU machines)."""
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernels.cuda import tensor_map
+from lockstep_kernels.cuda import tensor_map
 
 
 def _array(shape, dtype=np.uint16, ptr=1 << 20, contiguous=True):

@@ -13,8 +13,8 @@ from engine.loader import load_model
 from engine.parallel.model import ShardedPagePool
 from engine.parallel.setup import build_ranks, tp_plan
 from engine.runner import Runner, StepEntry
-from kernels.base import PAGE_SIZE
-from kernels.cpu.ops import CpuOps
+from lockstep_kernels.base import PAGE_SIZE
+from lockstep_kernels.cpu.ops import CpuOps
 from tests.tiny_models import make_hf_model
 
 RNG = np.random.default_rng(20261201)

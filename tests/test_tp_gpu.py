@@ -7,7 +7,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from kernels.cuda import available  # noqa: E402
+from lockstep_kernels.cuda import available  # noqa: E402
 
 _OK, _WHY = available()
 if not _OK:

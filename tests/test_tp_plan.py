@@ -7,7 +7,7 @@ from engine.config import ModelConfig, MoeConfig
 from engine.parallel.collective import InProcessCollective, ordered_sum, reduce_partials
 from engine.parallel.plan import PlanError, parse_tensor_split, plan_tp, resolve_tp
 from engine.parallel.shard import cols, shard_weights
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 from tests.engine_helpers import last_line, run_engine
 
 EIGHT_B = ModelConfig("llama", 128256, 4096, 32, 32, 8, 128, 14336)

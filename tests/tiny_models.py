@@ -254,9 +254,9 @@ def write_gguf(hf_dir: Path, path: Path, dtype: str = "f32", *, pre: str = "defa
     kv |= gpt2_vocab_kv(tok, pre, tcfg.get("bos_token"), tcfg.get("eos_token"), add_bos=family == "llama",
                         chat_template=template)
 
-    from kernels.quants.mixes import q4_k_m_type
-    from kernels.quants.writer import QUANTIZERS
-    from kernels.quants.writer import quantize as quantize_ours
+    from lockstep_kernels.quants.mixes import q4_k_m_type
+    from lockstep_kernels.quants.writer import QUANTIZERS
+    from lockstep_kernels.quants.writer import quantize as quantize_ours
 
     default = None if dtype == "q4_k_m" else Q[dtype.upper()]
     if dtype == "q4_k_m":

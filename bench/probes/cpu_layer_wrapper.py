@@ -1,7 +1,7 @@
 """Probe: the Python around CpuOps.dense_layer (the one-call layer) per call, with the compiled layer
-stubbed out, for this tree's kernels/cpu/ops.py and an older copy of it, alternated in one process.
+stubbed out, for this tree's lockstep_kernels/cpu/ops.py and an older copy of it, alternated in one process.
 
-    git show main:kernels/cpu/ops.py > /tmp/old_ops.py
+    git show main:lockstep_kernels/cpu/ops.py > /tmp/old_ops.py
     python bench/probes/cpu_layer_wrapper.py /tmp/old_ops.py
 """
 
@@ -18,8 +18,8 @@ from engine.threads import configure_threads  # noqa: E402
 configure_threads(1)
 from engine.launch import read_model  # noqa: E402
 from engine.runner import Runner, StepEntry  # noqa: E402
-from kernels.cpu import layer  # noqa: E402
-from kernels.cpu import ops as new_ops  # noqa: E402
+from lockstep_kernels.cpu import layer  # noqa: E402
+from lockstep_kernels.cpu import ops as new_ops  # noqa: E402
 
 CALLS = 5000
 

@@ -17,10 +17,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_ops import back_to_back_ms, write_json  # noqa: E402
-from kernels.base import RecurrentRows  # noqa: E402
-from kernels.cuda.launch import launch  # noqa: E402
-from kernels.cuda.modules import COMMON, HERE, OPTIONS, kernel  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.base import RecurrentRows  # noqa: E402
+from lockstep_kernels.cuda.launch import launch  # noqa: E402
+from lockstep_kernels.cuda.modules import COMMON, HERE, OPTIONS, kernel  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 KH, VH, KD, VD, KW = 16, 32, 128, 128, 4
 QKV = 2 * KH * KD + VH * VD

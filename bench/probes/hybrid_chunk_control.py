@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine.loader import load_model  # noqa: E402
 from engine.scheduler.planner import Planner  # noqa: E402
-from kernels.cpu import deltanet  # noqa: E402
-from kernels.cpu.ops import CpuOps  # noqa: E402
+from lockstep_kernels.cpu import deltanet  # noqa: E402
+from lockstep_kernels.cpu.ops import CpuOps  # noqa: E402
 from studio.evidence import make_prompts  # noqa: E402
 from tests.test_scheduler import run  # noqa: E402
 from tests.tiny_hybrid import make_hybrid_model  # noqa: E402

@@ -13,8 +13,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_ops import bench_matmul, write_json  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 # (name, n, k) of one decode step's matrices; per step: 24 DeltaNet, 8 attention, 32 FFN layers
 SHAPES = [("dn_in", 12352, 2560), ("dn_out", 2560, 4096), ("attn_qkv", 10240, 2560), ("attn_o", 2560, 4096),

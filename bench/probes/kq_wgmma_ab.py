@@ -21,11 +21,11 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import random_weight, timed  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.arrays import i32  # noqa: E402
-from kernels.cuda.launch import launch  # noqa: E402
-from kernels.cuda.modules import kernel  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.arrays import i32  # noqa: E402
+from lockstep_kernels.cuda.launch import launch  # noqa: E402
+from lockstep_kernels.cuda.modules import kernel  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 TEST_BUILDS = [(4, 1, 2, 1, 0), (4, 1, 4, 1, 0), (6, 1, 4, 1, 0), (6, 0, 2, 1, 0), (4, 1, 2, 0, 0), (6, 1, 4, 1, 1)]  # the tests'
 SHAPES = {"qkv": (6144, 4096, None, "q4_k"), "o": (4096, 4096, "res", "q4_k"), "gate_up": (28672, 4096, "gate", "q4_k"),
@@ -43,7 +43,7 @@ def use(build: str) -> None:
 
 def _build(job: tuple) -> float:
     """One module into CuPy's disk cache, in a process of its own (NVRTC compiles one at a time a process)."""
-    from kernels.cuda.modules import module
+    from lockstep_kernels.cuda.modules import module
 
     t0 = time.perf_counter()
     module(*job).get_function("act_to_16" if job[0] == "matmul.cu" else "mm_wgmma_kq_q4k")  # compiles the whole source

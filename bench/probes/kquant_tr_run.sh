@@ -16,7 +16,7 @@ write_shape(Path('/tmp/8b-q4_k_m.gguf'), '8b', 0, 'q4_k_m')" > "$work/write.log"
 writer=$!
 for f in matmul.cu wgmma.cu attention_wgmma.cu pointwise.cu rows.cu kv_cache.cu attention.cu attention_mma.cu; do
   echo "$f"
-done | xargs -P 4 -I{} timeout 200 python3 -c "import sys; from kernels.cuda.modules import module; module(sys.argv[1]).compile()" {} \
+done | xargs -P 4 -I{} timeout 200 python3 -c "import sys; from lockstep_kernels.cuda.modules import module; module(sys.argv[1]).compile()" {} \
   > "$work/compile.log" 2>&1 &
 stage tests
 timeout "${T_TESTS:-130}" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
@@ -24,10 +24,10 @@ timeout "${T_TESTS:-130}" python3 -m pytest -m gpu --noconftest -p no:cacheprovi
 python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json" 2>/dev/null
 stage 8b
 wait "$writer"; cat "$work/write.log"
-sed -i -e 's/^KQ_INTEGER = False/KQ_INTEGER = True/' -e 's/^KQ_TR: int | None = 0/KQ_TR: int | None = None/' kernels/cuda/plan.py
+sed -i -e 's/^KQ_INTEGER = False/KQ_INTEGER = True/' -e 's/^KQ_TR: int | None = 0/KQ_TR: int | None = None/' lockstep_kernels/cuda/plan.py
 timeout "${T_8B:-110}" python3 bench/throughput.py -m /tmp/8b-q4_k_m.gguf --vocab 128256 --shape 8b --quant q4_k_m \
   --cells "${CELLS:-1,16}" --repeats 1 --modes "${MODES:-on}" --out "$work/throughput-8b-q4_k_m" > "$work/8b.log" 2>&1
-sed -i -e 's/^KQ_INTEGER = True/KQ_INTEGER = False/' -e 's/^KQ_TR: int | None = None/KQ_TR: int | None = 0/' kernels/cuda/plan.py
+sed -i -e 's/^KQ_INTEGER = True/KQ_INTEGER = False/' -e 's/^KQ_TR: int | None = None/KQ_TR: int | None = 0/' lockstep_kernels/cuda/plan.py
 grep -E "^rep|ready|rror" "$work/8b.log" | tail -n 8
 cp "$work/throughput-8b-q4_k_m".{json,md} "$OUT"/ 2>/dev/null || tail -n 30 "$work/8b.log"
 stage mm

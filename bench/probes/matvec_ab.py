@@ -19,10 +19,10 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.launch import launch  # noqa: E402
-from kernels.cuda.modules import kernel  # noqa: E402
-from kernels.cuda.ops import EPI_RESIDUAL, EPI_SILU, mm_tc_args, streaming_kernel  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.launch import launch  # noqa: E402
+from lockstep_kernels.cuda.modules import kernel  # noqa: E402
+from lockstep_kernels.cuda.ops import EPI_RESIDUAL, EPI_SILU, mm_tc_args, streaming_kernel  # noqa: E402
 
 # (name, n, k, normed in the engine's decode step)
 SHAPES_4B = [("dn_in", 12352, 2560, True), ("dn_out", 2560, 4096, False), ("attn_qkv", 10240, 2560, True),

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.probes.matvec_ab import BUILDS  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
 
 # launches of each matrix a decode step (4B hybrid: 24 DeltaNet, 8 attention, 32 FFN layers; 8B: 32 layers)
 COUNTS = {"dn_in": 24, "dn_out": 24, "attn_qkv": 8, "attn_o": 8, "gate_up": 32, "down": 32, "lm_head": 1,

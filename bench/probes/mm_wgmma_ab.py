@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import ROTATE_BYTES, random_weight, timed  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import EPI_OUT16, EPI_RESIDUAL, EPI_SILU, CudaOps  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.ops import EPI_OUT16, EPI_RESIDUAL, EPI_SILU, CudaOps  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096, 0), "o": (4096, 4096, EPI_RESIDUAL),
           "gate_up": (28672, 4096, EPI_SILU | EPI_OUT16), "down": (4096, 14336, EPI_RESIDUAL)}
@@ -65,7 +65,7 @@ def _build(job: tuple) -> float:
     """One module compiled into CuPy's disk cache (a process of its own: NVRTC runs one compile a process)."""
     import time
 
-    from kernels.cuda.modules import kernel
+    from lockstep_kernels.cuda.modules import kernel
 
     t0 = time.perf_counter()
     kernel(*job)

@@ -13,7 +13,7 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import attention_inputs, random_weight  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 
 def attention(ops: CudaOps, rows: int, ctx: int, prefill: bool) -> None:

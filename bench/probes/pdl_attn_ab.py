@@ -19,9 +19,9 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import lone_replay_ms, model_setup, step_inputs  # noqa: E402
-from kernels.cuda import launch as kernel_launch  # noqa: E402
-from kernels.cuda import modules  # noqa: E402
-from kernels.cuda import ops as cuda_ops  # noqa: E402
+from lockstep_kernels.cuda import launch as kernel_launch  # noqa: E402
+from lockstep_kernels.cuda import modules  # noqa: E402
+from lockstep_kernels.cuda import ops as cuda_ops  # noqa: E402
 
 VARIANTS = ("all", "none", "plain:attn_mma", "plain:attn_merge", "plain:attn_mma,attn_merge", "plain:after_merge",
             "plain:attn_mma,attn_merge,after_merge")

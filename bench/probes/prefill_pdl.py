@@ -19,9 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import model_setup  # noqa: E402
-from kernels.base import PagedRows  # noqa: E402
-from kernels.cuda import launch as kernel_launch  # noqa: E402
-from kernels.cuda import ops as cuda_ops  # noqa: E402
+from lockstep_kernels.base import PagedRows  # noqa: E402
+from lockstep_kernels.cuda import launch as kernel_launch  # noqa: E402
+from lockstep_kernels.cuda import ops as cuda_ops  # noqa: E402
 
 ORIGINAL = kernel_launch.launch
 

@@ -45,9 +45,9 @@ import cupy as cp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import bench_decode_step  # noqa: E402
 from bench.probes.prefill_pdl import measure, prompt_forward  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
-from kernels.weights import concat_rows  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.weights import concat_rows  # noqa: E402
 
 _launch = plan.matmul_launch
 

@@ -16,7 +16,7 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import back_to_back_ms, decode_setup, lone_replay_ms, step_inputs  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_ops import timed  # noqa: E402
-from kernels.cuda import modules  # noqa: E402
+from lockstep_kernels.cuda import modules  # noqa: E402
 
 _D = ", ".join(f"%{i}" for i in range(64))
 _OUTS = ", ".join(f'"+f"(d[{i}])' for i in range(64))

@@ -10,8 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_ops import bench_matmul  # noqa: E402
-from kernels.cuda import plan  # noqa: E402
-from kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda import plan  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "qo": (4096, 4096), "gate_up": (14336, 4096), "gate_up_fused": (28672, 4096),
           "down": (4096, 14336)}

@@ -10,7 +10,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.build import check_weights
 from engine.tokenizer import TextTokenizer
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 
 @dataclass

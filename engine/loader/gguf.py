@@ -1,7 +1,7 @@
 """GGUF files: metadata -> ModelConfig, tensors -> Weights under Hugging Face names, vocab -> tokenizer.
 
 Tensors stay memory-mapped where their stored layout is ours already (F32, F16, BF16 and the raw
-blocks of the other quantized types, kernels.weights.RAW_BLOCK_TYPES); Q8_0 blocks are split into int8
+blocks of the other quantized types, lockstep_kernels.weights.RAW_BLOCK_TYPES); Q8_0 blocks are split into int8
 values and f16 scales, and llama's q/k rows are put back in HF order.
 """
 
@@ -20,7 +20,7 @@ from engine.loader.gguf_vocab import build_tokenizer
 from engine.loader.moe import gguf_moe_config, gguf_moe_name, gguf_moe_tensor
 from engine.models.llama import expected_shapes
 from engine.tokenizer import TextTokenizer
-from kernels.weights import QK8_0, RAW_BLOCK_TYPES, Weight
+from lockstep_kernels.weights import QK8_0, RAW_BLOCK_TYPES, Weight
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")  # Mistral files say "llama"
 _CONFIG_ARCH = {"qwen3moe": "qwen3_moe"}  # GGUF architecture -> ModelConfig.arch where they differ

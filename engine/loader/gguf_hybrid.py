@@ -18,7 +18,7 @@ from engine.loader.gguf import _BLK, _GLOBAL
 from engine.loader.gguf import gguf_name as _gguf_name
 from engine.loader.moe import gguf_moe_tensor
 from engine.models.qwen3_5 import FULL, LINEAR, from_hf_config, hybrid_spec
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 ARCHS = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 _BLOCK = {

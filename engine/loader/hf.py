@@ -10,7 +10,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError, UnsupportedError
 from engine.loader.moe import hf_expert_views, hf_moe_config
 from engine.loader.safetensors_file import load_tensors
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 log = logging.getLogger("engine.loader")
 _HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")

@@ -12,7 +12,7 @@ import re
 from engine.config import MoeConfig
 from engine.errors import ModelLoadError
 from engine.models.moe import expert_views, fused_gate_up_views
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 GGUF_BLOCK = {
     "ffn_gate_inp.weight": "mlp.gate.weight",

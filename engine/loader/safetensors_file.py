@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelLoadError, UnsupportedError
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 _DTYPES = {"F32": (np.float32, "f32"), "F16": (np.float16, "f16"), "BF16": (np.uint16, "bf16")}
 

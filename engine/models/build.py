@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 from engine.models import llama, qwen3_5
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 HYBRID = ("qwen3_5", "qwen3_5_moe")
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ModelLoadError
-from kernels.base import Ops, RecurrentRows
-from kernels.weights import Weight, concat_rows
+from lockstep_kernels.base import Ops, RecurrentRows
+from lockstep_kernels.weights import Weight, concat_rows
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.models.moe import MoeBlock, moe_shapes
-from kernels.base import Ops, PagedRows, RopeTable
-from kernels.weights import Weight, concat_rows
+from lockstep_kernels.base import Ops, PagedRows, RopeTable
+from lockstep_kernels.weights import Weight, concat_rows
 
 
 def expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

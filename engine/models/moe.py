@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from engine.config import MoeConfig
-from kernels.base import Ops
-from kernels.weights import Weight
+from lockstep_kernels.base import Ops
+from lockstep_kernels.weights import Weight
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 SHARED = ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight",

@@ -19,8 +19,8 @@ from engine.loader.moe import hf_moe_config
 from engine.models import llama
 from engine.models.deltanet import DeltaNetLayer, DeltaNetShape, shape_from_config
 from engine.models.moe import MoeBlock, moe_shapes
-from kernels.base import Ops, PagedRows, RopeTable
-from kernels.weights import Weight, concat_rows
+from lockstep_kernels.base import Ops, PagedRows, RopeTable
+from lockstep_kernels.weights import Weight, concat_rows
 
 FULL, LINEAR = "full_attention", "linear_attention"
 

@@ -18,8 +18,8 @@ from engine.models.llama import LlamaModel
 from engine.parallel.collective import Collective, reduce_partials
 from engine.parallel.plan import TPPlan
 from engine.parallel.shard import shards
-from kernels.base import Ops, PagedRows
-from kernels.weights import Weight
+from lockstep_kernels.base import Ops, PagedRows
+from lockstep_kernels.weights import Weight
 
 
 class TensorParallelModel:

@@ -87,7 +87,7 @@ def cuda_ranks(devices: tuple[int, ...], exact: bool) -> tuple[list[Any], NcclCo
         raise RuntimeError(problem)
     import cupy as cp
 
-    from kernels.cuda.ops import CudaOps
+    from lockstep_kernels.cuda.ops import CudaOps
 
     ranks = [OnDevice(CudaOps(exact=exact, device=d)) for d in devices]  # each makes its device current
     coll = NcclCollective(devices)

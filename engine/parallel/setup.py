@@ -9,7 +9,7 @@ from engine.config import ModelConfig
 from engine.parallel.collective import Collective, InProcessCollective
 from engine.parallel.plan import TPPlan, plan_tp
 from engine.parallel.shard import ffn_unit
-from kernels.weights import Weight
+from lockstep_kernels.weights import Weight
 
 
 @dataclass
@@ -36,6 +36,6 @@ def build_ranks(plan: TPPlan, backend: str, exact: bool, threads: int = 1) -> TP
         from engine.parallel.nccl import cuda_ranks
 
         return TPSetup(plan, *cuda_ranks(plan.devices, exact))
-    from kernels.cpu.ops import CpuOps
+    from lockstep_kernels.cpu.ops import CpuOps
 
     return TPSetup(plan, [CpuOps(exact=exact, threads=threads) for _ in range(plan.tp)], InProcessCollective(plan.tp))

@@ -8,8 +8,8 @@ import numpy as np
 
 from engine.config import ModelConfig
 from engine.parallel.plan import PlanError, RankShard, TPPlan
-from kernels.quants import BLOCK_TYPES
-from kernels.weights import QK8_0, Weight
+from lockstep_kernels.quants import BLOCK_TYPES
+from lockstep_kernels.weights import QK8_0, Weight
 
 
 def column_unit(w: Weight) -> int:

@@ -37,7 +37,7 @@ from engine.scheduler.slots import SlotTable, Waiting
 from engine.scheduler.snapshot import Snapshot
 from engine.scheduler.step import Stepper
 from engine.tokenizer import TextTokenizer
-from kernels.base import PAGE_SIZE
+from lockstep_kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.scheduler")
 

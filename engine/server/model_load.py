@@ -21,8 +21,8 @@ from engine.server.generation import LoopDispatch
 from engine.server.state import EngineState
 from engine.threads import threads_report
 from engine.warmup import warm_up
-from kernels.base import PAGE_SIZE
-from kernels.weights import QK8_0
+from lockstep_kernels.base import PAGE_SIZE
+from lockstep_kernels.weights import QK8_0
 
 log = logging.getLogger("engine.server")
 

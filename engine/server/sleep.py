@@ -127,6 +127,6 @@ def _snapshot(state) -> dict:
 def _release(backend: str) -> None:
     gc.collect()  # the model's arrays go with their last reference; cycles would keep them until a later gc
     if backend == "cuda":
-        from kernels.cuda import release_cached
+        from lockstep_kernels.cuda import release_cached
 
         release_cached()

@@ -29,7 +29,7 @@ from engine.server.model_load import load_model
 from engine.server.protocol import GuardedRunner
 from engine.server.sleep import Sleeper
 from engine.server.state import EngineState
-from kernels.base import PAGE_SIZE
+from lockstep_kernels.base import PAGE_SIZE
 
 log = logging.getLogger("engine.server")
 
