@@ -123,40 +123,8 @@ __device__ __forceinline__ void slices(Chunk& chunk, float (&part)[64], float (&
     }
 }
 
-struct __align__(64) TensorMap {
-    unsigned long long v[16];  // CUtensorMap, encoded on the host (lockstep_kernels/cuda/tensor_map.py)
-};
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Waits for the phase of `parity` to complete. A barrier that never completes is a bug: stop after
-// ~seconds rather than hang the device. (A trap makes ptxas give up setmaxnreg's register budget, so the
-// builds that raise it stop at a breakpoint instead, which without a debugger also ends the kernel.)
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    for (unsigned spins = 0;; ++spins) {
-        unsigned done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        if (done) return;
-        if (spins > (1u << 26)) {
-#if WG_SETMAXNREG
-            asm volatile("brkpt;\n");
-#else
-            __trap();
-#endif
-        }
-    }
-}
+#define MBAR_BRKPT WG_SETMAXNREG
+#include "tma.cuh"
 
 // TMA multicast: the box lands at `dst` and signals `bar` (offsets in this block's shared memory) in every
 // block of the cluster named in `mask`
@@ -178,11 +146,6 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void tma_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
 
 // EPI_SILU | EPI_OUT16: silu_times of each gate/up pair rounded to the MMA's 16 bits (act_to_16's
 // rounding) and stored in act_to_16's `perm` order, so the down projection takes it as it is: [M, N / 2]

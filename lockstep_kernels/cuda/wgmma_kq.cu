@@ -100,36 +100,9 @@ __device__ __forceinline__ void kg_commit() { asm volatile("wgmma.commit_group.s
 template <int N>
 __device__ __forceinline__ void kg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
-__device__ __forceinline__ void kg_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void kg_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void kg_bar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// A barrier that never completes is a bug: stop after ~seconds rather than hang the device (a breakpoint,
-// which without a debugger ends the kernel too: a trap makes ptxas give up setmaxnreg's budget, wgmma.cu).
-__device__ __forceinline__ void kg_bar_wait(unsigned bar, unsigned parity) {
-    for (unsigned spins = 0;; ++spins) {
-        unsigned done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        if (done) return;
-        if (spins > (1u << 26)) asm volatile("brkpt;\n");
-    }
-}
+#define MBAR_BRKPT 1  // setmaxnreg builds: no trap (tma.cuh)
+#include "tma.cuh"
 
-struct __align__(64) KgTensorMap {
-    unsigned long long v[16];  // CUtensorMap (lockstep_kernels/cuda/tensor_map.py)
-};
-
-__device__ __forceinline__ void kg_tma_2d(unsigned dst, const KgTensorMap* map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
 __device__ __forceinline__ void kg_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
@@ -215,7 +188,7 @@ __device__ __forceinline__ void kg_step(float (&part)[64], const float (&p)[W / 
 // q4k_ones_sums' [token tiles][C][128]. Grid (token tiles, weight tiles), token tiles fastest: the blocks
 // sharing a weight tile run together.
 template <bool Q6>
-__device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsigned char* __restrict__ nib,
+__device__ __forceinline__ void mm_wgmma_kq(const TensorMap* xmap, const unsigned char* __restrict__ nib,
                                             const unsigned char* __restrict__ aux, const float* __restrict__ e,
                                             const float* __restrict__ bias, const float* __restrict__ res,
                                             float* __restrict__ out, int M, int N, int Kp, int flags, int S) {
@@ -233,8 +206,8 @@ __device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsig
     const unsigned full = base + KG_STAGES * L::stage + 64 * KG_CONSUMERS * 4, empty = full + 8 * KG_STAGES;
     if (tid == 0) {
         for (int s = 0; s < KG_STAGES; ++s) {
-            kg_bar_init(full + 8 * s, KG_CPASYNC ? 1 + 128 : 1);  // expect_tx (and the producers' cp.async)
-            kg_bar_init(empty + 8 * s, 4 * KG_GROUPS);
+            mbar_init(full + 8 * s, KG_CPASYNC ? 1 + 128 : 1);  // expect_tx (and the producers' cp.async)
+            mbar_init(empty + 8 * s, 4 * KG_GROUPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -253,11 +226,11 @@ __device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsig
         constexpr int SEGS = L::tile_bytes / 16, NIB = 32, TOP = Q6 ? 16 : 0, SC = 4;
         for (int st = 0; st < stages; ++st) {
             const unsigned s = st % KG_STAGES, at = base + s * L::stage, bar = full + 8 * s;
-            if (st >= KG_STAGES) kg_bar_wait(empty + 8 * s, ((st / KG_STAGES) - 1) & 1);
+            if (st >= KG_STAGES) mbar_wait(empty + 8 * s, ((st / KG_STAGES) - 1) & 1);
             const int c0 = st * KG_KC;
             if (pt == 0) {
-                kg_bar_expect(bar, KG_X_STAGE + (Q6 ? 0 : KG_E_STAGE));
-                kg_tma_2d(at, xmap, c0 * 32, m0, bar);
+                mbar_expect(bar, KG_X_STAGE + (Q6 ? 0 : KG_E_STAGE));
+                tma_2d(at, xmap, c0 * 32, m0, bar);
                 if (!Q6) kg_bulk(at + L::e, e + ((i64)m_tile * C + c0) * KG_TOK, KG_E_STAGE, bar);
             }
             unsigned char* w = sbase + s * L::stage + KG_X_STAGE;
@@ -291,10 +264,10 @@ __device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsig
             const unsigned bytes = KG_X_STAGE + (Q6 ? 0 : KG_E_STAGE) + tiles * L::tile_bytes;
             for (int st = 0; st < stages; ++st) {
                 const unsigned s = st % KG_STAGES, at = base + s * L::stage, bar = full + 8 * s;
-                if (st >= KG_STAGES) kg_bar_wait(empty + 8 * s, ((st / KG_STAGES) - 1) & 1);
+                if (st >= KG_STAGES) mbar_wait(empty + 8 * s, ((st / KG_STAGES) - 1) & 1);
                 const int c0 = st * KG_KC;
-                kg_bar_expect(bar, bytes);
-                kg_tma_2d(at, xmap, c0 * 32, m0, bar);
+                mbar_expect(bar, bytes);
+                tma_2d(at, xmap, c0 * 32, m0, bar);
                 if (!Q6) kg_bulk(at + L::e, e + ((i64)m_tile * C + c0) * KG_TOK, KG_E_STAGE, bar);
                 const unsigned w = at + KG_X_STAGE;
                 for (int j = 0; j < tiles; ++j) {
@@ -344,7 +317,7 @@ __device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsig
     // chunk c's fragments from its stage, after the stage's wait when c opens it
     auto load = [&](KgChunk<Q6>& k, int c) {
         const unsigned s = (c >> 1) % KG_STAGES;
-        if (!(c & 1)) kg_bar_wait(full + 8 * s, ((c >> 1) / KG_STAGES) & 1);
+        if (!(c & 1)) mbar_wait(full + 8 * s, ((c >> 1) / KG_STAGES) & 1);
         kg_load<Q6>(k, sbase + stage_at(c) + KG_X_STAGE, tile, c & 1, lane);
     };
     // chunk c's MMAs of token slice q into accumulator set b (Q6_K: both halves' sums)
@@ -363,7 +336,7 @@ __device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsig
     };
     auto release = [&](int c) {  // the stage's last chunk is done: its reads of tokens, weights and sums
         __syncwarp();
-        if (lane == 0) kg_bar_arrive(empty + 8 * ((c >> 1) % KG_STAGES));
+        if (lane == 0) mbar_arrive(empty + 8 * ((c >> 1) % KG_STAGES));
     };
 
     KgChunk<Q6> k0, k1;
@@ -416,7 +389,7 @@ __device__ __forceinline__ void mm_wgmma_kq(const KgTensorMap* xmap, const unsig
 
 #define MM_WGMMA_KQ(NAME, Q6)                                                                                 \
     extern "C" __global__ void __launch_bounds__(KG_THREADS, 1)                                               \
-        NAME(const __grid_constant__ KgTensorMap xmap, const unsigned char* nib, const unsigned char* aux,   \
+        NAME(const __grid_constant__ TensorMap xmap, const unsigned char* nib, const unsigned char* aux,   \
              const float* e, const float* bias, const float* res, float* out, int M, int N, int Kp, int flags, \
              int S) {                                                                                         \
         mm_wgmma_kq<Q6>(&xmap, nib, aux, e, bias, res, out, M, N, Kp, flags, S);                             \
