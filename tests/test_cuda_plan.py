@@ -254,6 +254,10 @@ def test_wgmma_kq_launch_takes_mm_wides_batches_with_its_split(shape):
     dev = SimpleNamespace(sm_count=132, exact=True, tiled=True, wgmma=True)
     w = SimpleNamespace(dtype="q4_k", shape=(4096, 4096), gate_up=None, rope_tiles=0)
     assert dispatch.matmul_family(dev, 512, w) == ("mm_wgmma_kq" if plan.WGMMA_KQ else "mm_wide")
+    for switched in (True, False):  # LOCKSTEP_WGMMA_KQ's say (CudaOps.wgmma_kq) outranks the plan's
+        dev.wgmma_kq = switched
+        assert dispatch.matmul_family(dev, 512, w) == ("mm_wgmma_kq" if switched else "mm_wide")
+        assert dispatch.matmul_family(dev, 1, w) == "mm_tc"
 
 
 @pytest.mark.parametrize("build", ["persist", "g3", "g3p", "mc", "mcp", "g3mc"])
