@@ -277,12 +277,11 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
                shared=wide.shared)
         return out
 
-    @staticmethod
-    def _wgmma_kq(x16, w: CudaWeight, kq: plan.MatmulLaunch, bias, res, out, flags):
+    def _wgmma_kq(self, x16, w: CudaWeight, kq: plan.MatmulLaunch, bias, res, out, flags):
         """mm_wgmma_kq over x16 (f16 activations in act_to_16's `perm` order), Q4_K's after the tokens' ones
         sums (q4k_ones_sums)."""
         t, kp = (int(s) for s in x16.shape)
-        e = bias  # unread (Q6_K)
+        e = self._dummy  # Q6_K reads no ones sums
         if w.dtype == "q4_k":
             e = cp.empty((plan.ceil_div(t, plan.WIDE_M), kp // plan.K_CHUNK, plan.WIDE_M), dtype=cp.float32)
             grid, block = plan.q4k_ones_grid(t, kp)
@@ -379,24 +378,19 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
             if w.gate_up is not None and bias is not None:
                 raise ValueError("a gated product takes no bias or residual")
             return self._kq_norm_matmul(x, norm_weight, eps, w, bias)
-        if kq := dispatch.to_wgmma_kq(self, t, k, w):  # the normalised rows in mm_wgmma_kq's k order
-            if w.gate_up is not None and bias is not None:
-                raise ValueError("a gated product takes no bias or residual")
-            out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
-            flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
-            return self._wgmma_kq(self._norm16(x, norm_weight, eps, w, perm=True), w, kq,
-                                  bias if bias is not None else self._dummy, self._dummy, out, flags)
         prologue = self._prologue(t, k, w)
         wgmma = prologue is None and self._to_wgmma(t, k, w)
-        if prologue is None and not wgmma:
+        kq = prologue is None and not wgmma and dispatch.to_wgmma_kq(self, t, k, w)
+        if prologue is None and not (wgmma or kq):
             return self.matmul(self.rms_norm(x, norm_weight, eps), w, bias)
         if w.gate_up is not None and bias is not None:
             raise ValueError("a gated product takes no bias or residual")
         out = cp.empty((t, w.shape[0] // 2 if w.gate_up else w.shape[0]), dtype=cp.float32)
         flags = (EPI_BIAS if bias is not None else 0) | (EPI_SILU if w.gate_up else 0)
-        if wgmma:  # long prompts: the normalised rows reach mm_wgmma as its 16-bit values in its k order
+        if wgmma or kq:  # long prompts: the normalised rows reach mm_wgmma(_kq) as 16-bit values in its k order
             b = bias if bias is not None else self._dummy
-            return self._wgmma(self._norm16(x, norm_weight, eps, w, perm=True), w, wgmma, b, self._dummy, out, flags)
+            run = self._wgmma if wgmma else self._wgmma_kq
+            return run(self._norm16(x, norm_weight, eps, w, perm=True), w, wgmma or kq, b, self._dummy, out, flags)
         return self._streaming(self._normed(x, norm_weight, eps, w, prologue), w, out, bias, None, flags, prologue,
                                norm_weight, eps)
 
