@@ -8,25 +8,16 @@
 #   tests   tests/test_cuda_kq_wgmma.py (bits against mm_tc and mm_wide, row invariance); TEST_OPS=1 adds the
 #           K-quant matmul tests of tests/test_cuda_ops.py with the kernel on                            [120]
 #   probe   bench/probes/kq_wgmma_ab.py: the 8B matmuls at 512 and 2048 rows, mm_wide against the builds  [60]
-#   engine  bench/throughput.py on the 8B Q4_K_M shape, exact on, solo 512-token prompts: plan.WGMMA_KQ on,
-#           then off (plan.py again: there is no environment switch); only where the tests passed [the rest]
-# The 8B Q4_K_M shape file is written in the background meanwhile.   OUT=/tmp/x bench/gpu_kqwg.sh [STAGES]
+# The engine cells with the kernel on and off: bench/gpu_kq_engine.sh.   OUT=/tmp/x bench/gpu_kqwg.sh [STAGES]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-kqwg}
 source bench/gpu_env.sh
 deadline=$((start + ${KQ_DEADLINE:-420}))
 lim() { local v="KQ_T_$1" left=$((deadline - $(date +%s) - 3)); local want=${!v:-$2}; echo $((want < left ? want : left)); }
-stages=${1:-smoke,tests,probe,engine}
+stages=${1:-smoke,tests,probe}
 has() { [[ ",$stages," == *",$1,"* ]]; }
-kq_switch() { sed -i "s/^WGMMA_KQ = .*/WGMMA_KQ = $1/" lockstep_kernels/cuda/plan.py; }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
-model=/tmp/shape-8b-q4km.gguf
-if has engine; then
-  ( [ -f $model ] || python3 -c "import sys; sys.path.insert(0, 'bench'); from shapes import write_shape; write_shape('$model', '8b', 0, 'q4_k_m')" ) \
-    > "$work/shape.log" 2>&1 &
-  shape=$!
-fi
 if has build; then
   stage "build"
   timeout "$(lim build 70)" python3 bench/probes/kq_wgmma_ab.py --compile --builds "${PROBE_BUILDS:-kq_bulk,kq,kq_s4,kq_reg}" --out /dev/null \
@@ -60,19 +51,16 @@ EOF
     sed -i 's/^WGMMA_KQ_CPASYNC = 1/WGMMA_KQ_CPASYNC = 0/' lockstep_kernels/cuda/plan.py
   fi
 fi
-tests_ok=0
 if has tests; then
   stage "tests"
-  kq_switch True  # test_cuda_ops.py's wide-batch tests then compare it too (TEST_OPS=1)
   files="tests/test_cuda_kq_wgmma.py"; sel="test_cuda_kq_wgmma"
   [ "${TEST_OPS:-0}" = 1 ] && files="$files tests/test_cuda_ops.py" && \
     sel="$sel or ((q4_k or q6_k) and (shared_memory_kernels or norm_matmul or gated or ffn or residual))"
-  timeout "$(lim tests 120)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
+  # LOCKSTEP_WGMMA_KQ=1: test_cuda_ops.py's wide-batch tests then compare it too (TEST_OPS=1)
+  LOCKSTEP_WGMMA_KQ=1 timeout "$(lim tests 120)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE \
     --junitxml="$work/kq-tests.xml" $files -k "$sel" > "$work/kq-tests.txt" 2>&1
   rc=$?
-  kq_switch False
   echo "tests rc $rc"; grep -E '^(FAILED|ERROR) |^E  ' "$work/kq-tests.txt" | cut -c1-300 | head -n 12; tail -n 1 "$work/kq-tests.txt"
-  [ $rc -eq 0 ] && tests_ok=1
   [ -f "$work/kq-tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/kq-tests.xml" "$OUT/kq-tests.json"
 fi
 if has probe; then
@@ -82,21 +70,7 @@ if has probe; then
   echo "probe rc $?"; tail -n 1 "$work/probe.log" | cut -c1-900
 fi
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
-if has engine && { [ $tests_ok -eq 1 ] || ! has tests; }; then
-  stage "engine"
-  wait "$shape"; echo "shape rc $?"; stage "shape written"
-  for mode in on off; do
-    kq_switch $([ $mode = on ] && echo True || echo False)
-    timeout "$(lim engine 200)" python3 bench/throughput.py -m $model --shape 8b --vocab 128256 --cells 1 \
-      --modes on --repeats 2 --gen 8 --prompt 512 --out "$OUT/tp-8b-q4km-kq-$mode" > "$work/tp-$mode.log" 2>&1
-    echo "engine (mm_wgmma_kq $mode) rc $?"; grep -E "^rep|ready|Error|error|refus" "$work/tp-$mode.log" | cut -c1-300 | tail -n 4
-    stage "engine $mode done"
-  done
-  kq_switch False
-fi
-tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
 stage "done"
 { echo "== summary"; [ -f "$work/kq-tests.txt" ] && echo "tests: $(tail -n 1 "$work/kq-tests.txt")"
   tail -n 1 "$work/probe.log" 2>/dev/null | cut -c1-900
-  for mode in on off; do [ -f "$OUT/tp-8b-q4km-kq-$mode.md" ] && { echo "mm_wgmma_kq $mode:"; grep -E '^\| ' "$OUT/tp-8b-q4km-kq-$mode.md"; }; done
 } | tee -a "$OUT/summary.txt"
