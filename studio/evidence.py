@@ -131,7 +131,6 @@ class EngineServer:
         log = open(self.log_dir / f"engine-{self.port}.log", "wb") if self.log_dir else asyncio.subprocess.DEVNULL
         self.proc = await asyncio.create_subprocess_exec(*self.argv, env=self.env, stdout=log, stderr=log,
                                                          stdin=asyncio.subprocess.DEVNULL)
-        self.inherited = _lockstep_environ(self.proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.returncode is not None:
@@ -139,6 +138,8 @@ class EngineServer:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status == 200:
+                        # read once it serves: just after the fork /proc still shows the parent's environment
+                        self.inherited = _lockstep_environ(self.proc.pid)
                         return
             await asyncio.sleep(0.1)
         raise EvidenceError(f"engine did not become healthy in {timeout:.0f} s: {' '.join(self.argv)}")
