@@ -13,7 +13,7 @@ stage "shape"
 echo "shape rc $?"
 for kq in 0 1; do
   stage "kq=$kq"
-  LOCKSTEP_WGMMA_KQ=$kq timeout "${KQ_T_RUN:-150}" python3 bench/throughput.py -m $model --shape 8b --vocab 128256 --device cuda \
+  LOCKSTEP_WGMMA_KQ=$kq timeout "${KQ_T_RUN:-150}" python3 bench/throughput.py -m $model --shape 8b --quant q4_k_m --vocab 128256 --device cuda \
     --cells 1,16 --modes on --prompt 512 --gen 64 --repeats 1 --out "$work/kq$kq" > "$work/kq$kq.log" 2>&1
   echo "kq=$kq rc $?"; tail -n 3 "$work/kq$kq.log"
   tar -czf "$OUT/kq-engine.tgz" -C "$work" .

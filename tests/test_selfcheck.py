@@ -280,4 +280,7 @@ def test_matmul_families_of_8b_weights_on_an_h200(monkeypatch):
     assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mmq_one": 1, "mmq_tc": 2, "mmq_tile": 65}
     monkeypatch.setattr(plan, "KQ_INTEGER", False)
     assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
+                                                                           "mm_wgmma_kq": 512}
+    monkeypatch.setattr(plan, "WGMMA_KQ", False)
+    assert family_rows(ops, FakeCudaWeight("q4_k", (4096, 4096)), 512) == {"mm_tc": 1, "mm_tile": 65,
                                                                            "mm_wide": 512}
