@@ -18,7 +18,7 @@ import numpy as np
 from lockstep_kernels.cuda import kquant, plan
 from lockstep_kernels.cuda import launch as kernel_launch
 from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel
-from lockstep_kernels.cuda.weights import CudaWeight
+from lockstep_kernels.cuda.weights import CudaStack, CudaWeight
 from lockstep_kernels.quants import BLOCK_TYPES
 
 SHAPES_1B = {"qo": (2048, 2048), "kv": (512, 2048), "gate_up": (8192, 2048), "down": (2048, 8192),
@@ -243,30 +243,41 @@ def _fake_weights(cfg) -> dict:
             for name, shape in expected_shapes(cfg).items()}
 
 
-def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int, pages: int | None = None):
-    """The 1B or 8B shape with random f16 weights and a page pool for n_seqs sequences of ctx + 1
-    cells, or of `pages` pages each (the engine's decode graphs take the pages a sequence may reach:
-    56 for the throughput benchmark's 14336-token unified context): (cfg, ops, model, pool, pages per
-    sequence)."""
+def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int, pages: int | None = None, gguf: str | None = None):
+    """The 1B or 8B shape with random f16 weights, or the model of the file `gguf` as the engine loads
+    it (a K-quant mix: its blocks), and a page pool for n_seqs sequences of ctx + 1 cells, or of `pages`
+    pages each (the engine's decode graphs take the pages a sequence may reach: 56 for the throughput
+    benchmark's 14336-token unified context): (cfg, ops, model, pool, pages per sequence)."""
     from engine.config import ModelConfig
     from engine.kv_cache import PagePool
     from engine.models.llama import LlamaModel
 
+    pages_per_seq = max(pages or 0, -(-(ctx + 1) // 256))
+    if gguf:
+        from engine.loader import load_model
+        from engine.models.build import model_class
+
+        loaded = load_model(gguf)
+        cfg, ops = loaded.config, CudaOps(exact=exact)
+        model = model_class(cfg)(cfg, loaded.weights, ops, pages_per_seq * 256)
+        pool = PagePool(ops, cfg.n_layers, n_seqs * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
+        return cfg, ops, model, pool, pages_per_seq
     big = shape == "8B"
     cfg = ModelConfig(arch="llama", vocab_size=128256, hidden=4096 if big else 2048, n_layers=32 if big else 16,
                       n_heads=32, n_kv_heads=8, head_dim=128 if big else 64, ffn=14336 if big else 8192)
     ops = _BenchOps(exact=exact)
-    pages_per_seq = max(pages or 0, -(-(ctx + 1) // 256))
     model = LlamaModel(cfg, _fake_weights(cfg), ops, pages_per_seq * 256)
     pool = PagePool(ops, cfg.n_layers, n_seqs * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
     return cfg, ops, model, pool, pages_per_seq
 
 
-def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int, pages: int | None = None):
+def decode_setup(exact: bool, shape: str, batches: list[int], ctx: int, pages: int | None = None,
+                 gguf: str | None = None):
     """model_setup for `batches` sequences and its decode graphs: (cfg, graphs, pages per sequence,
     weight bytes)."""
-    cfg, ops, model, pool, pages_per_seq = model_setup(exact, shape, max(batches), ctx, pages)
-    weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values() if isinstance(w, CudaWeight))
+    cfg, ops, model, pool, pages_per_seq = model_setup(exact, shape, max(batches), ctx, pages, gguf)
+    weight_bytes = sum(w.nbytes for layer in model.layers for w in vars(layer).values()
+                       if isinstance(w, CudaWeight | CudaStack))
     weight_bytes += model.lm_head.nbytes
     graphs = ops.decode_graphs(lambda ids, rows, lr: model.forward(ids, rows, pool.layers, lr), pages_per_seq,
                                tuple(batches))

@@ -7,11 +7,13 @@ instead (launched from Python as the engine does, exact on or, with --exact-off,
 
     python3 bench/gpu_profile.py --shape 1B --batch 1 [--pdl] [--out FILE]
     python3 bench/gpu_profile.py --shape 8B --prefill 512 [--exact-off]
+    python3 bench/gpu_profile.py --gguf /tmp/shape-8b-q4km.gguf --batch 1 16   (a file's model, e.g. K-quants)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections import defaultdict
 
@@ -41,19 +43,20 @@ def kernel_times(replay, reps: int) -> list[list[tuple[str, float, float]]]:
     return [events[i * n:(i + 1) * n] for i in range(reps)] if n else []
 
 
-def profile_step(shape: str, batch: int, ctx: int, pdl: bool, reps: int) -> dict:
+def profile_step(shape: str, batch: int, ctx: int, pdl: bool, reps: int, gguf: str | None = None) -> dict:
     supported = kernel_launch.pdl_supported
     if not pdl:
         kernel_launch.pdl_supported = lambda: False
     try:
-        cfg, graphs, pages_per_seq, _ = decode_setup(True, shape, [batch], ctx)
-        graphs(*step_inputs(batch, pages_per_seq, ctx))
-        cp.cuda.Device().synchronize()
+        cfg, graphs, pages_per_seq, _ = decode_setup(True, shape, [batch], ctx, gguf=gguf)
+        out = cp.asnumpy(graphs(*step_inputs(batch, pages_per_seq, ctx)))
         g = graphs._graphs[batch].graph
         runs = kernel_times(lambda: g.launch(), reps)
     finally:
         kernel_launch.pdl_supported = supported
-    return summarize(runs, {"shape": shape, "batch": batch, "ctx": ctx, "pdl": pdl}, cfg.n_layers)
+    head = {"shape": gguf or shape, "batch": batch, "ctx": ctx, "pdl": pdl,
+            "output_sha1": hashlib.sha1(out.tobytes()).hexdigest()}  # two builds' steps compared bit for bit
+    return summarize(runs, head, cfg.n_layers)
 
 
 def prompt_forward(shape: str, tokens: int, exact: bool):
@@ -108,11 +111,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--prefill", type=int, help="profile one prompt of this many tokens instead")
     ap.add_argument("--exact-off", action="store_true", help="with --prefill: exact mode off (cuBLAS)")
+    ap.add_argument("--gguf", help="decode steps of this file's model instead of the random --shape")
     ap.add_argument("--out")
     args = ap.parse_args()
     res = []
     runs = ([lambda: profile_prefill(args.shape, args.prefill, not args.exact_off, args.reps)] if args.prefill else
-            [lambda b=b, c=c: profile_step(args.shape, b, c, args.pdl, args.reps) for c in args.ctx for b in args.batch])
+            [lambda b=b, c=c: profile_step(args.shape, b, c, args.pdl, args.reps, args.gguf) for c in args.ctx for b in args.batch])
     for run in runs:
         r = run()
         res.append(r)
@@ -120,7 +124,7 @@ def main() -> None:
         if "error" in r:
             print(r)
             continue
-        what = " ".join(f"{k} {v}" for k, v in r.items() if k in ("shape", "batch", "ctx", "pdl", "prefill", "exact"))
+        what = " ".join(f"{k} {v}" for k, v in r.items() if k in ("shape", "batch", "ctx", "pdl", "prefill", "exact", "output_sha1"))
         print(f"\n== {what}: {r['kernels']} kernels, span {r['span_us']:.1f} us, busy {r['busy_us']:.1f} us")
         for name, t, c in r["by_name"]:
             print(f"  {name:<28} {t:8.1f} us  x{c}")

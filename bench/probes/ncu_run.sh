@@ -9,7 +9,8 @@ sections="--section SpeedOfLight --section Occupancy --section SchedulerStats --
   --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats"
 # targets to profile: the arguments (e.g. tm1 tm2), else all
 declare -A kernels=([wgmma]=mm_wgmma_tma [tm2]=mm_f16_tm2 [tm1]=mm_f16_tm1
-                    [attn_prefill]=attn_partial [attn_decode]=attn_partial)
+                    [attn_prefill]=attn_partial [attn_decode]=attn_partial
+                    [q4k1]=mm_q4k_one [q4k16]=mm_q4k_tm2 [q6k1]=mm_q6k_one)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(wgmma tm2 tm1 attn_prefill attn_decode)
 for target in "${targets[@]}"; do
