@@ -22,3 +22,9 @@ shape8b_bg() {
     > "$work/shape.log" 2>&1 &
   shape=$!
 }
+# The 8B Q4_K_M-like shape to /tmp/shape-8b-q4km.gguf in the background (kept if there), its pid in $shape.
+shape8b_q4km_bg() {
+  ( [ -f /tmp/shape-8b-q4km.gguf ] || python3 -c 'import sys; sys.path.insert(0, "bench"); from shapes import write_shape; write_shape("/tmp/shape-8b-q4km.gguf", "8b", 0, "q4_k_m")' ) \
+    > "$work/shape.log" 2>&1 &
+  shape=$!
+}

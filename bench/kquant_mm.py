@@ -2,7 +2,7 @@
 the 8B shapes (H200): microseconds, weight GB/s and the fraction of the copy bandwidth. Writes JSON (--out), prints a table.
 
     python3 bench/kquant_mm.py --out /tmp/kquant-mm.json
-    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # one row: block bound x batch x split
+    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # one row: builds x splits, bits vs the default build
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ import cupy as cp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded, random_weight, timed  # noqa: E402
+from lockstep_kernels.cuda import launch as kernel_launch  # noqa: E402
 from lockstep_kernels.cuda import plan  # noqa: E402
-from lockstep_kernels.cuda.ops import CudaOps  # noqa: E402
+from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # noqa: E402
 from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
-PROBE_BUILDS = [(512, 4), (1024, 4)]  # (KQ_BOUND threads, KQ_U_ONE chunks a batch)
+# Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, registers
+# KQ_REGS_ONE 72), other caps and batches, Q4_K's nibbles as subnormal f16 (KQ_SUBNORMAL).
+PROBE_BUILDS = [(), (("KQ_REGS_ONE", 64),), (("KQ_REGS_ONE", 80),), (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96)),
+                (("KQ_SUBNORMAL", 1),)]
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:
@@ -46,21 +50,38 @@ def measure(results: list, bw: float, run, label: str, **tags) -> None:
               f"{r['TFLOPs']:6.1f} TFLOP/s", flush=True)
 
 
+def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple) -> bool:
+    """Whether a build of the one-row kernel gives the default build's bits (the same split: a build
+    changes no sum) on one random weight and row."""
+    w, x = random_weight(n, k, dtype), cp.random.standard_normal((1, k), dtype=cp.float32)
+    mm = plan.matmul_launch(dtype, 1, n, k, ops.sm_count)
+    outs = []
+    for d in ((), defines):
+        out = cp.empty((1, n), cp.float32)
+        kernel_launch.launch(streaming_kernel(mm, d), mm.grid, mm.block, mm_tc_args(w, x, out, out), mm.shared)
+        outs.append(out)
+    return bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
+
+
 def probe(ops: CudaOps, bw: float, results: list) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
-    benchmark of speed only)."""
+    benchmark of speed only; each build's bits against the default build's at the dispatch's split)."""
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for dtype in ("q4_k", "q6_k"):
             base = plan.split_k(n, k, ops.sm_count, dtype)
-            for bound, u in PROBE_BUILDS:
-                for s in sorted({max(1, base // 2), base, base * 2, base * 4}):
-                    if s * 32 > bound or 2 * s > k // 32:
+            for defines in PROBE_BUILDS:
+                build = " ".join(f"{k}={v}" for k, v in defines) or "default"
+                check: list = []
+                guarded(check, lambda n=n, k=k, dtype=dtype, defines=defines: {"equal": build_bits(ops, n, k, dtype, defines)})
+                same = check[0].get("equal", check[0].get("error"))
+                for s in sorted({max(1, base // 2), base, base * 2}):
+                    if s > plan.KQ_MAX_SPLIT or 2 * s > k // 32:
                         continue
-                    defines = (("KQ_BOUND", bound), ("KQ_U_ONE", u))
                     measure(results, bw, lambda n=n, k=k, dtype=dtype, s=s, defines=defines:
                             bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
-                            f"{name:8} {dtype} bound={bound:4} U={u:2} S={s:2}", shape=name, bound=bound, u=u)
+                            f"{name:8} {dtype} {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
+                            build=build, dispatch_split=base, bits_equal_default=same)
 
 
 def main() -> None:

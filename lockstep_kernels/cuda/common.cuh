@@ -413,6 +413,11 @@ __device__ __forceinline__ void store_attn(float* out, i64 at, float v) {
 // ---- K-quant planes (lockstep_kernels/cuda/kquant.py): a Q4_K or Q6_K weight of `tiles` 16-row tiles and
 // C 32-value chunks, repacked so that a warp reads each plane whole. `w` is the low-nibble plane;
 // `aux` holds (Q6_K) the top-bit plane, the sub-block scales, the super-block scales.
+template <bool B>
+struct Bool {  // a compile-time flag for generic lambdas (no <type_traits> under NVRTC)
+    static constexpr bool value = B;
+};
+
 struct KqPlanes {
     const unsigned char* nib;
     const unsigned char* top;
@@ -430,10 +435,19 @@ __device__ __forceinline__ KqPlanes kq_planes(const void* w, const void* aux, bo
     return p;
 }
 
+// (a & MASK) | c in one LOP3: written plainly, with two constants, ptxas issues two (one immediate an
+// instruction); c's register is set once outside the loops.
+template <unsigned MASK>
+__device__ __forceinline__ unsigned and_or(unsigned a, unsigned c) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "r"(c));
+    return r;
+}
+
 // Pair j (k 8t + 2j, 8t + 2j + 1) of a lane's word as an exact f16 pair: q (Q4_K), or q - 32 with the
 // top bits at `hs` in `top` (Q6_K): 1024 + q is an f16 whose low mantissa bits are q.
 __device__ __forceinline__ unsigned kq_pair(unsigned nib, unsigned top, int j, int hs, bool q6) {
-    unsigned v = ((nib >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
+    unsigned v = and_or<0x000F000Fu>(nib >> (4 * j), 0x64006400u);
     if (q6) v |= ((top >> (2 * j + hs)) << 4) & 0x00300030u;
     unsigned r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(q6 ? 0x64206420u : 0x64006400u));

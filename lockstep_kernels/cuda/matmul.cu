@@ -26,6 +26,9 @@
 #define WT_Q4K 3
 #define WT_Q6K 4
 #define KQ(WT) ((WT) == WT_Q4K || (WT) == WT_Q6K)
+#ifndef KQ_SUBNORMAL
+#define KQ_SUBNORMAL 0  // 1: the one-row Q4_K kernels' nibbles as subnormal f16 (a_frags' SUB); a probe's build
+#endif
 #ifndef KQ_U_ONE
 #define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
 #endif
@@ -88,9 +91,20 @@ __device__ __forceinline__ void load_x8(const float* __restrict__ x, int row, bo
 // `wb` row g + 8's (16-bit weights: a uint4; int8: one byte each in .x and .y; K-quants: the low
 // nibbles in .x, Q6_K's top bits of both rows in wa.y). a1 feeds the first MMA (k 8t .. 8t+3), a2
 // the second (k 8t+4 .. 8t+7).
-template <int WT>
+// SUB (Q4_K): each nibble q as the f16 whose bits are q, the subnormal q * 2^-24, not 1024 + q less
+// 1024 (one instruction a pair fewer); the sums are then 2^-24 of the others if the MMA sums scaled
+// inputs to exactly scaled bits, which a build with KQ_SUBNORMAL checks against the default's.
+template <int WT, bool SUB = false>
 __device__ __forceinline__ void a_frags(uint4 wa, uint4 wb, unsigned (&a1)[4], unsigned (&a2)[4]) {
-    if (KQ(WT)) {
+    if (SUB) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            a1[2 * j] = (wa.x >> (4 * j)) & 0x000F000Fu;
+            a1[2 * j + 1] = (wb.x >> (4 * j)) & 0x000F000Fu;
+            a2[2 * j] = (wa.x >> (4 * j + 8)) & 0x000F000Fu;
+            a2[2 * j + 1] = (wb.x >> (4 * j + 8)) & 0x000F000Fu;
+        }
+    } else if (KQ(WT)) {
         const bool q6 = WT == WT_Q6K;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -129,7 +143,9 @@ __device__ __forceinline__ void q4k_ones(float (&e)[4], unsigned b0, unsigned b1
     mma_f16(e, one, one, one, one, b2, b3);
 }
 
-// A Q4_K chunk into an accumulator from its ones sums `e`: d*sc * sum(q x) - dmin*m * sum(x).
+// A Q4_K chunk into an accumulator from its ones sums `e`: d*sc * sum(q x) - dmin*m * sum(x). COL0:
+// only the first token column's elements (acc[0], acc[2]; a one-row kernel stores no other).
+template <bool COL0 = false>
 __device__ __forceinline__ void q4k_chunk(float (&acc)[4], const unsigned (&a1)[4], const unsigned (&a2)[4],
                                           unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db,
                                           float ea, float eb, const float (&e)[4]) {
@@ -137,22 +153,25 @@ __device__ __forceinline__ void q4k_chunk(float (&acc)[4], const unsigned (&a1)[
     mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
     mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
     acc[0] = __fmaf_rn(-ea, e[0], __fmaf_rn(da, p[0], acc[0]));
-    acc[1] = __fmaf_rn(-ea, e[1], __fmaf_rn(da, p[1], acc[1]));
     acc[2] = __fmaf_rn(-eb, e[2], __fmaf_rn(db, p[2], acc[2]));
-    acc[3] = __fmaf_rn(-eb, e[3], __fmaf_rn(db, p[3], acc[3]));
+    if (!COL0) {
+        acc[1] = __fmaf_rn(-ea, e[1], __fmaf_rn(da, p[1], acc[1]));
+        acc[3] = __fmaf_rn(-eb, e[3], __fmaf_rn(db, p[3], acc[3]));
+    }
 }
 
 // One chunk into an accumulator; b0, b1 (k 8t .. 8t+3) and b2, b3 (k 8t+4 .. 8t+7) are a token's
 // activation pairs. q8_0 sums the chunk apart and scales it by its rows' block scales da, db;
 // K-quants also take ea, eb (Q4_K: dmin*m; Q6_K: the second half's scales) of rows g, g + 8.
-template <int WT>
+// COL0: q4k_chunk's (the scaled types' float step for token column 0 only).
+template <int WT, bool COL0 = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[4], const unsigned (&a2)[4],
                                           unsigned b0, unsigned b1, unsigned b2, unsigned b3, float da, float db,
                                           float ea = 0.f, float eb = 0.f) {
     if (WT == WT_Q4K) {
         float e[4];
         q4k_ones(e, b0, b1, b2, b3);
-        q4k_chunk(acc, a1, a2, b0, b1, b2, b3, da, db, ea, eb, e);
+        q4k_chunk<COL0>(acc, a1, a2, b0, b1, b2, b3, da, db, ea, eb, e);
     } else if (KQ(WT)) {  // Q6_K: the halves' sums apart
         float p[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
         const unsigned lo = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, hi = ~lo;
@@ -161,17 +180,21 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[
         mma_f16(e, a1[0] & hi, a1[1] & hi, a1[2] & hi, a1[3] & hi, b0, b1);
         mma_f16(e, a2[0] & hi, a2[1] & hi, a2[2] & hi, a2[3] & hi, b2, b3);
         acc[0] = __fmaf_rn(ea, e[0], __fmaf_rn(da, p[0], acc[0]));
-        acc[1] = __fmaf_rn(ea, e[1], __fmaf_rn(da, p[1], acc[1]));
         acc[2] = __fmaf_rn(eb, e[2], __fmaf_rn(db, p[2], acc[2]));
-        acc[3] = __fmaf_rn(eb, e[3], __fmaf_rn(db, p[3], acc[3]));
+        if (!COL0) {
+            acc[1] = __fmaf_rn(ea, e[1], __fmaf_rn(da, p[1], acc[1]));
+            acc[3] = __fmaf_rn(eb, e[3], __fmaf_rn(db, p[3], acc[3]));
+        }
     } else if (WT == WT_Q8) {
         float p[4] = {0.f, 0.f, 0.f, 0.f};
         mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0, b1);
         mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2, b3);
         acc[0] = __fmaf_rn(da, p[0], acc[0]);
-        acc[1] = __fmaf_rn(da, p[1], acc[1]);
         acc[2] = __fmaf_rn(db, p[2], acc[2]);
-        acc[3] = __fmaf_rn(db, p[3], acc[3]);
+        if (!COL0) {
+            acc[1] = __fmaf_rn(da, p[1], acc[1]);
+            acc[3] = __fmaf_rn(db, p[3], acc[3]);
+        }
     } else if (WT == WT_BF16) {
         mma_bf16(acc, a1[0], a1[1], a1[2], a1[3], b0, b1);
         mma_bf16(acc, a2[0], a2[1], a2[2], a2[3], b2, b3);
@@ -286,15 +309,15 @@ __device__ __forceinline__ void stage_weights(unsigned char* dst, const void* __
 }
 
 // One row's activation pairs of chunk u of a four-chunk warp load (lane l packed k 4l .. 4l + 3 into q0,
-// q1), as the lanes of token 0 (g = 0) feed them to the MMA (load_x8's pairs); zeros on the others.
+// q1), as the lanes of token 0 (g = 0) feed them to the MMA (load_x8's pairs). The other lanes take
+// the same pairs: the MMA's other token columns repeat column 0, whose sums do not depend on them,
+// and a one-row kernel neither scales (COL0) nor stores them.
 __device__ __forceinline__ void row_pairs(unsigned q0, unsigned q1, int u, unsigned (&b)[4]) {
     const int lane = threadIdx.x & 31, src = (u & 3) * 8 + 2 * (lane & 3);
     b[0] = __shfl_sync(0xffffffffu, q0, src);
     b[1] = __shfl_sync(0xffffffffu, q1, src);
     b[2] = __shfl_sync(0xffffffffu, q0, src + 1);
     b[3] = __shfl_sync(0xffffffffu, q1, src + 1);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) b[i] = lane < 4 ? b[i] : 0u;
 }
 
 template <int WT, int TM, int U, int PRO>
@@ -312,6 +335,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
+    constexpr bool KQ_SUB = KQ_SUBNORMAL && WT == WT_Q4K;  // the one-row path's a_frags<WT, SUB>
 
     float acc[TM][4];
 #pragma unroll
@@ -322,21 +346,28 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     uint4 wa[U], wb[U];
     float da[U] = {}, db[U] = {};
     const KqPlanes kq = kq_planes(w, scales, WT == WT_Q6K, (N + 15) >> 4, C);
-    auto load_weights = [&](int c0) {
+    // This lane's words of the tile's chunk 0 in each plane (kq_scale_words' places); chunk c lies
+    // c times a plane's bytes per chunk further, so a batch's loads take immediate offsets.
+    const i64 lane0 = (i64)blockIdx.x * C * 32 + lane;
+    const unsigned char* nib_at = kq.nib + lane0 * 8;
+    const unsigned char* top_at = kq.top + lane0 * 4;
+    const unsigned char* sc_at = kq.sc + ((i64)blockIdx.x * C * 8 + g) * 4;
+    const unsigned char* d_at = kq.d + ((i64)blockIdx.x * (C >> 3) * 8 + g) * (WT == WT_Q6K ? 4 : 8);
+    // full: every chunk of the batch lies in the slice (no bound checks)
+    auto load_weights = [&](int c0, auto full) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u;
-            if (c >= c_end) continue;
+            if (!decltype(full)::value && c >= c_end) continue;
             if (KQ(WT)) {  // one 8-byte load a lane covers the tile's chunk: 256 bytes a warp
-                const i64 lane_at = ((i64)blockIdx.x * C + c) * 32 + lane;
-                const uint2 q = *reinterpret_cast<const uint2*>(kq.nib + lane_at * 8);
-                const unsigned top = WT == WT_Q6K ? *reinterpret_cast<const unsigned*>(kq.top + lane_at * 4) : 0u;
+                const uint2 q = *reinterpret_cast<const uint2*>(nib_at + c * 256);
+                const unsigned top = WT == WT_Q6K ? *reinterpret_cast<const unsigned*>(top_at + c * 128) : 0u;
                 wa[u] = make_uint4(q.x, top, 0u, 0u);
                 wb[u] = make_uint4(q.y, 0u, 0u, 0u);
-                unsigned s;
-                uint2 d;  // scale words, converted where the chunk is multiplied (fewer registers in flight)
-                kq_scale_words(kq, WT == WT_Q6K, blockIdx.x, C, c, g, s, d);
-                wa[u].z = s;
+                // scale words, converted where the chunk is multiplied (fewer registers in flight)
+                const uint2 d = WT == WT_Q6K ? make_uint2(*reinterpret_cast<const unsigned*>(d_at + (c >> 3) * 32), 0u)
+                                             : *reinterpret_cast<const uint2*>(d_at + (c >> 3) * 64);
+                wa[u].z = *reinterpret_cast<const unsigned*>(sc_at + c * 32);
                 wb[u].y = d.x;
                 wb[u].z = d.y;
             } else if (WT == WT_Q8) {
@@ -356,7 +387,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     };
 
     // The first weights are in flight while the previous kernel finishes (weights are never written).
-    load_weights(c_begin);
+    load_weights(c_begin, Bool<false>{});
     pdl_start();
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];
@@ -406,42 +437,54 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // the lanes of token 0 (g = 0) take theirs by shuffles, the pairs load_x8 would give. Loaded per
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
     static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
+    // A batch of one row's chunks; `full` (every chunk in the slice) drops the bound checks.
+    auto one_row_batch = [&](int c0, auto full) {
+        constexpr bool all = decltype(full)::value;
+        if (c0 != c_begin) load_weights(c0, full);
+        unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
+#pragma unroll
+        for (int h = 0; h < U / 4; ++h) {
+            const int k = (c0 + 4 * h) * 32 + 4 * lane;
+            float v[4] = {0.f, 0.f, 0.f, 0.f};
+            if (all || c0 + 4 * h + (lane >> 3) < c_end) {
+                if (vec && k + 3 < K) {
+                    const float4 f = *reinterpret_cast<const float4*>(x + k);
+                    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) v[i] = k + i < K ? x[k + i] : 0.f;
+                }
+                if (PRO == PRO_NORM) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        if (k + i < K) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[k + i]);
+                }
+            }
+            p0[h] = pack_act<WT>(v[0], v[1]);
+            p1[h] = pack_act<WT>(v[2], v[3]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (all || c0 + u < c_end) {
+                unsigned b[4];
+                row_pairs(p0[u >> 2], p1[u >> 2], u, b);
+                unsigned a1[4], a2[4];
+                a_frags<WT, KQ_SUB>(wa[u], wb[u], a1, a2);
+                float sa, sb, xa, xb;
+                chunk_scales(u, sa, sb, xa, xb);
+                if (KQ_SUB) {  // the sums' 2^-24 back in the scales, exactly (a power of two, no overflow)
+                    sa = __fmul_rn(sa, 16777216.f);
+                    sb = __fmul_rn(sb, 16777216.f);
+                }
+                mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
+            }
+    };
     if (PRO & (PRO_ONE | PRO_NORM)) {
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
-            if (c0 != c_begin) load_weights(c0);
-            unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
-#pragma unroll
-            for (int h = 0; h < U / 4; ++h) {
-                const int k = (c0 + 4 * h) * 32 + 4 * lane;
-                float v[4] = {0.f, 0.f, 0.f, 0.f};
-                if (c0 + 4 * h + (lane >> 3) < c_end) {
-                    if (vec && k + 3 < K) {
-                        const float4 f = *reinterpret_cast<const float4*>(x + k);
-                        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) v[i] = k + i < K ? x[k + i] : 0.f;
-                    }
-                    if (PRO == PRO_NORM) {
-#pragma unroll
-                        for (int i = 0; i < 4; ++i)
-                            if (k + i < K) v[i] = __fmul_rn(__fmul_rn(v[i], inv), nw[k + i]);
-                    }
-                }
-                p0[h] = pack_act<WT>(v[0], v[1]);
-                p1[h] = pack_act<WT>(v[2], v[3]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (c0 + u < c_end) {
-                    unsigned b[4];
-                    row_pairs(p0[u >> 2], p1[u >> 2], u, b);
-                    unsigned a1[4], a2[4];
-                    a_frags<WT>(wa[u], wb[u], a1, a2);
-                    float sa, sb, xa, xb;
-                    chunk_scales(u, sa, sb, xa, xb);
-                    mma_chunk<WT>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
-                }
+            if (c0 + U <= c_end)
+                one_row_batch(c0, Bool<true>{});
+            else
+                one_row_batch(c0, Bool<false>{});
         }
     }
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
@@ -460,7 +503,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                     ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
                                     : make_uint4(0u, 0u, 0u, 0u);
                 }
-            if (c0 != c_begin) load_weights(c0);
+            if (c0 != c_begin) load_weights(c0, Bool<false>{});
 #pragma unroll
             for (int u = 0; u < U; ++u)
                 if (c0 + u < c_end) {
@@ -473,7 +516,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 }
             continue;
         }
-        if (c0 != c_begin) load_weights(c0);
+        if (c0 != c_begin) load_weights(c0, Bool<false>{});
         // A whole batch's activation loads issued with its weights' before any MMA: one round trip a
         // batch. Left to the compiler (a branch on `vec` in each load), the next chunk's loads went
         // out only after the previous chunk's MMAs had waited for the weights (at 16 rows the 64
@@ -518,9 +561,11 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #endif
 
 #define MM_THREADS(WT, TM) (KQ(WT) ? ((TM) > 4 ? 256 : (TM) > 2 ? 512 : KQ_BOUND) : 1024 / ((TM) > 2 ? (TM) / 2 : 1))
-// min blocks 1 spelled out: ptxas allocates registers differently without it (the SASS these kernels were measured with)
-#define MM_TC(NAME, WT, TM, U, PRO)                                                                      \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS(WT, TM), 1) NAME(                            \
+// min blocks 1 spelled out: ptxas allocates registers differently without it (the SASS these kernels were
+// measured with).
+#define MM_TC(NAME, WT, TM, U, PRO) MM_TC_AT(NAME, WT, TM, U, PRO, __launch_bounds__(MM_THREADS(WT, TM), 1))
+#define MM_TC_AT(NAME, WT, TM, U, PRO, BOUND)                                                            \
+    extern "C" __global__ void BOUND NAME(                                                               \
         const void* w, const u16* scales, const float* x, const float* bias, const float* res, float* out, \
         int M, int N, int K, int Kp, int flags, const float* nw, float eps, int ldx, void* kc, void* vc,     \
         const int* positions, const i64* slots, const float* cos_t, const float* sin_t, int H, int Hkv, int D, \
@@ -530,23 +575,30 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                               blockIdx.y * (8 * TM));                                                    \
     }
 
-// The variants of one weight type; U12, U4, U8, U1: chunks a batch at 1-2, 4, 8 token tiles and one row.
-#define MM_TC_SET(T, WT, U12, U4, U8, U1)       \
-    MM_TC(mm_##T##_tm1, WT, 1, U12, 0)          \
-    MM_TC(mm_##T##_tm2, WT, 2, U12, 0)          \
-    MM_TC(mm_##T##_tm2h, WT, 2, U12, PRO_X16)   \
-    MM_TC(mm_##T##_tm4, WT, 4, U4, 0)           \
-    MM_TC(mm_##T##_tm8, WT, 8, U8, 0)           \
-    MM_TC(mm_##T##_one, WT, 1, U1, PRO_ONE)     \
-    MM_TC(mm_##T##_norm, WT, 1, U1, PRO_NORM)
+// The variants of one weight type; U12, U4, U8, U1: chunks a batch at 1-2, 4, 8 token tiles and one row;
+// ONE: the one-row kernels' bound.
+#define MM_TC_SET_AT(T, WT, U12, U4, U8, U1, ONE)    \
+    MM_TC(mm_##T##_tm1, WT, 1, U12, 0)               \
+    MM_TC(mm_##T##_tm2, WT, 2, U12, 0)               \
+    MM_TC(mm_##T##_tm2h, WT, 2, U12, PRO_X16)        \
+    MM_TC(mm_##T##_tm4, WT, 4, U4, 0)                \
+    MM_TC(mm_##T##_tm8, WT, 8, U8, 0)                \
+    MM_TC_AT(mm_##T##_one, WT, 1, U1, PRO_ONE, ONE)  \
+    MM_TC_AT(mm_##T##_norm, WT, 1, U1, PRO_NORM, ONE)
+#define MM_TC_SET(T, WT, U12, U4, U8, U1) MM_TC_SET_AT(T, WT, U12, U4, U8, U1, __launch_bounds__(MM_THREADS(WT, 1), 1))
 
 MM_TC_SET(f16, WT_F16, 2, 2, 1, 4)
 MM_TC_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // K-quants: 8 bytes a lane a chunk (f16: 32), so more chunks a batch at 1-2 token tiles; blocks of at
-// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there.
-MM_TC_SET(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE)
-MM_TC_SET(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE)
+// most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there. The one-row kernels
+// capped at KQ_REGS_ONE registers (__maxnreg__): without their full batches' bound checks ptxas took
+// 110-128, which would leave fewer warps an SM to keep the weights streaming.
+#ifndef KQ_REGS_ONE
+#define KQ_REGS_ONE 72
+#endif
+MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ_REGS_ONE))
+MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ_REGS_ONE))
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The one-row K-quant (and f16) decode kernels (issue 29) in one device call, stages in order, each under
+# its limit (KO_T_<stage> s), JSON under $OUT as stages end, tables in summary.txt:
+#   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
+#           norm prologue = the separate ops                                                        [240]
+#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (register caps, 8 chunks a batch,
+#           KQ_SUBNORMAL) at three splits, each build's bits against the default build's            [150]
+#   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
+#           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
+#   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
+# $OLD (default .ab-old, untracked, so the device call ships it) is made here with
+#   rm -rf .ab-old && mkdir .ab-old && git archive COMMIT contract settings lockstep_kernels engine bench | tar -x -C .ab-old
+#   OUT=/tmp/x bench/gpu_kq_one.sh [tests,probe,ab,engine]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-kq-one}
+source bench/gpu_env.sh
+lim() { local v="KO_T_$1"; echo "${!v:-$2}"; }
+stages=${1:-tests,probe,ab,engine}
+has() { [[ ",$stages," == *",$1,"* ]]; }
+model=/tmp/shape-8b-q4km.gguf
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee "$OUT/summary.txt"
+shape8b_q4km_bg
+if has tests; then
+  stage "tests"
+  timeout "$(lim tests 240)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/tests.xml" \
+    tests/test_cuda_ops.py -k "test_kquant_one_row_gives_the_batch_bits or test_matmul_row_invariant or test_norm_matmul_equals" \
+    > "$work/tests.txt" 2>&1
+  echo "tests rc $?"; grep -E '^(FAILED|ERROR) ' "$work/tests.txt" | cut -c1-300 | head -n 12; tail -n 1 "$work/tests.txt" | tee -a "$OUT/summary.txt"
+  [ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/kq-one-tests.json"
+fi
+if has probe; then
+  stage "probe"
+  timeout "$(lim probe 150)" python3 bench/kquant_mm.py --probe --out "$OUT/kq-one-probe.json" > "$work/probe.log" 2>&1
+  echo "probe rc $?"; grep -E "us .* GB/s|FAILED" "$work/probe.log" | tee -a "$OUT/summary.txt" | tail -n 40
+fi
+wait $shape; echo "shape rc $?"
+if has ab; then
+  old=$(realpath "${OLD:-.ab-old}")
+  for tree in old new; do
+    stage "ab $tree"
+    dir=$PWD; [ $tree = old ] && dir=$old
+    ( cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout "$(lim ab 100)" python3 bench/gpu_profile.py --gguf $model --batch 1 16 \
+        --ctx 600 --out "$OUT/profile-$tree.json" ) > "$work/$tree.log" 2>&1
+    echo "$tree rc $?"; tail -n 2 "$work/$tree.log" | cut -c1-300; grep -E '^==|^  mm_' "$work/$tree.log" | tee -a "$OUT/summary.txt"
+  done
+fi
+if has engine; then
+  stage "engine"
+  timeout "$(lim engine 100)" python3 bench/throughput.py -m $model --shape 8b --quant q4_k_m --vocab 128256 --device cuda \
+    --cells 1,16 --modes on --prompt 512 --gen 64 --repeats 1 --out "$work/engine" > "$work/engine.log" 2>&1
+  echo "engine rc $?"; cp "$work/engine.json" "$OUT/throughput-8b-q4km.json" 2>/dev/null
+  grep -E '^\| ' "$work/engine.md" 2>/dev/null | tee -a "$OUT/summary.txt"
+fi
+stage "done"
+tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
