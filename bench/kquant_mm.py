@@ -22,10 +22,11 @@ from lockstep_kernels.cuda import plan  # noqa: E402
 from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # noqa: E402
 from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
-# Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, registers
-# KQ_REGS_ONE 72), other caps and batches, Q4_K's nibbles as subnormal f16 (KQ_SUBNORMAL).
-PROBE_BUILDS = [(), (("KQ_REGS_ONE", 64),), (("KQ_REGS_ONE", 80),), (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96)),
-                (("KQ_SUBNORMAL", 1),)]
+# Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
+# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K), other caps and batches, Q4_K's nibbles as subnormal
+# f16 (KQ_SUBNORMAL).
+PROBE_BUILDS = [(), (("KQ_REGS_ONE", 64), ("KQ6_REGS_ONE", 72)), (("KQ_REGS_ONE", 80), ("KQ6_REGS_ONE", 96)),
+                (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 96)), (("KQ_SUBNORMAL", 1),)]
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:

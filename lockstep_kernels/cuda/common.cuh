@@ -457,14 +457,14 @@ __device__ __forceinline__ unsigned kq_pair(unsigned nib, unsigned top, int j, i
 // One row's sub-block scales of a chunk as float32, as gguf scales them, from its scale bytes `s`
 // (low 16 bits) and its super-block scales `d` (Q4_K: d, dmin; Q6_K: d in the low 16 bits): Q4_K
 // (d * scale, dmin * min) of its 32 values; Q6_K (d * scale) of its two 16-value halves.
+// kq_scale_pair with the super-block scales already float32 (d; dmin, Q4_K only).
+__device__ __forceinline__ float2 kq_scale_pair_f(unsigned s, float d, float dmin, bool q6) {
+    if (q6) return make_float2(__fmul_rn(d, (float)(signed char)(s & 0xffu)), __fmul_rn(d, (float)(signed char)((s >> 8) & 0xffu)));
+    return make_float2(__fmul_rn(d, (float)(s & 0xffu)), __fmul_rn(dmin, (float)((s >> 8) & 0xffu)));
+}
+
 __device__ __forceinline__ float2 kq_scale_pair(unsigned s, unsigned d, bool q6) {
-    if (q6) {
-        const float df = f16_to_f32((u16)(d & 0xffffu));
-        return make_float2(__fmul_rn(df, (float)(signed char)(s & 0xffu)),
-                           __fmul_rn(df, (float)(signed char)((s >> 8) & 0xffu)));
-    }
-    return make_float2(__fmul_rn(f16_to_f32((u16)(d & 0xffffu)), (float)(s & 0xffu)),
-                       __fmul_rn(f16_to_f32((u16)(d >> 16)), (float)((s >> 8) & 0xffu)));
+    return kq_scale_pair_f(s, f16_to_f32((u16)(d & 0xffffu)), q6 ? 0.f : f16_to_f32((u16)(d >> 16)), q6);
 }
 
 // The scale words of rows g and g + 8 of a tile's chunk c: `s` (row g's bytes, then row g + 8's)
@@ -548,11 +548,25 @@ __device__ __forceinline__ void kq_read_rec(const unsigned char* rec, bool q6, i
 
 // A chunk's scales of rows g, g + 8 from those words (kq_scale_pair): sa, sb multiply the integers'
 // sums; xa, xb (Q4_K: dmin*m; Q6_K: the second half's scales) the second sums.
+// The super-block scales of rows g, g + 8 (load_weights' wb.y, wb.z) as float32: (d, dmin) of row g,
+// then of row g + 8 (Q6_K: d of each, dmin 0).
+__device__ __forceinline__ float4 kq_super_floats(unsigned y, unsigned z, bool q6) {
+    if (q6) return make_float4(f16_to_f32((u16)(y & 0xffffu)), 0.f, f16_to_f32((u16)(y >> 16)), 0.f);
+    return make_float4(f16_to_f32((u16)(y & 0xffffu)), f16_to_f32((u16)(y >> 16)), f16_to_f32((u16)(z & 0xffffu)),
+                       f16_to_f32((u16)(z >> 16)));
+}
+
+// kq_chunk_scales from the chunk's scale word `s` and kq_super_floats' `d`.
+__device__ __forceinline__ void kq_chunk_scales_f(unsigned s, float4 d, bool q6, float& sa, float& sb, float& xa,
+                                                  float& xb) {
+    const float2 pa = kq_scale_pair_f(s, d.x, d.y, q6);
+    const float2 pb = kq_scale_pair_f(s >> 16, d.z, d.w, q6);
+    sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
+}
+
 __device__ __forceinline__ void kq_chunk_scales(uint4 wa, uint4 wb, bool q6, float& sa, float& sb, float& xa,
                                                 float& xb) {
-    const float2 pa = kq_scale_pair(wa.z, wb.y, q6);
-    const float2 pb = kq_scale_pair(wa.z >> 16, q6 ? wb.y >> 16 : wb.z, q6);
-    sa = pa.x; xa = pa.y; sb = pb.x; xb = pb.y;
+    kq_chunk_scales_f(wa.z, kq_super_floats(wb.y, wb.z, q6), q6, sa, sb, xa, xb);
 }
 
 // ---- mixture of experts (moe.cu, matmul.cu's grouped kernels)

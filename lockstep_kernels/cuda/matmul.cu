@@ -353,8 +353,14 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const unsigned char* top_at = kq.top + lane0 * 4;
     const unsigned char* sc_at = kq.sc + ((i64)blockIdx.x * C * 8 + g) * 4;
     const unsigned char* d_at = kq.d + ((i64)blockIdx.x * (C >> 3) * 8 + g) * (WT == WT_Q6K ? 4 : 8);
-    // full: every chunk of the batch lies in the slice (no bound checks)
-    auto load_weights = [&](int c0, auto full) {
+    auto super_scales = [&](int c) {  // the super-block scale words of rows g, g + 8 at chunk c
+        return WT == WT_Q6K ? make_uint2(*reinterpret_cast<const unsigned*>(d_at + (c >> 3) * 32), 0u)
+                            : *reinterpret_cast<const uint2*>(d_at + (c >> 3) * 64);
+    };
+    // full: every chunk of the batch lies in the slice (no bound checks); one_sb: and in one super-block,
+    // so its scale words are loaded once (and, the same registers, converted once)
+    auto load_weights = [&](int c0, auto full, auto one_sb) {
+        const uint2 d0 = KQ(WT) && decltype(one_sb)::value ? super_scales(c0) : make_uint2(0u, 0u);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u;
@@ -365,8 +371,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 wa[u] = make_uint4(q.x, top, 0u, 0u);
                 wb[u] = make_uint4(q.y, 0u, 0u, 0u);
                 // scale words, converted where the chunk is multiplied (fewer registers in flight)
-                const uint2 d = WT == WT_Q6K ? make_uint2(*reinterpret_cast<const unsigned*>(d_at + (c >> 3) * 32), 0u)
-                                             : *reinterpret_cast<const uint2*>(d_at + (c >> 3) * 64);
+                const uint2 d = decltype(one_sb)::value ? d0 : super_scales(c);
                 wa[u].z = *reinterpret_cast<const unsigned*>(sc_at + c * 32);
                 wb[u].y = d.x;
                 wb[u].z = d.y;
@@ -387,7 +392,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     };
 
     // The first weights are in flight while the previous kernel finishes (weights are never written).
-    load_weights(c_begin, Bool<false>{});
+    load_weights(c_begin, Bool<false>{}, Bool<false>{});
     pdl_start();
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];
@@ -438,9 +443,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // chunk, each chunk's activations waited behind the previous chunk's MMAs.
     static_assert(!(PRO & (PRO_ONE | PRO_NORM)) || (TM == 1 && U % 4 == 0), "one warp load covers four chunks");
     // A batch of one row's chunks; `full` (every chunk in the slice) drops the bound checks.
-    auto one_row_batch = [&](int c0, auto full) {
+    auto one_row_batch = [&](int c0, auto full, auto one_sb) {
         constexpr bool all = decltype(full)::value;
-        if (c0 != c_begin) load_weights(c0, full);
+        if (c0 != c_begin) load_weights(c0, full, one_sb);
         unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
         for (int h = 0; h < U / 4; ++h) {
@@ -463,6 +468,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             p0[h] = pack_act<WT>(v[0], v[1]);
             p1[h] = pack_act<WT>(v[2], v[3]);
         }
+        // one_sb: the batch's super-block scales converted once
+        const float4 dd = KQ(WT) && decltype(one_sb)::value ? kq_super_floats(wb[0].y, wb[0].z, WT == WT_Q6K)
+                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
@@ -471,7 +479,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 unsigned a1[4], a2[4];
                 a_frags<WT, KQ_SUB>(wa[u], wb[u], a1, a2);
                 float sa, sb, xa, xb;
-                chunk_scales(u, sa, sb, xa, xb);
+                if (KQ(WT) && decltype(one_sb)::value)
+                    kq_chunk_scales_f(wa[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
+                else
+                    chunk_scales(u, sa, sb, xa, xb);
                 if (KQ_SUB) {  // the sums' 2^-24 back in the scales, exactly (a power of two, no overflow)
                     sa = __fmul_rn(sa, 16777216.f);
                     sb = __fmul_rn(sb, 16777216.f);
@@ -480,11 +491,14 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             }
     };
     if (PRO & (PRO_ONE | PRO_NORM)) {
+        // K-quants: batches from a multiple of U (U dividing the 8 chunks of a super-block) each lie
+        // in one; a warp whose slice starts elsewhere takes the checked path (no third copy: registers).
+        const bool fast = !KQ(WT) || (8 % U == 0 && c_begin % U == 0);
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
-            if (c0 + U <= c_end)
-                one_row_batch(c0, Bool<true>{});
+            if (fast && c0 + U <= c_end)
+                one_row_batch(c0, Bool<true>{}, Bool<KQ(WT)>{});
             else
-                one_row_batch(c0, Bool<false>{});
+                one_row_batch(c0, Bool<false>{}, Bool<false>{});
         }
     }
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
@@ -503,7 +517,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                     ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
                                     : make_uint4(0u, 0u, 0u, 0u);
                 }
-            if (c0 != c_begin) load_weights(c0, Bool<false>{});
+            if (c0 != c_begin) load_weights(c0, Bool<false>{}, Bool<false>{});
 #pragma unroll
             for (int u = 0; u < U; ++u)
                 if (c0 + u < c_end) {
@@ -516,7 +530,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 }
             continue;
         }
-        if (c0 != c_begin) load_weights(c0, Bool<false>{});
+        if (c0 != c_begin) load_weights(c0, Bool<false>{}, Bool<false>{});
         // A whole batch's activation loads issued with its weights' before any MMA: one round trip a
         // batch. Left to the compiler (a branch on `vec` in each load), the next chunk's loads went
         // out only after the previous chunk's MMAs had waited for the weights (at 16 rows the 64
@@ -592,13 +606,17 @@ MM_TC_SET(bf16, WT_BF16, 2, 2, 1, 4)
 MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 // K-quants: 8 bytes a lane a chunk (f16: 32), so more chunks a batch at 1-2 token tiles; blocks of at
 // most 16 warps (plan.KQ_MAX_SPLIT) so that the registers they need are there. The one-row kernels
-// capped at KQ_REGS_ONE registers (__maxnreg__): without their full batches' bound checks ptxas took
-// 110-128, which would leave fewer warps an SM to keep the weights streaming.
+// capped (__maxnreg__: Q4_K KQ_REGS_ONE, Q6_K KQ6_REGS_ONE, the fewest without spills): without their
+// full batches' bound checks ptxas took 110-128, which would leave fewer warps an SM to keep the
+// weights streaming.
 #ifndef KQ_REGS_ONE
 #define KQ_REGS_ONE 72
 #endif
+#ifndef KQ6_REGS_ONE
+#define KQ6_REGS_ONE 80
+#endif
 MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ_REGS_ONE))
-MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ_REGS_ONE))
+MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ6_REGS_ONE))
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device
