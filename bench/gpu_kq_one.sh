@@ -4,7 +4,8 @@
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
 #           norm prologue = the separate ops                                                        [240]
 #   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (register caps, 8 chunks a batch,
-#           KQ_SUBNORMAL) at three splits, each build's bits against the default build's            [150]
+#           KQ_SUBNORMAL) at three splits and the 16-row kernel's (KQ_X16_FULL), each build's bits
+#           against the default build's                                                           [150]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]

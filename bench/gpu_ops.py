@@ -129,17 +129,19 @@ def random_weight(n: int, k: int, dtype: str) -> CudaWeight:
 
 
 def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | None = None,
-                 defines: tuple = ()) -> dict:
+                 defines: tuple = (), prologue: str | None = None) -> dict:
+    """One matmul's time (rotating weight copies past the L2); with `split`, the streaming kernel
+    launched directly (its build by `defines`; prologue "x16": f16 activations, the 9-16-row kernel)."""
     w0 = random_weight(n, k, dtype)
     copies = max(1, min(16, ROTATE_BYTES // w0.nbytes))
     ws = [w0] + [random_weight(n, k, dtype) for _ in range(copies - 1)]
-    x = cp.random.standard_normal((m, k), dtype=cp.float32)
+    x = probe_activations(m, w0, prologue)
     if split is None:
         def run():
             for w in ws:
                 ops.matmul(x, w)
     else:
-        mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split)
+        mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, split, prologue)
         fn = streaming_kernel(mm, defines)
         out = cp.empty((m, n), cp.float32)
         def run():
@@ -148,6 +150,13 @@ def bench_matmul(ops: CudaOps, n: int, k: int, m: int, dtype: str, split: int | 
     t = timed(run, graph=ops.exact or m < 65) / len(ws)
     return {"n": n, "k": k, "m": m, "dtype": dtype, "exact": ops.exact, "split": split or plan.split_k(n, k, ops.sm_count),
             "us": t * 1e6, "weight_GBps": w0.nbytes / t / 1e9, "TFLOPs": 2 * m * n * k / t / 1e12}
+
+
+def probe_activations(m: int, w: CudaWeight, prologue: str | None = None):
+    """Random activations for m rows of w: float32 [m, k], or (prologue "x16") f16 bits [m, kp]."""
+    if prologue == "x16":
+        return cp.random.standard_normal((m, w.kp), dtype=cp.float32).astype(cp.float16).view(cp.uint16)
+    return cp.random.standard_normal((m, w.shape[1]), dtype=cp.float32)
 
 
 def attention_inputs(ops: CudaOps, rows: int, ctx: int, n_heads: int, n_kv: int, hd: int, prefill: bool):

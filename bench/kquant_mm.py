@@ -16,7 +16,15 @@ import cupy as cp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gpu_ops import SHAPES_8B, bench_matmul, copy_bandwidth, guarded, random_weight, timed  # noqa: E402
+from bench.gpu_ops import (  # noqa: E402
+    SHAPES_8B,
+    bench_matmul,
+    copy_bandwidth,
+    guarded,
+    probe_activations,
+    random_weight,
+    timed,
+)
 from lockstep_kernels.cuda import launch as kernel_launch  # noqa: E402
 from lockstep_kernels.cuda import plan  # noqa: E402
 from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # noqa: E402
@@ -27,6 +35,7 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 # f16 (KQ_SUBNORMAL).
 PROBE_BUILDS = [(), (("KQ_REGS_ONE", 64), ("KQ6_REGS_ONE", 72)), (("KQ_REGS_ONE", 80), ("KQ6_REGS_ONE", 96)),
                 (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 96)), (("KQ_SUBNORMAL", 1),)]
+X16_BUILDS = [(), (("KQ_X16_FULL", 1),)]  # the 9-16-row kernel, and its batches without bound checks
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:
@@ -51,14 +60,15 @@ def measure(results: list, bw: float, run, label: str, **tags) -> None:
               f"{r['TFLOPs']:6.1f} TFLOP/s", flush=True)
 
 
-def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple) -> bool:
-    """Whether a build of the one-row kernel gives the default build's bits (the same split: a build
-    changes no sum) on one random weight and row."""
-    w, x = random_weight(n, k, dtype), cp.random.standard_normal((1, k), dtype=cp.float32)
-    mm = plan.matmul_launch(dtype, 1, n, k, ops.sm_count)
+def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple, m: int = 1, prologue: str | None = None) -> bool:
+    """Whether a build of the streaming kernel gives the default build's bits (the same split: a build
+    changes no sum) on one random weight and batch of m rows."""
+    w = random_weight(n, k, dtype)
+    x = probe_activations(m, w, prologue)
+    mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, prologue=prologue)
     outs = []
     for d in ((), defines):
-        out = cp.empty((1, n), cp.float32)
+        out = cp.empty((m, n), cp.float32)
         kernel_launch.launch(streaming_kernel(mm, d), mm.grid, mm.block, mm_tc_args(w, x, out, out), mm.shared)
         outs.append(out)
     return bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
@@ -83,6 +93,16 @@ def probe(ops: CudaOps, bw: float, results: list) -> None:
                             bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
                             f"{name:8} {dtype} {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
                             build=build, dispatch_split=base, bits_equal_default=same)
+            for defines in X16_BUILDS:  # 16 rows of f16 activations (the engine's 16-chat step), the dispatch's split
+                build = " ".join(f"{k}={v}" for k, v in defines) or "default"
+                check = []
+                guarded(check, lambda n=n, k=k, dtype=dtype, defines=defines:
+                        {"equal": build_bits(ops, n, k, dtype, defines, 16, "x16")})
+                same = check[0].get("equal", check[0].get("error"))
+                measure(results, bw, lambda n=n, k=k, dtype=dtype, s=base, defines=defines:
+                        bench_matmul(ops, n, k, 16, dtype, split=s, defines=defines, prologue="x16"),
+                        f"{name:8} {dtype} 16 rows {build:20} S={base:2} bits {same}", shape=name, rows=16,
+                        build=build, dispatch_split=base, bits_equal_default=same)
 
 
 def main() -> None:

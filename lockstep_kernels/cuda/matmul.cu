@@ -29,6 +29,9 @@
 #ifndef KQ_SUBNORMAL
 #define KQ_SUBNORMAL 0  // 1: the one-row Q4_K kernels' nibbles as subnormal f16 (a_frags' SUB); a probe's build
 #endif
+#ifndef KQ_X16_FULL
+#define KQ_X16_FULL 0  // 1: the 9-16-row kernels' batches inside the slice without bound checks; a probe's build
+#endif
 #ifndef KQ_U_ONE
 #define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
 #endif
@@ -501,33 +504,54 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 one_row_batch(c0, Bool<false>{}, Bool<false>{});
         }
     }
-    for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
-        if (PRO == PRO_X16) {
-            // The batch's activations first, then its weights behind a branch: ptxas keeps loads in
-            // their basic block, so every load is out before the first MMA waits (it moved each
-            // chunk's activation loads behind the previous chunk's MMAs when they shared a block).
-            const u16* x16 = reinterpret_cast<const u16*>(x);
-            uint4 xq[U][TM];
+    // PRO_X16: the batch's activations first, then its weights behind a branch: ptxas keeps loads in
+    // their basic block, so every load is out before the first MMA waits (it moved each chunk's
+    // activation loads behind the previous chunk's MMAs when they shared a block). `full`, `one_sb`:
+    // one_row_batch's, taken only in a KQ_X16_FULL build (ptxas then wants ~128 registers).
+    auto x16_batch = [&](int c0, auto full, auto one_sb) {
+        constexpr bool all = decltype(full)::value;
+        const u16* x16 = reinterpret_cast<const u16*>(x);
+        uint4 xq[U][TM];
 #pragma unroll
-            for (int u = 0; u < U; ++u)
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int tm = 0; tm < TM; ++tm) {
+                const int m = m_base + tm * 8 + g;
+                xq[u][tm] = m < M && (all || c0 + u < c_end)
+                                ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
+                                : make_uint4(0u, 0u, 0u, 0u);
+            }
+        if (c0 != c_begin) load_weights(c0, full, one_sb);
+        const float4 dd = KQ(WT) && decltype(one_sb)::value ? kq_super_floats(wb[0].y, wb[0].z, WT == WT_Q6K)
+                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (all || c0 + u < c_end) {
+                unsigned b[TM][4];
 #pragma unroll
                 for (int tm = 0; tm < TM; ++tm) {
-                    const int m = m_base + tm * 8 + g;
-                    xq[u][tm] = m < M && c0 + u < c_end
-                                    ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
-                                    : make_uint4(0u, 0u, 0u, 0u);
+                    b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
                 }
-            if (c0 != c_begin) load_weights(c0, Bool<false>{}, Bool<false>{});
+                if (KQ(WT) && decltype(one_sb)::value) {
+                    unsigned a1[4], a2[4];
+                    a_frags<WT>(wa[u], wb[u], a1, a2);
+                    float sa, sb, xa, xb;
+                    kq_chunk_scales_f(wa[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
 #pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (c0 + u < c_end) {
-                    unsigned b[TM][4];
-#pragma unroll
-                    for (int tm = 0; tm < TM; ++tm) {
-                        b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
-                    }
+                    for (int tm = 0; tm < TM; ++tm)
+                        mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
+                } else {
                     chunk_mma(u, b);
                 }
+            }
+    };
+    const bool x16_fast = !KQ(WT) || (8 % U == 0 && c_begin % U == 0);
+    for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
+        if (PRO == PRO_X16) {
+            if (KQ_X16_FULL && x16_fast && c0 + U <= c_end)
+                x16_batch(c0, Bool<true>{}, Bool<KQ(WT)>{});
+            else
+                x16_batch(c0, Bool<false>{}, Bool<false>{});
             continue;
         }
         if (c0 != c_begin) load_weights(c0, Bool<false>{}, Bool<false>{});
