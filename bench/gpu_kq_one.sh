@@ -9,6 +9,7 @@
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
+#   engine1b  the same on the 1B Q4_K_M shape (not by default)                                     [100]
 # $OLD (default .ab-old, untracked, so the device call ships it) is made here with
 #   rm -rf .ab-old && mkdir .ab-old && git archive COMMIT contract settings lockstep_kernels engine bench | tar -x -C .ab-old
 #   OUT=/tmp/x bench/gpu_kq_one.sh [tests,probe,ab,engine]
@@ -52,6 +53,13 @@ if has engine; then
     --cells 1,16 --modes on --prompt 512 --gen 64 --repeats 1 --out "$work/engine" > "$work/engine.log" 2>&1
   echo "engine rc $?"; cp "$work/engine.json" "$OUT/throughput-8b-q4km.json" 2>/dev/null
   grep -E '^\| ' "$work/engine.md" 2>/dev/null | tee -a "$OUT/summary.txt"
+fi
+if has engine1b; then
+  stage "engine1b"
+  timeout "$(lim engine1b 100)" python3 bench/throughput.py --shape 1b --quant q4_k_m --device cuda \
+    --cells 1,16 --modes on --prompt 512 --gen 64 --repeats 1 --out "$work/engine1b" > "$work/engine1b.log" 2>&1
+  echo "engine1b rc $?"; cp "$work/engine1b.json" "$OUT/throughput-1b-q4km.json" 2>/dev/null
+  grep -E '^\| ' "$work/engine1b.md" 2>/dev/null | tee -a "$OUT/summary.txt"
 fi
 stage "done"
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
