@@ -639,8 +639,14 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 #ifndef KQ6_REGS_ONE
 #define KQ6_REGS_ONE 80
 #endif
-MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ_REGS_ONE))
-MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, __maxnreg__(KQ6_REGS_ONE))
+// __maxnreg__ is CUDA 12.4's; an older NVRTC gets the launch bounds (slower, the same bits)
+#if defined(__CUDACC_VER_MAJOR__) && __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1204
+#define KQ_ONE_BOUND(REGS) __maxnreg__(REGS)
+#else
+#define KQ_ONE_BOUND(REGS) __launch_bounds__(KQ_BOUND, 1)
+#endif
+MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
+MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device
