@@ -10,8 +10,9 @@
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
 #   engine1b  the same on the 1B Q4_K_M shape (not by default)                                     [100]
-# $OLD (default .ab-old, untracked, so the device call ships it) is made here with
+# $OLD (default .ab-old, ignored: name it in the call's carry, with .whl) is made here with
 #   rm -rf .ab-old && mkdir .ab-old && git archive COMMIT contract settings lockstep_kernels engine bench | tar -x -C .ab-old
+# The kernel cache comes back as cupy-cache.tgz: unpack it into .cupy-cache/ and carry that in the next call.
 #   OUT=/tmp/x bench/gpu_kq_one.sh [tests,probe,ab,engine]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,3 +64,4 @@ if has engine1b; then
 fi
 stage "done"
 tar -czf "$OUT/logs.tgz" -C "$work" . 2>/dev/null
+save_cache
