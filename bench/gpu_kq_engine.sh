@@ -8,9 +8,8 @@ OUT=${OUT:-/tmp/gpu-kq-engine}
 source bench/gpu_env.sh
 model=/tmp/shape-8b-q4km.gguf
 stage "shape"
-[ -f $model ] || python3 -c "import sys; sys.path.insert(0, 'bench'); from shapes import write_shape; write_shape('$model', '8b', 0, 'q4_k_m')" \
-  > "$work/shape.log" 2>&1
-echo "shape rc $?"
+shape8b_q4km_bg
+wait "$shape"; echo "shape rc $?"
 for kq in 0 1; do
   stage "kq=$kq"
   LOCKSTEP_WGMMA_KQ=$kq timeout "${KQ_T_RUN:-150}" python3 bench/throughput.py -m $model --shape 8b --quant q4_k_m --vocab 128256 --device cuda \

@@ -269,13 +269,12 @@ def model_setup(exact: bool, shape: str, n_seqs: int, ctx: int, pages: int | Non
         loaded = load_model(gguf)
         cfg, ops = loaded.config, CudaOps(exact=exact)
         model = model_class(cfg)(cfg, loaded.weights, ops, pages_per_seq * 256)
-        pool = PagePool(ops, cfg.n_layers, n_seqs * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
-        return cfg, ops, model, pool, pages_per_seq
-    big = shape == "8B"
-    cfg = ModelConfig(arch="llama", vocab_size=128256, hidden=4096 if big else 2048, n_layers=32 if big else 16,
-                      n_heads=32, n_kv_heads=8, head_dim=128 if big else 64, ffn=14336 if big else 8192)
-    ops = _BenchOps(exact=exact)
-    model = LlamaModel(cfg, _fake_weights(cfg), ops, pages_per_seq * 256)
+    else:
+        big = shape == "8B"
+        cfg = ModelConfig(arch="llama", vocab_size=128256, hidden=4096 if big else 2048, n_layers=32 if big else 16,
+                          n_heads=32, n_kv_heads=8, head_dim=128 if big else 64, ffn=14336 if big else 8192)
+        ops = _BenchOps(exact=exact)
+        model = LlamaModel(cfg, _fake_weights(cfg), ops, pages_per_seq * 256)
     pool = PagePool(ops, cfg.n_layers, n_seqs * pages_per_seq, cfg.n_kv_heads, cfg.head_dim, "f16")
     return cfg, ops, model, pool, pages_per_seq
 

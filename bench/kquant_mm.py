@@ -74,35 +74,37 @@ def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple, m: int 
     return bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
 
 
+def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, defines: tuple, rows: int,
+                prologue: str | None, splits) -> None:
+    """One build of the streaming kernel on one 8B shape: its bits against the default build's at the
+    dispatch's split, then its time at each split in `splits` (rows: 1, or 16 with prologue "x16")."""
+    n, k = SHAPES_8B[name]
+    build = " ".join(f"{d}={v}" for d, v in defines) or "default"
+    check: list = []
+    guarded(check, lambda: {"equal": build_bits(ops, n, k, dtype, defines, rows, prologue)})
+    same = check[0].get("equal", check[0].get("error"))
+    base = plan.split_k(n, k, ops.sm_count, dtype)
+    for s in splits:
+        measure(results, bw,
+                lambda s=s: bench_matmul(ops, n, k, rows, dtype, split=s, defines=defines, prologue=prologue),
+                f"{name:8} {dtype} {rows:2} rows {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
+                rows=rows, build=build, dispatch_split=base, bits_equal_default=same)
+
+
 def probe(ops: CudaOps, bw: float, results: list) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
-    benchmark of speed only; each build's bits against the default build's at the dispatch's split)."""
+    benchmark of speed only), the 16-row kernel's builds at the dispatch's split (the engine's 16-chat
+    step: f16 activations)."""
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for dtype in ("q4_k", "q6_k"):
             base = plan.split_k(n, k, ops.sm_count, dtype)
+            splits = [s for s in sorted({max(1, base // 2), base, base * 2})
+                      if s <= plan.KQ_MAX_SPLIT and 2 * s <= k // 32]
             for defines in PROBE_BUILDS:
-                build = " ".join(f"{k}={v}" for k, v in defines) or "default"
-                check: list = []
-                guarded(check, lambda n=n, k=k, dtype=dtype, defines=defines: {"equal": build_bits(ops, n, k, dtype, defines)})
-                same = check[0].get("equal", check[0].get("error"))
-                for s in sorted({max(1, base // 2), base, base * 2}):
-                    if s > plan.KQ_MAX_SPLIT or 2 * s > k // 32:
-                        continue
-                    measure(results, bw, lambda n=n, k=k, dtype=dtype, s=s, defines=defines:
-                            bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
-                            f"{name:8} {dtype} {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
-                            build=build, dispatch_split=base, bits_equal_default=same)
-            for defines in X16_BUILDS:  # 16 rows of f16 activations (the engine's 16-chat step), the dispatch's split
-                build = " ".join(f"{k}={v}" for k, v in defines) or "default"
-                check = []
-                guarded(check, lambda n=n, k=k, dtype=dtype, defines=defines:
-                        {"equal": build_bits(ops, n, k, dtype, defines, 16, "x16")})
-                same = check[0].get("equal", check[0].get("error"))
-                measure(results, bw, lambda n=n, k=k, dtype=dtype, s=base, defines=defines:
-                        bench_matmul(ops, n, k, 16, dtype, split=s, defines=defines, prologue="x16"),
-                        f"{name:8} {dtype} 16 rows {build:20} S={base:2} bits {same}", shape=name, rows=16,
-                        build=build, dispatch_split=base, bits_equal_default=same)
+                probe_build(ops, bw, results, name, dtype, defines, 1, None, splits)
+            for defines in X16_BUILDS:
+                probe_build(ops, bw, results, name, dtype, defines, 16, "x16", [base])
 
 
 def main() -> None:

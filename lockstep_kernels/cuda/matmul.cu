@@ -413,15 +413,24 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // 8t+4 .. 8t+7, per token tile). No branch on the token tiles (a tile past M multiplies zeros
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together.
     // A chunk's scales of rows g, g + 8 (Q8_0: da, db; K-quants: kq_scale_pair's pairs from the words).
-    auto chunk_scales = [&](int u, float& sa, float& sb, float& xa, float& xb) {
-        sa = da[u]; sb = db[u]; xa = xb = 0.f;
-        if (KQ(WT)) kq_chunk_scales(wa[u], wb[u], WT == WT_Q6K, sa, sb, xa, xb);
+    // one_sb (K-quants): the batch's chunks share a super-block, whose scales `dd` batch_supers
+    // converted once.
+    auto batch_supers = [&](auto one_sb) {
+        return KQ(WT) && decltype(one_sb)::value ? kq_super_floats(wb[0].y, wb[0].z, WT == WT_Q6K)
+                                                 : make_float4(0.f, 0.f, 0.f, 0.f);
     };
-    auto chunk_mma = [&](int u, const unsigned (&b)[TM][4]) {
+    auto chunk_scales = [&](int u, float& sa, float& sb, float& xa, float& xb, auto one_sb, float4 dd) {
+        sa = da[u]; sb = db[u]; xa = xb = 0.f;
+        if (KQ(WT) && decltype(one_sb)::value)
+            kq_chunk_scales_f(wa[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
+        else if (KQ(WT))
+            kq_chunk_scales(wa[u], wb[u], WT == WT_Q6K, sa, sb, xa, xb);
+    };
+    auto chunk_mma = [&](int u, const unsigned (&b)[TM][4], auto one_sb, float4 dd) {
         unsigned a1[4], a2[4];
         a_frags<WT>(wa[u], wb[u], a1, a2);
         float sa, sb, xa, xb;
-        chunk_scales(u, sa, sb, xa, xb);
+        chunk_scales(u, sa, sb, xa, xb, one_sb, dd);
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm)
             mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
@@ -438,7 +447,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         for (int tm = 0; tm < TM; ++tm) load_x8(x, xrow[tm], m_base + tm * 8 + g < M, K, ldx, c * 32 + 8 * t, vec, xv[tm]);
         unsigned b[TM][4];
         pack_chunk(xv, b);
-        chunk_mma(u, b);
+        chunk_mma(u, b, Bool<false>{}, float4{});
     };
     // One row: lane l loads and packs activations k0 + 4l .. k0 + 4l + 3 of the batch (chunk c0 +
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
@@ -471,9 +480,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             p0[h] = pack_act<WT>(v[0], v[1]);
             p1[h] = pack_act<WT>(v[2], v[3]);
         }
-        // one_sb: the batch's super-block scales converted once
-        const float4 dd = KQ(WT) && decltype(one_sb)::value ? kq_super_floats(wb[0].y, wb[0].z, WT == WT_Q6K)
-                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 dd = batch_supers(one_sb);
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
@@ -482,10 +489,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 unsigned a1[4], a2[4];
                 a_frags<WT, KQ_SUB>(wa[u], wb[u], a1, a2);
                 float sa, sb, xa, xb;
-                if (KQ(WT) && decltype(one_sb)::value)
-                    kq_chunk_scales_f(wa[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
-                else
-                    chunk_scales(u, sa, sb, xa, xb);
+                chunk_scales(u, sa, sb, xa, xb, one_sb, dd);
                 if (KQ_SUB) {  // the sums' 2^-24 back in the scales, exactly (a power of two, no overflow)
                     sa = __fmul_rn(sa, 16777216.f);
                     sb = __fmul_rn(sb, 16777216.f);
@@ -493,10 +497,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
             }
     };
+    // K-quants: batches from a multiple of U (U dividing the 8 chunks of a super-block) each lie in
+    // one; a warp whose slice starts elsewhere takes the checked path (no third copy: registers).
+    const bool fast = !KQ(WT) || (8 % U == 0 && c_begin % U == 0);
     if (PRO & (PRO_ONE | PRO_NORM)) {
-        // K-quants: batches from a multiple of U (U dividing the 8 chunks of a super-block) each lie
-        // in one; a warp whose slice starts elsewhere takes the checked path (no third copy: registers).
-        const bool fast = !KQ(WT) || (8 % U == 0 && c_begin % U == 0);
         for (int c0 = c_begin; c0 < c_end; c0 += U) {
             if (fast && c0 + U <= c_end)
                 one_row_batch(c0, Bool<true>{}, Bool<KQ(WT)>{});
@@ -522,8 +526,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                 : make_uint4(0u, 0u, 0u, 0u);
             }
         if (c0 != c_begin) load_weights(c0, full, one_sb);
-        const float4 dd = KQ(WT) && decltype(one_sb)::value ? kq_super_floats(wb[0].y, wb[0].z, WT == WT_Q6K)
-                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 dd = batch_supers(one_sb);
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
@@ -532,23 +535,12 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 for (int tm = 0; tm < TM; ++tm) {
                     b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
                 }
-                if (KQ(WT) && decltype(one_sb)::value) {
-                    unsigned a1[4], a2[4];
-                    a_frags<WT>(wa[u], wb[u], a1, a2);
-                    float sa, sb, xa, xb;
-                    kq_chunk_scales_f(wa[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
-#pragma unroll
-                    for (int tm = 0; tm < TM; ++tm)
-                        mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
-                } else {
-                    chunk_mma(u, b);
-                }
+                chunk_mma(u, b, one_sb, dd);
             }
     };
-    const bool x16_fast = !KQ(WT) || (8 % U == 0 && c_begin % U == 0);
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
         if (PRO == PRO_X16) {
-            if (KQ_X16_FULL && x16_fast && c0 + U <= c_end)
+            if (KQ_X16_FULL && fast && c0 + U <= c_end)
                 x16_batch(c0, Bool<true>{}, Bool<KQ(WT)>{});
             else
                 x16_batch(c0, Bool<false>{}, Bool<false>{});
@@ -570,7 +562,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             for (int u = 0; u < U; ++u) {
                 unsigned b[TM][4];
                 pack_chunk(xv[u], b);
-                chunk_mma(u, b);
+                chunk_mma(u, b, Bool<false>{}, float4{});
             }
             continue;
         }
