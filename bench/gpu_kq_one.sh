@@ -3,9 +3,8 @@
 # its limit (KO_T_<stage> s), JSON under $OUT as stages end, tables in summary.txt:
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
 #           norm prologue = the separate ops                                                        [240]
-#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (register caps, 8 chunks a batch,
-#           KQ_SUBNORMAL) at three splits and the 16-row kernel's (KQ_X16_FULL), each build's bits
-#           against the default build's                                                           [150]
+#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (8 chunks a batch) at three splits,
+#           each build's bits against the default build's; at split 16 mm_*_one against mm_*_one16 [150]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
@@ -27,7 +26,7 @@ shape8b_q4km_bg
 if has tests; then
   stage "tests"
   timeout "$(lim tests 240)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/tests.xml" \
-    tests/test_cuda_ops.py -k "test_kquant_one_row_gives_the_batch_bits or test_matmul_row_invariant or test_norm_matmul_equals" \
+    tests/test_cuda_ops.py -k "test_kquant_one_row or test_matmul_row_invariant or test_norm_matmul_equals" \
     > "$work/tests.txt" 2>&1
   echo "tests rc $?"; grep -E '^(FAILED|ERROR) ' "$work/tests.txt" | cut -c1-300 | head -n 12; tail -n 1 "$work/tests.txt" | tee -a "$OUT/summary.txt"
   [ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/kq-one-tests.json"

@@ -31,11 +31,8 @@ from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # n
 from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
 # Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
-# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K), other caps and batches, Q4_K's nibbles as subnormal
-# f16 (KQ_SUBNORMAL).
-PROBE_BUILDS = [(), (("KQ_REGS_ONE", 64), ("KQ6_REGS_ONE", 72)), (("KQ_REGS_ONE", 80), ("KQ6_REGS_ONE", 96)),
-                (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 96)), (("KQ_SUBNORMAL", 1),)]
-X16_BUILDS = [(), (("KQ_X16_FULL", 1),)]  # the 9-16-row kernel, and its batches without bound checks
+# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K) and 8 chunks a batch.
+PROBE_BUILDS = [(), (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 96))]
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:
@@ -60,41 +57,39 @@ def measure(results: list, bw: float, run, label: str, **tags) -> None:
               f"{r['TFLOPs']:6.1f} TFLOP/s", flush=True)
 
 
-def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple, m: int = 1, prologue: str | None = None) -> bool:
-    """Whether a build of the streaming kernel gives the default build's bits (the same split: a build
-    changes no sum) on one random weight and batch of m rows."""
+def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple) -> bool:
+    """Whether a build of the one-row streaming kernel gives the default build's bits (the same split: a
+    build changes no sum) on one random weight and row."""
     w = random_weight(n, k, dtype)
-    x = probe_activations(m, w, prologue)
-    mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, prologue=prologue)
+    x = probe_activations(1, w)
+    mm = plan.matmul_launch(dtype, 1, n, k, ops.sm_count)
     outs = []
     for d in ((), defines):
-        out = cp.empty((m, n), cp.float32)
+        out = cp.empty((1, n), cp.float32)
         kernel_launch.launch(streaming_kernel(mm, d), mm.grid, mm.block, mm_tc_args(w, x, out, out), mm.shared)
         outs.append(out)
     return bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
 
 
-def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, defines: tuple, rows: int,
-                prologue: str | None, splits) -> None:
-    """One build of the streaming kernel on one 8B shape: its bits against the default build's at the
-    dispatch's split, then its time at each split in `splits` (rows: 1, or 16 with prologue "x16")."""
+def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, defines: tuple, splits) -> None:
+    """One build of the one-row streaming kernel on one 8B shape: its bits against the default build's
+    at the dispatch's split, then its time at each split in `splits`."""
     n, k = SHAPES_8B[name]
     build = " ".join(f"{d}={v}" for d, v in defines) or "default"
     check: list = []
-    guarded(check, lambda: {"equal": build_bits(ops, n, k, dtype, defines, rows, prologue)})
+    guarded(check, lambda: {"equal": build_bits(ops, n, k, dtype, defines)})
     same = check[0].get("equal", check[0].get("error"))
     base = plan.split_k(n, k, ops.sm_count, dtype)
     for s in splits:
         measure(results, bw,
-                lambda s=s: bench_matmul(ops, n, k, rows, dtype, split=s, defines=defines, prologue=prologue),
-                f"{name:8} {dtype} {rows:2} rows {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
-                rows=rows, build=build, dispatch_split=base, bits_equal_default=same)
+                lambda s=s: bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
+                f"{name:8} {dtype}  1 rows {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
+                rows=1, build=build, dispatch_split=base, bits_equal_default=same)
 
 
 def probe(ops: CudaOps, bw: float, results: list) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
-    benchmark of speed only), the 16-row kernel's builds at the dispatch's split (the engine's 16-chat
-    step: f16 activations)."""
+    benchmark of speed only); at split KQ_MAX_SPLIT its 512-thread build (probe_one16)."""
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for dtype in ("q4_k", "q6_k"):
@@ -102,9 +97,31 @@ def probe(ops: CudaOps, bw: float, results: list) -> None:
             splits = [s for s in sorted({max(1, base // 2), base, base * 2})
                       if s <= plan.KQ_MAX_SPLIT and 2 * s <= k // 32]
             for defines in PROBE_BUILDS:
-                probe_build(ops, bw, results, name, dtype, defines, 1, None, splits)
-            for defines in X16_BUILDS:
-                probe_build(ops, bw, results, name, dtype, defines, 16, "x16", [base])
+                probe_build(ops, bw, results, name, dtype, defines, splits)
+            if base == plan.KQ_MAX_SPLIT:
+                probe_one16(ops, bw, results, name, dtype)
+
+
+def probe_one16(ops: CudaOps, bw: float, results: list, name: str, dtype: str) -> None:
+    """One row at split KQ_MAX_SPLIT on mm_*_one (one block an SM) and mm_*_one16 (two: plan.ONE16_TYPES):
+    the engine's outputs (plain and norm_matmul) equal both ways, and each one's time."""
+    n, k = SHAPES_8B[name]
+    saved = plan.ONE16_TYPES
+    try:
+        w, x, nw = random_weight(n, k, dtype), cp.random.standard_normal((1, k), dtype=cp.float32), cp.ones(k, cp.float32)
+        outs = []
+        for types in ((), (dtype,)):
+            plan.ONE16_TYPES = types
+            outs.append([ops.matmul(x, w).copy(), ops.norm_matmul(x, nw, 1e-5, w).copy()])
+        same = all(bool(cp.array_equal(a.view(cp.uint32), b.view(cp.uint32))) for a, b in zip(*outs, strict=True))
+        for types in ((), (dtype,)):
+            plan.ONE16_TYPES = types
+            kern = plan.matmul_launch(dtype, 1, n, k, ops.sm_count).kernel
+            measure(results, bw, lambda: bench_matmul(ops, n, k, 1, dtype, split=plan.KQ_MAX_SPLIT),
+                    f"{name:8} {dtype}  1 rows {kern:28} S={plan.KQ_MAX_SPLIT:2} bits {same}", shape=name, rows=1,
+                    kernel=kern, bits_equal_one=same)
+    finally:
+        plan.ONE16_TYPES = saved
 
 
 def main() -> None:

@@ -182,6 +182,22 @@ def test_kquant_one_row_gives_the_batch_bits(gpu, dtype, shape):
         assert alone.tobytes() == inside.tobytes(), f"norm, batch {b}: max diff {np.abs(alone - inside).max()}"
 
 
+@pytest.mark.parametrize("dtype", KQUANTS)
+@pytest.mark.parametrize("shape", [(4096, 4096), (4096, 14336)], ids=str)
+def test_kquant_one_row_512_thread_builds_keep_the_bits(gpu, dtype, shape, monkeypatch):
+    """mm_*_one16 / mm_*_norm16 (plan.ONE16_TYPES, split KQ_MAX_SPLIT: two blocks an SM) are the one-row
+    kernels' code under another register bound: the same bits, plain and with the norm prologue."""
+    n, k = shape
+    assert _plan.split_k(n, k, gpu.sm_count, dtype) == _plan.KQ_MAX_SPLIT
+    dw, nw, row = gpu.upload(_weight(n, k, dtype)), gpu.tensor(_rand(k)), gpu.tensor(_rand(1, k))
+    outs = {}
+    for types in ((), (dtype,)):
+        monkeypatch.setattr(_plan, "ONE16_TYPES", types)
+        outs[types] = [cp.asnumpy(gpu.matmul(row, dw)), cp.asnumpy(gpu.norm_matmul(row, nw, 1e-5, dw))]
+    for alone, wide in zip(outs[()], outs[(dtype,)], strict=True):
+        assert wide.tobytes() == alone.tobytes(), f"max diff {np.abs(wide - alone).max()}"
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("k, kp", [(40, 64), (4096, 4096), (14336, 14336)])
 def test_activations_to_16_bits_round_pad_and_permute(k, kp, dtype):

@@ -62,7 +62,10 @@ def test_kquant_launches_share_one_split_and_fit_the_device(shape):
         assert {launch.split for launch in launches if launch} == {split}
         name = plan.KERNEL_NAMES[dtype]
         plain = plan.matmul_launch(dtype, 1, n, k, 132)
-        assert plain.kernel == f"mm_{name}_one" and plain.shared == plan.combine_bytes(split, 1)
+        normed = plan.matmul_launch(dtype, 1, n, k, 132, prologue="norm")
+        wide = "16" if split == plan.KQ_MAX_SPLIT and dtype in plan.ONE16_TYPES else ""
+        assert plain.kernel == f"mm_{name}_one{wide}" and normed.kernel == f"mm_{name}_norm{wide}"
+        assert plain.shared == plan.combine_bytes(split, 1)
 
 
 @pytest.mark.parametrize("shape", SHAPES[2:], ids=str)

@@ -26,12 +26,6 @@
 #define WT_Q4K 3
 #define WT_Q6K 4
 #define KQ(WT) ((WT) == WT_Q4K || (WT) == WT_Q6K)
-#ifndef KQ_SUBNORMAL
-#define KQ_SUBNORMAL 0  // 1: the one-row Q4_K kernels' nibbles as subnormal f16 (a_frags' SUB); a probe's build
-#endif
-#ifndef KQ_X16_FULL
-#define KQ_X16_FULL 0  // 1: the 9-16-row kernels' batches inside the slice without bound checks; a probe's build
-#endif
 #ifndef KQ_U_ONE
 #define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
 #endif
@@ -94,20 +88,9 @@ __device__ __forceinline__ void load_x8(const float* __restrict__ x, int row, bo
 // `wb` row g + 8's (16-bit weights: a uint4; int8: one byte each in .x and .y; K-quants: the low
 // nibbles in .x, Q6_K's top bits of both rows in wa.y). a1 feeds the first MMA (k 8t .. 8t+3), a2
 // the second (k 8t+4 .. 8t+7).
-// SUB (Q4_K): each nibble q as the f16 whose bits are q, the subnormal q * 2^-24, not 1024 + q less
-// 1024 (one instruction a pair fewer); the sums are then 2^-24 of the others if the MMA sums scaled
-// inputs to exactly scaled bits, which a build with KQ_SUBNORMAL checks against the default's.
-template <int WT, bool SUB = false>
+template <int WT>
 __device__ __forceinline__ void a_frags(uint4 wa, uint4 wb, unsigned (&a1)[4], unsigned (&a2)[4]) {
-    if (SUB) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            a1[2 * j] = (wa.x >> (4 * j)) & 0x000F000Fu;
-            a1[2 * j + 1] = (wb.x >> (4 * j)) & 0x000F000Fu;
-            a2[2 * j] = (wa.x >> (4 * j + 8)) & 0x000F000Fu;
-            a2[2 * j + 1] = (wb.x >> (4 * j + 8)) & 0x000F000Fu;
-        }
-    } else if (KQ(WT)) {
+    if (KQ(WT)) {
         const bool q6 = WT == WT_Q6K;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -338,7 +321,6 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
-    constexpr bool KQ_SUB = KQ_SUBNORMAL && WT == WT_Q4K;  // the one-row path's a_frags<WT, SUB>
 
     float acc[TM][4];
 #pragma unroll
@@ -487,13 +469,9 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 unsigned b[4];
                 row_pairs(p0[u >> 2], p1[u >> 2], u, b);
                 unsigned a1[4], a2[4];
-                a_frags<WT, KQ_SUB>(wa[u], wb[u], a1, a2);
+                a_frags<WT>(wa[u], wb[u], a1, a2);
                 float sa, sb, xa, xb;
                 chunk_scales(u, sa, sb, xa, xb, one_sb, dd);
-                if (KQ_SUB) {  // the sums' 2^-24 back in the scales, exactly (a power of two, no overflow)
-                    sa = __fmul_rn(sa, 16777216.f);
-                    sb = __fmul_rn(sb, 16777216.f);
-                }
                 mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
             }
     };
@@ -510,10 +488,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     }
     // PRO_X16: the batch's activations first, then its weights behind a branch: ptxas keeps loads in
     // their basic block, so every load is out before the first MMA waits (it moved each chunk's
-    // activation loads behind the previous chunk's MMAs when they shared a block). `full`, `one_sb`:
-    // one_row_batch's, taken only in a KQ_X16_FULL build (ptxas then wants ~128 registers).
-    auto x16_batch = [&](int c0, auto full, auto one_sb) {
-        constexpr bool all = decltype(full)::value;
+    // activation loads behind the previous chunk's MMAs when they shared a block). Bound checks in
+    // every batch: without them ptxas wanted ~128 registers and the 16-row step ran no faster.
+    auto x16_batch = [&](int c0) {
+        constexpr Bool<false> checked{};
         const u16* x16 = reinterpret_cast<const u16*>(x);
         uint4 xq[U][TM];
 #pragma unroll
@@ -521,29 +499,26 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
             for (int tm = 0; tm < TM; ++tm) {
                 const int m = m_base + tm * 8 + g;
-                xq[u][tm] = m < M && (all || c0 + u < c_end)
+                xq[u][tm] = m < M && c0 + u < c_end
                                 ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
                                 : make_uint4(0u, 0u, 0u, 0u);
             }
-        if (c0 != c_begin) load_weights(c0, full, one_sb);
-        const float4 dd = batch_supers(one_sb);
+        if (c0 != c_begin) load_weights(c0, checked, checked);
+        const float4 dd = batch_supers(checked);
 #pragma unroll
         for (int u = 0; u < U; ++u)
-            if (all || c0 + u < c_end) {
+            if (c0 + u < c_end) {
                 unsigned b[TM][4];
 #pragma unroll
                 for (int tm = 0; tm < TM; ++tm) {
                     b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
                 }
-                chunk_mma(u, b, one_sb, dd);
+                chunk_mma(u, b, checked, dd);
             }
     };
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
         if (PRO == PRO_X16) {
-            if (KQ_X16_FULL && fast && c0 + U <= c_end)
-                x16_batch(c0, Bool<true>{}, Bool<KQ(WT)>{});
-            else
-                x16_batch(c0, Bool<false>{}, Bool<false>{});
+            x16_batch(c0);
             continue;
         }
         if (c0 != c_begin) load_weights(c0, Bool<false>{}, Bool<false>{});
@@ -639,6 +614,14 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 #endif
 MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
 MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
+// The one-row kernels again for blocks of KQ_BOUND threads (plan.ONE16_TYPES at split KQ_MAX_SPLIT):
+// two such blocks an SM only at <= 64 registers a thread, worth the few that spill (twice the warps
+// streaming the weights). The same code: the same bits.
+#define MM_TC_ONE16(T, WT)                                                               \
+    MM_TC_AT(mm_##T##_one16, WT, 1, KQ_U_ONE, PRO_ONE, __launch_bounds__(KQ_BOUND, 2)) \
+    MM_TC_AT(mm_##T##_norm16, WT, 1, KQ_U_ONE, PRO_NORM, __launch_bounds__(KQ_BOUND, 2))
+MM_TC_ONE16(q4k, WT_Q4K)
+MM_TC_ONE16(q6k, WT_Q6K)
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

@@ -17,6 +17,9 @@ MAX_SPLIT = 32  # warps per block
 KQUANT_TYPES = ("q4_k", "q5_k", "q6_k")  # blocks the kernels read as planes (lockstep_kernels/cuda/kquant.py)
 F16_MMA_KQUANTS = ("q4_k", "q6_k")  # of them, those matmul.cu's f16 MMA family reads too
 KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each may hold 128 registers
+# One row of these at split KQ_MAX_SPLIT runs on matmul.cu's mm_*_one16 / mm_*_norm16 (two blocks an SM,
+# same bits).
+ONE16_TYPES = ("q4_k", "q6_k")
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
 # matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: the integer
 # kernels win one row but lose batches and prefill (DECISIONS.md).
@@ -122,6 +125,8 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
+    if variant in ("one", "norm") and s == KQ_MAX_SPLIT and dtype in ONE16_TYPES:
+        variant += "16"
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
