@@ -4,7 +4,9 @@
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
 #           norm prologue = the separate ops                                                        [240]
 #   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (8 chunks a batch) at three splits,
-#           each build's bits against the default build's; at split 16 mm_*_one against mm_*_one16 [150]
+#           each build's bits against the default build's; at split 16 mm_*_one against mm_*_one16; the
+#           16-row kernel's builds (X16_BUILDS)                                                    [150]
+#   x16     only the 16-row kernel's builds (kquant_mm.py --probe --x16)                           [150]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
@@ -35,6 +37,11 @@ if has probe; then
   stage "probe"
   timeout "$(lim probe 150)" python3 bench/kquant_mm.py --probe --out "$OUT/kq-one-probe.json" > "$work/probe.log" 2>&1
   echo "probe rc $?"; grep -E "us .* GB/s|FAILED" "$work/probe.log" | tee -a "$OUT/summary.txt" | tail -n 40
+fi
+if has x16; then
+  stage "x16"
+  timeout "$(lim x16 150)" python3 bench/kquant_mm.py --probe --x16 --out "$OUT/kq-x16-probe.json" > "$work/x16.log" 2>&1
+  echo "x16 rc $?"; grep -E "us .* GB/s|FAILED" "$work/x16.log" | tee -a "$OUT/summary.txt" | tail -n 40
 fi
 wait $shape; echo "shape rc $?"
 if has ab; then

@@ -2,7 +2,8 @@
 the 8B shapes (H200): microseconds, weight GB/s and the fraction of the copy bandwidth. Writes JSON (--out), prints a table.
 
     python3 bench/kquant_mm.py --out /tmp/kquant-mm.json
-    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # one row: builds x splits, bits vs the default build
+    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # builds x splits, bits vs the default build
+    python3 bench/kquant_mm.py --probe --x16 --out /tmp/kquant-x16.json   # the 16-row builds only
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 # Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
 # KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K) and 8 chunks a batch.
 PROBE_BUILDS = [(), (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 96))]
+# The 9-16-row kernel (f16 activations): the default, the next batch's weights loaded before a batch's
+# MMAs (KQ_X16_PREFETCH), and that at 2 chunks a batch (KQ_U12).
+X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), (("KQ_X16_PREFETCH", 1), ("KQ_U12", 2))]
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:
@@ -57,45 +61,51 @@ def measure(results: list, bw: float, run, label: str, **tags) -> None:
               f"{r['TFLOPs']:6.1f} TFLOP/s", flush=True)
 
 
-def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple) -> bool:
-    """Whether a build of the one-row streaming kernel gives the default build's bits (the same split: a
-    build changes no sum) on one random weight and row."""
+def build_bits(ops: CudaOps, n: int, k: int, dtype: str, defines: tuple, m: int, prologue: str | None) -> bool:
+    """Whether a build of the streaming kernel gives the default build's bits (the same split: a build
+    changes no sum) on one random weight and batch of m rows."""
     w = random_weight(n, k, dtype)
-    x = probe_activations(1, w)
-    mm = plan.matmul_launch(dtype, 1, n, k, ops.sm_count)
+    x = probe_activations(m, w, prologue)
+    mm = plan.matmul_launch(dtype, m, n, k, ops.sm_count, prologue=prologue)
     outs = []
     for d in ((), defines):
-        out = cp.empty((1, n), cp.float32)
+        out = cp.empty((m, n), cp.float32)
         kernel_launch.launch(streaming_kernel(mm, d), mm.grid, mm.block, mm_tc_args(w, x, out, out), mm.shared)
         outs.append(out)
     return bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
 
 
-def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, defines: tuple, splits) -> None:
-    """One build of the one-row streaming kernel on one 8B shape: its bits against the default build's
-    at the dispatch's split, then its time at each split in `splits`."""
+def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, defines: tuple, splits, rows: int = 1,
+                prologue: str | None = None) -> None:
+    """One build of the streaming kernel on one 8B shape: its bits against the default build's at the
+    dispatch's split, then its time at each split in `splits` (rows: 1, or 16 with prologue "x16")."""
     n, k = SHAPES_8B[name]
     build = " ".join(f"{d}={v}" for d, v in defines) or "default"
     check: list = []
-    guarded(check, lambda: {"equal": build_bits(ops, n, k, dtype, defines)})
+    guarded(check, lambda: {"equal": build_bits(ops, n, k, dtype, defines, rows, prologue)})
     same = check[0].get("equal", check[0].get("error"))
     base = plan.split_k(n, k, ops.sm_count, dtype)
     for s in splits:
         measure(results, bw,
-                lambda s=s: bench_matmul(ops, n, k, 1, dtype, split=s, defines=defines),
-                f"{name:8} {dtype}  1 rows {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
-                rows=1, build=build, dispatch_split=base, bits_equal_default=same)
+                lambda s=s: bench_matmul(ops, n, k, rows, dtype, split=s, defines=defines, prologue=prologue),
+                f"{name:8} {dtype} {rows:2} rows {build:28} S={s:2} (dispatch {base:2}) bits {same}", shape=name,
+                rows=rows, build=build, dispatch_split=base, bits_equal_default=same)
 
 
-def probe(ops: CudaOps, bw: float, results: list) -> None:
+def probe(ops: CudaOps, bw: float, results: list, x16: bool = False) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
-    benchmark of speed only); at split KQ_MAX_SPLIT its 512-thread build (probe_one16)."""
+    benchmark of speed only); at split KQ_MAX_SPLIT its 512-thread build (probe_one16); the 16-row
+    kernel's builds at the dispatch's split (`x16`: only those)."""
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for dtype in ("q4_k", "q6_k"):
             base = plan.split_k(n, k, ops.sm_count, dtype)
             splits = [s for s in sorted({max(1, base // 2), base, base * 2})
                       if s <= plan.KQ_MAX_SPLIT and 2 * s <= k // 32]
+            for defines in X16_BUILDS:
+                probe_build(ops, bw, results, name, dtype, defines, [base], 16, "x16")
+            if x16:
+                continue
             for defines in PROBE_BUILDS:
                 probe_build(ops, bw, results, name, dtype, defines, splits)
             if base == plan.KQ_MAX_SPLIT:
@@ -131,6 +141,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="qo,gate_up,down,lm_head")
     ap.add_argument("--all", action="store_true", help="every integer variant (tiled forced, tr at every type)")
     ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--x16", action="store_true", help="with --probe: the 16-row kernel's builds only")
     ap.add_argument("--types", default="", help="only these, e.g. 'q4_k:int,q6_k:int,q4_k:f16' (default: every one)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
@@ -138,7 +149,7 @@ def main() -> None:
     results: list = []
     pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR)  # the dispatch's choices of integer kernels
     if args.probe:
-        probe(ops, bw, results)
+        probe(ops, bw, results, args.x16)
         Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1))
         return
     for name in args.shapes.split(","):

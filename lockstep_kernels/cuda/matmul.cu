@@ -29,6 +29,12 @@
 #ifndef KQ_U_ONE
 #define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
 #endif
+#ifndef KQ_U12
+#define KQ_U12 4  // ... and of the K-quant kernels at 1-2 token tiles
+#endif
+#ifndef KQ_X16_PREFETCH
+#define KQ_X16_PREFETCH 0  // 1: the 9-16-row K-quant kernels load a batch's weights while the one before is multiplied
+#endif
 
 
 // mma_f16 and mma_bf16: one m16n8k16 MMA accumulating into d, the 16-bit operand type T.
@@ -490,8 +496,13 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // their basic block, so every load is out before the first MMA waits (it moved each chunk's
     // activation loads behind the previous chunk's MMAs when they shared a block). Bound checks in
     // every batch: without them ptxas wanted ~128 registers and the 16-row step ran no faster.
+    //
+    // KQ_X16_PREFETCH (K-quants): the batch's weights came in the batch before, which now sends the
+    // next batch's before its MMAs, so a warp's loads stay in flight while it multiplies (a copy of
+    // the words a chunk, registers for a second batch). The same operations on the same words.
     auto x16_batch = [&](int c0) {
         constexpr Bool<false> checked{};
+        constexpr bool prefetch = KQ_X16_PREFETCH && KQ(WT);
         const u16* x16 = reinterpret_cast<const u16*>(x);
         uint4 xq[U][TM];
 #pragma unroll
@@ -503,6 +514,27 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                 ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
                                 : make_uint4(0u, 0u, 0u, 0u);
             }
+        if (prefetch) {
+            uint4 ca[U], cb[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                ca[u] = wa[u];
+                cb[u] = wb[u];
+            }
+            if (c0 + U < c_end) load_weights(c0 + U, checked, checked);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (c0 + u < c_end) {
+                    unsigned a1[4], a2[4];
+                    a_frags<WT>(ca[u], cb[u], a1, a2);
+                    float sa, sb, xa, xb;
+                    kq_chunk_scales(ca[u], cb[u], WT == WT_Q6K, sa, sb, xa, xb);
+#pragma unroll
+                    for (int tm = 0; tm < TM; ++tm)
+                        mma_chunk<WT>(acc[tm], a1, a2, xq[u][tm].x, xq[u][tm].y, xq[u][tm].z, xq[u][tm].w, sa, sb, xa, xb);
+                }
+            return;
+        }
         if (c0 != c_begin) load_weights(c0, checked, checked);
         const float4 dd = batch_supers(checked);
 #pragma unroll
@@ -612,8 +644,8 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 #else
 #define KQ_ONE_BOUND(REGS) __launch_bounds__(KQ_BOUND, 1)
 #endif
-MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
-MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
+MM_TC_SET_AT(q4k, WT_Q4K, KQ_U12, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
+MM_TC_SET_AT(q6k, WT_Q6K, KQ_U12, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
 // The one-row kernels again for blocks of KQ_BOUND threads (plan.ONE16_TYPES at split KQ_MAX_SPLIT):
 // two such blocks an SM only at <= 64 registers a thread, worth the few that spill (twice the warps
 // streaming the weights). The same code: the same bits.
