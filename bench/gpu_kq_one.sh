@@ -3,10 +3,10 @@
 # its limit (KO_T_<stage> s), JSON under $OUT as stages end, tables in summary.txt:
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
 #           norm prologue = the separate ops                                                        [240]
-#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (8 chunks a batch) at three splits,
-#           each build's bits against the default build's; at split 16 mm_*_one against mm_*_one16; the
-#           16-row kernel's builds (X16_BUILDS)                                                    [150]
-#   x16     only the 16-row kernel's builds (kquant_mm.py --probe --x16)                           [150]
+#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS: prefetching the next
+#           batch) at three splits, each build's bits against the default build's; at split 16 mm_*_one
+#           against mm_*_one16                                                                     [150]
+#   x16     the 16-row kernel's builds (X16_BUILDS: prefetching, 2 chunks a batch), the same way   [150]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]

@@ -2,8 +2,8 @@
 the 8B shapes (H200): microseconds, weight GB/s and the fraction of the copy bandwidth. Writes JSON (--out), prints a table.
 
     python3 bench/kquant_mm.py --out /tmp/kquant-mm.json
-    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # builds x splits, bits vs the default build
-    python3 bench/kquant_mm.py --probe --x16 --out /tmp/kquant-x16.json   # the 16-row builds only
+    python3 bench/kquant_mm.py --probe --out /tmp/kquant-probe.json   # one row: builds x splits, bits vs the default build
+    python3 bench/kquant_mm.py --probe --x16 --out /tmp/kquant-x16.json   # the same for the 16-row kernel's builds
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # n
 from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
 # Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
-# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K) and 8 chunks a batch.
-PROBE_BUILDS = [(), (("KQ_U_ONE", 8), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 96))]
+# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K) and the next batch's weights loaded before a batch's
+# MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
+PROBE_BUILDS = [(), (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))]
 # The 9-16-row kernel (f16 activations): the default, the next batch's weights loaded before a batch's
 # MMAs (KQ_X16_PREFETCH), and that at 2 chunks a batch (KQ_U12).
 X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), (("KQ_X16_PREFETCH", 1), ("KQ_U12", 2))]
@@ -94,17 +95,17 @@ def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, d
 
 def probe(ops: CudaOps, bw: float, results: list, x16: bool = False) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
-    benchmark of speed only); at split KQ_MAX_SPLIT its 512-thread build (probe_one16); the 16-row
-    kernel's builds at the dispatch's split (`x16`: only those)."""
+    benchmark of speed only) and at split KQ_MAX_SPLIT its 512-thread build (probe_one16); or (`x16`)
+    the 16-row kernel's builds at the dispatch's split."""
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for dtype in ("q4_k", "q6_k"):
             base = plan.split_k(n, k, ops.sm_count, dtype)
             splits = [s for s in sorted({max(1, base // 2), base, base * 2})
                       if s <= plan.KQ_MAX_SPLIT and 2 * s <= k // 32]
-            for defines in X16_BUILDS:
-                probe_build(ops, bw, results, name, dtype, defines, [base], 16, "x16")
             if x16:
+                for defines in X16_BUILDS:
+                    probe_build(ops, bw, results, name, dtype, defines, [base], 16, "x16")
                 continue
             for defines in PROBE_BUILDS:
                 probe_build(ops, bw, results, name, dtype, defines, splits)
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="qo,gate_up,down,lm_head")
     ap.add_argument("--all", action="store_true", help="every integer variant (tiled forced, tr at every type)")
     ap.add_argument("--probe", action="store_true")
-    ap.add_argument("--x16", action="store_true", help="with --probe: the 16-row kernel's builds only")
+    ap.add_argument("--x16", action="store_true", help="with --probe: the 16-row kernel's builds instead")
     ap.add_argument("--types", default="", help="only these, e.g. 'q4_k:int,q6_k:int,q4_k:f16' (default: every one)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)

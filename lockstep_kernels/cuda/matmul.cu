@@ -35,6 +35,9 @@
 #ifndef KQ_X16_PREFETCH
 #define KQ_X16_PREFETCH 0  // 1: the 9-16-row K-quant kernels load a batch's weights while the one before is multiplied
 #endif
+#ifndef KQ_ONE_PREFETCH
+#define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
+#endif
 
 
 // mma_f16 and mma_bf16: one m16n8k16 MMA accumulating into d, the 16-bit operand type T.
@@ -445,7 +448,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // A batch of one row's chunks; `full` (every chunk in the slice) drops the bound checks.
     auto one_row_batch = [&](int c0, auto full, auto one_sb) {
         constexpr bool all = decltype(full)::value;
-        if (c0 != c_begin) load_weights(c0, full, one_sb);
+        constexpr bool prefetch = KQ_ONE_PREFETCH && KQ(WT);  // as x16_batch's, below
+        if (c0 != c_begin && !prefetch) load_weights(c0, full, one_sb);
         unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
         for (int h = 0; h < U / 4; ++h) {
@@ -467,6 +471,32 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             }
             p0[h] = pack_act<WT>(v[0], v[1]);
             p1[h] = pack_act<WT>(v[2], v[3]);
+        }
+        if (prefetch) {
+            uint4 ca[U], cb[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                ca[u] = wa[u];
+                cb[u] = wb[u];
+            }
+            if (c0 + U < c_end) load_weights(c0 + U, Bool<false>{}, Bool<false>{});
+            const float4 d1 = decltype(one_sb)::value ? kq_super_floats(cb[0].y, cb[0].z, WT == WT_Q6K)
+                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (all || c0 + u < c_end) {
+                    unsigned b[4];
+                    row_pairs(p0[u >> 2], p1[u >> 2], u, b);
+                    unsigned a1[4], a2[4];
+                    a_frags<WT>(ca[u], cb[u], a1, a2);
+                    float sa, sb, xa, xb;
+                    if (decltype(one_sb)::value)
+                        kq_chunk_scales_f(ca[u].z, d1, WT == WT_Q6K, sa, sb, xa, xb);
+                    else
+                        kq_chunk_scales(ca[u], cb[u], WT == WT_Q6K, sa, sb, xa, xb);
+                    mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
+                }
+            return;
         }
         const float4 dd = batch_supers(one_sb);
 #pragma unroll
