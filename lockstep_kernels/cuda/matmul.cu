@@ -405,23 +405,25 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // into accumulators nobody stores), so the compiler may issue a batch's activation loads together.
     // A chunk's scales of rows g, g + 8 (Q8_0: da, db; K-quants: kq_scale_pair's pairs from the words).
     // one_sb (K-quants): the batch's chunks share a super-block, whose scales `dd` batch_supers
-    // converted once.
-    auto batch_supers = [&](auto one_sb) {
-        return KQ(WT) && decltype(one_sb)::value ? kq_super_floats(wb[0].y, wb[0].z, WT == WT_Q6K)
+    // converted once. A, B: the batch's words (wa, wb, or their copy where the next batch is loading).
+    using Words = uint4[U];
+    auto batch_supers = [&](auto one_sb, const Words& B) {
+        return KQ(WT) && decltype(one_sb)::value ? kq_super_floats(B[0].y, B[0].z, WT == WT_Q6K)
                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
     };
-    auto chunk_scales = [&](int u, float& sa, float& sb, float& xa, float& xb, auto one_sb, float4 dd) {
+    auto chunk_scales = [&](int u, float& sa, float& sb, float& xa, float& xb, auto one_sb, float4 dd, const Words& A,
+                            const Words& B) {
         sa = da[u]; sb = db[u]; xa = xb = 0.f;
         if (KQ(WT) && decltype(one_sb)::value)
-            kq_chunk_scales_f(wa[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
+            kq_chunk_scales_f(A[u].z, dd, WT == WT_Q6K, sa, sb, xa, xb);
         else if (KQ(WT))
-            kq_chunk_scales(wa[u], wb[u], WT == WT_Q6K, sa, sb, xa, xb);
+            kq_chunk_scales(A[u], B[u], WT == WT_Q6K, sa, sb, xa, xb);
     };
-    auto chunk_mma = [&](int u, const unsigned (&b)[TM][4], auto one_sb, float4 dd) {
+    auto chunk_mma = [&](int u, const unsigned (&b)[TM][4], auto one_sb, float4 dd, const Words& A, const Words& B) {
         unsigned a1[4], a2[4];
-        a_frags<WT>(wa[u], wb[u], a1, a2);
+        a_frags<WT>(A[u], B[u], a1, a2);
         float sa, sb, xa, xb;
-        chunk_scales(u, sa, sb, xa, xb, one_sb, dd);
+        chunk_scales(u, sa, sb, xa, xb, one_sb, dd, A, B);
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm)
             mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
@@ -438,7 +440,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         for (int tm = 0; tm < TM; ++tm) load_x8(x, xrow[tm], m_base + tm * 8 + g < M, K, ldx, c * 32 + 8 * t, vec, xv[tm]);
         unsigned b[TM][4];
         pack_chunk(xv, b);
-        chunk_mma(u, b, Bool<false>{}, float4{});
+        chunk_mma(u, b, Bool<false>{}, float4{}, wa, wb);
     };
     // One row: lane l loads and packs activations k0 + 4l .. k0 + 4l + 3 of the batch (chunk c0 +
     // l / 8) in one coalesced warp load, so every chunk's pairs are ready when its weights arrive;
@@ -472,42 +474,27 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             p0[h] = pack_act<WT>(v[0], v[1]);
             p1[h] = pack_act<WT>(v[2], v[3]);
         }
+        Words ca, cb;
         if (prefetch) {
-            uint4 ca[U], cb[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 ca[u] = wa[u];
                 cb[u] = wb[u];
             }
             if (c0 + U < c_end) load_weights(c0 + U, Bool<false>{}, Bool<false>{});
-            const float4 d1 = decltype(one_sb)::value ? kq_super_floats(cb[0].y, cb[0].z, WT == WT_Q6K)
-                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (all || c0 + u < c_end) {
-                    unsigned b[4];
-                    row_pairs(p0[u >> 2], p1[u >> 2], u, b);
-                    unsigned a1[4], a2[4];
-                    a_frags<WT>(ca[u], cb[u], a1, a2);
-                    float sa, sb, xa, xb;
-                    if (decltype(one_sb)::value)
-                        kq_chunk_scales_f(ca[u].z, d1, WT == WT_Q6K, sa, sb, xa, xb);
-                    else
-                        kq_chunk_scales(ca[u], cb[u], WT == WT_Q6K, sa, sb, xa, xb);
-                    mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
-                }
-            return;
         }
-        const float4 dd = batch_supers(one_sb);
+        const Words& A = prefetch ? ca : wa;
+        const Words& B = prefetch ? cb : wb;
+        const float4 dd = batch_supers(one_sb, B);
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
                 unsigned b[4];
                 row_pairs(p0[u >> 2], p1[u >> 2], u, b);
                 unsigned a1[4], a2[4];
-                a_frags<WT>(wa[u], wb[u], a1, a2);
+                a_frags<WT>(A[u], B[u], a1, a2);
                 float sa, sb, xa, xb;
-                chunk_scales(u, sa, sb, xa, xb, one_sb, dd);
+                chunk_scales(u, sa, sb, xa, xb, one_sb, dd, A, B);
                 mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
             }
     };
@@ -544,29 +531,20 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                                 ? *reinterpret_cast<const uint4*>(x16 + (i64)m * ldx + (c0 + u) * 32 + 8 * t)
                                 : make_uint4(0u, 0u, 0u, 0u);
             }
+        Words ca, cb;
         if (prefetch) {
-            uint4 ca[U], cb[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 ca[u] = wa[u];
                 cb[u] = wb[u];
             }
             if (c0 + U < c_end) load_weights(c0 + U, checked, checked);
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (c0 + u < c_end) {
-                    unsigned a1[4], a2[4];
-                    a_frags<WT>(ca[u], cb[u], a1, a2);
-                    float sa, sb, xa, xb;
-                    kq_chunk_scales(ca[u], cb[u], WT == WT_Q6K, sa, sb, xa, xb);
-#pragma unroll
-                    for (int tm = 0; tm < TM; ++tm)
-                        mma_chunk<WT>(acc[tm], a1, a2, xq[u][tm].x, xq[u][tm].y, xq[u][tm].z, xq[u][tm].w, sa, sb, xa, xb);
-                }
-            return;
+        } else if (c0 != c_begin) {
+            load_weights(c0, checked, checked);
         }
-        if (c0 != c_begin) load_weights(c0, checked, checked);
-        const float4 dd = batch_supers(checked);
+        const Words& A = prefetch ? ca : wa;
+        const Words& B = prefetch ? cb : wb;
+        const float4 dd = batch_supers(checked, B);
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (c0 + u < c_end) {
@@ -575,7 +553,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 for (int tm = 0; tm < TM; ++tm) {
                     b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
                 }
-                chunk_mma(u, b, checked, dd);
+                chunk_mma(u, b, checked, dd, A, B);
             }
     };
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
@@ -599,7 +577,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             for (int u = 0; u < U; ++u) {
                 unsigned b[TM][4];
                 pack_chunk(xv[u], b);
-                chunk_mma(u, b, Bool<false>{}, float4{});
+                chunk_mma(u, b, Bool<false>{}, float4{}, wa, wb);
             }
             continue;
         }
