@@ -6,7 +6,7 @@
 #   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS: prefetching the next
 #           batch) at three splits, each build's bits against the default build's; at split 16 mm_*_one
 #           against mm_*_one16                                                                     [150]
-#   x16     the 16-row kernel's builds (X16_BUILDS: prefetching, 2 chunks a batch), the same way   [150]
+#   x16     the 16-row kernel's builds (X16_BUILDS: prefetching, two row tiles a block), the same way [300]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
@@ -40,7 +40,7 @@ if has probe; then
 fi
 if has x16; then
   stage "x16"
-  timeout "$(lim x16 150)" python3 bench/kquant_mm.py --probe --x16 --out "$OUT/kq-x16-probe.json" > "$work/x16.log" 2>&1
+  timeout "$(lim x16 300)" python3 bench/kquant_mm.py --probe --x16 --out "$OUT/kq-x16-probe.json" > "$work/x16.log" 2>&1
   echo "x16 rc $?"; grep -E "us .* GB/s|FAILED" "$work/x16.log" | tee -a "$OUT/summary.txt" | tail -n 40
 fi
 wait $shape; echo "shape rc $?"

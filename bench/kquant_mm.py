@@ -36,8 +36,9 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 # MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
 PROBE_BUILDS = [(), (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))]
 # The 9-16-row kernel (f16 activations): the default, the next batch's weights loaded before a batch's
-# MMAs (KQ_X16_PREFETCH), and that at 2 chunks a batch (KQ_U12).
-X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), (("KQ_X16_PREFETCH", 1), ("KQ_U12", 2))]
+# MMAs (KQ_X16_PREFETCH), and two row tiles a block sharing the tokens' loads and Q4_K's ones sums
+# (KQ_X16_RT 2, at 2 and 4 chunks a batch, KQ_U12; the dispatch's grid, so half its blocks idle).
+X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), (("KQ_X16_RT", 2), ("KQ_U12", 2)), (("KQ_X16_RT", 2),)]
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:

@@ -35,6 +35,9 @@
 #ifndef KQ_X16_PREFETCH
 #define KQ_X16_PREFETCH 0  // 1: the 9-16-row K-quant kernels load a batch's weights while the one before is multiplied
 #endif
+#ifndef KQ_X16_RT
+#define KQ_X16_RT 1  // 2: the 9-16-row K-quant kernels take row tiles 2b, 2b + 1 in block b (a probe's build)
+#endif
 #ifndef KQ_ONE_PREFETCH
 #define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
 #endif
@@ -326,7 +329,15 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16;
+    // RT (KQ_X16_RT, 16-bit-input K-quant kernels): block b takes row tiles RT b .. RT b + RT - 1 of the
+    // launch's grid of one a tile (the blocks past them idle), each tile's sums as alone; the tokens'
+    // loads and Q4_K's ones sums serve both. acc2: the second tile's accumulators.
+    constexpr int RT = PRO == PRO_X16 && KQ(WT) ? KQ_X16_RT : 1;
+    static_assert(RT == 1 || (RT == 2 && !KQ_X16_PREFETCH), "two row tiles a block, without prefetching");
+    const int tile0 = blockIdx.x * RT;
+    if (RT > 1 && tile0 >= ((N + 15) >> 4)) return;
+    const bool second = RT > 1 && tile0 + 1 < ((N + 15) >> 4);
+    const int n0 = RT == 1 ? blockIdx.x * 16 : tile0 * 16;  // RT 1 spelled as measured: the same SASS
     const int C = Kp >> 5;
     const int c_begin = (int)(((i64)s * C) / S), c_end = (int)(((i64)(s + 1) * C) / S);
     const bool vec = (K & 7) == 0 && (ldx & 3) == 0;
@@ -334,22 +345,47 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     float acc[TM][4];
 #pragma unroll
     for (int i = 0; i < TM; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    float acc2[TM][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) acc2[i][0] = acc2[i][1] = acc2[i][2] = acc2[i][3] = 0.f;
 
     // uint4 (16-bit weights) or uint2 (int8 weights) per row and chunk: lane t holds k 8t .. 8t+7.
     const i64 row_a = (i64)(n0 + g) * Kp, row_b = (i64)(n0 + g + 8) * Kp;
-    uint4 wa[U], wb[U];
+    uint4 wa[U], wb[U], wa2[U], wb2[U];
     float da[U] = {}, db[U] = {};
     const KqPlanes kq = kq_planes(w, scales, WT == WT_Q6K, (N + 15) >> 4, C);
     // This lane's words of the tile's chunk 0 in each plane (kq_scale_words' places); chunk c lies
     // c times a plane's bytes per chunk further, so a batch's loads take immediate offsets.
-    const i64 lane0 = (i64)blockIdx.x * C * 32 + lane;
+    const i64 at = RT == 1 ? (i64)blockIdx.x : (i64)tile0;  // as n0
+    const i64 lane0 = at * C * 32 + lane;
     const unsigned char* nib_at = kq.nib + lane0 * 8;
     const unsigned char* top_at = kq.top + lane0 * 4;
-    const unsigned char* sc_at = kq.sc + ((i64)blockIdx.x * C * 8 + g) * 4;
-    const unsigned char* d_at = kq.d + ((i64)blockIdx.x * (C >> 3) * 8 + g) * (WT == WT_Q6K ? 4 : 8);
-    auto super_scales = [&](int c) {  // the super-block scale words of rows g, g + 8 at chunk c
-        return WT == WT_Q6K ? make_uint2(*reinterpret_cast<const unsigned*>(d_at + (c >> 3) * 32), 0u)
-                            : *reinterpret_cast<const uint2*>(d_at + (c >> 3) * 64);
+    const unsigned char* sc_at = kq.sc + (at * C * 8 + g) * 4;
+    const unsigned char* d_at = kq.d + (at * (C >> 3) * 8 + g) * (WT == WT_Q6K ? 4 : 8);
+    // tn: tiles further in every plane (the second tile: 1, or 0 where there is none, whose loads then
+    // repeat the first's and are never stored)
+    auto super_scales = [&](int c, i64 tn = 0) {  // the super-block scale words of rows g, g + 8 at chunk c
+        return WT == WT_Q6K ? make_uint2(*reinterpret_cast<const unsigned*>(d_at + tn * (C >> 3) * 32 + (c >> 3) * 32), 0u)
+                            : *reinterpret_cast<const uint2*>(d_at + tn * (C >> 3) * 64 + (c >> 3) * 64);
+    };
+    // One chunk's K-quant words into A[u], B[u]: one 8-byte load a lane covers the tile's chunk, 256
+    // bytes a warp; the scale words converted where the chunk is multiplied (fewer registers in flight).
+    // one_sb: d0 holds the chunk's super-block scale words.
+    auto kq_load = [&](int u, int c, bool one_sb, uint2 d0, uint4 (&A)[U], uint4 (&B)[U], i64 tn) {
+        const uint2 q = *reinterpret_cast<const uint2*>(nib_at + tn * C * 256 + c * 256);
+        const unsigned top = WT == WT_Q6K ? *reinterpret_cast<const unsigned*>(top_at + tn * C * 128 + c * 128) : 0u;
+        A[u] = make_uint4(q.x, top, 0u, 0u);
+        B[u] = make_uint4(q.y, 0u, 0u, 0u);
+        const uint2 d = one_sb ? d0 : super_scales(c, tn);
+        A[u].z = *reinterpret_cast<const unsigned*>(sc_at + tn * C * 32 + c * 32);
+        B[u].y = d.x;
+        B[u].z = d.y;
+    };
+    auto load_second = [&](int c0) {  // the second tile's batch, bound-checked
+        const i64 tn = second ? 1 : 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (c0 + u < c_end) kq_load(u, c0 + u, false, make_uint2(0u, 0u), wa2, wb2, tn);
     };
     // full: every chunk of the batch lies in the slice (no bound checks); one_sb: and in one super-block,
     // so its scale words are loaded once (and, the same registers, converted once)
@@ -359,16 +395,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u;
             if (!decltype(full)::value && c >= c_end) continue;
-            if (KQ(WT)) {  // one 8-byte load a lane covers the tile's chunk: 256 bytes a warp
-                const uint2 q = *reinterpret_cast<const uint2*>(nib_at + c * 256);
-                const unsigned top = WT == WT_Q6K ? *reinterpret_cast<const unsigned*>(top_at + c * 128) : 0u;
-                wa[u] = make_uint4(q.x, top, 0u, 0u);
-                wb[u] = make_uint4(q.y, 0u, 0u, 0u);
-                // scale words, converted where the chunk is multiplied (fewer registers in flight)
-                const uint2 d = decltype(one_sb)::value ? d0 : super_scales(c);
-                wa[u].z = *reinterpret_cast<const unsigned*>(sc_at + c * 32);
-                wb[u].y = d.x;
-                wb[u].z = d.y;
+            if (KQ(WT)) {
+                kq_load(u, c, decltype(one_sb)::value, d0, wa, wb, 0);
             } else if (WT == WT_Q8) {
                 const signed char* q = reinterpret_cast<const signed char*>(w);
                 uint2 qa = *reinterpret_cast<const uint2*>(q + row_a + c * 32 + 8 * t);
@@ -387,6 +415,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 
     // The first weights are in flight while the previous kernel finishes (weights are never written).
     load_weights(c_begin, Bool<false>{}, Bool<false>{});
+    if (RT > 1) load_second(c_begin);
     pdl_start();
     // PRO_NORM (one row): the row's rms_norm scale, while the first weights arrive.
     __shared__ float norm_scratch[8];
@@ -541,6 +570,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             if (c0 + U < c_end) load_weights(c0 + U, checked, checked);
         } else if (c0 != c_begin) {
             load_weights(c0, checked, checked);
+            if (RT > 1) load_second(c0);
         }
         const Words& A = prefetch ? ca : wa;
         const Words& B = prefetch ? cb : wb;
@@ -553,7 +583,32 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 for (int tm = 0; tm < TM; ++tm) {
                     b[tm][0] = xq[u][tm].x; b[tm][1] = xq[u][tm].y; b[tm][2] = xq[u][tm].z; b[tm][3] = xq[u][tm].w;
                 }
-                chunk_mma(u, b, checked, dd, A, B);
+                if (RT == 1) {
+                    chunk_mma(u, b, checked, dd, A, B);
+                    continue;
+                }
+                float e[TM][4];  // Q4_K's ones sums, the tokens' alone
+                if (WT == WT_Q4K) {
+#pragma unroll
+                    for (int tm = 0; tm < TM; ++tm) q4k_ones(e[tm], b[tm][0], b[tm][1], b[tm][2], b[tm][3]);
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const Words& Ar = r ? wa2 : wa;
+                    const Words& Br = r ? wb2 : wb;
+                    unsigned a1[4], a2[4];
+                    a_frags<WT>(Ar[u], Br[u], a1, a2);
+                    float sa, sb, xa, xb;
+                    chunk_scales(u, sa, sb, xa, xb, checked, dd, Ar, Br);
+#pragma unroll
+                    for (int tm = 0; tm < TM; ++tm) {
+                        float (&to)[4] = r ? acc2[tm] : acc[tm];
+                        if (WT == WT_Q4K)
+                            q4k_chunk(to, a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb, e[tm]);
+                        else
+                            mma_chunk<WT>(to, a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
+                    }
+                }
             }
     };
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
@@ -591,10 +646,17 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         }
     }
 
-    // The fixed combine: warp 0 adds the S partial sums in slice order (combine_slices).
+    // The fixed combine: warp 0 adds the S partial sums in slice order (combine_slices); the second
+    // tile's first, every warp staying for the first's.
+    if (RT > 1) {
+        combine_slices<TM>(acc2, red);
+        __syncthreads();
+    }
     if (!combine_slices<TM>(acc, red)) return;
 
     stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc, n0, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
+    if (second)
+        stream_stores<TM, WT == WT_BF16 ? 2 : 1>(acc2, n0 + 16, 0, m_base, g, t, bias, res, out, M, N, N, flags, qkv, kv);
 }
 
 // Block size is 32 * S threads; lockstep_kernels/cuda/plan.py keeps S <= 32 / max(1, TM / 2) (K-quants: 16, 8 at
