@@ -6,7 +6,8 @@
 #   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS: prefetching the next
 #           batch) at three splits, each build's bits against the default build's; at split 16 mm_*_one
 #           against mm_*_one16                                                                     [150]
-#   x16     the 16-row kernel's builds (X16_BUILDS: prefetching, two row tiles a block), the same way [300]
+#   x16     the 16-row kernel's builds (X16_BUILDS: prefetching) the same way, and mm_*_tm2h against
+#           mm_*_tm2h2 (two row tiles a block, plan.X16_RT2_TYPES; RT2_BUILDS)                    [300]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
 #           this tree: per-kernel medians and the step's logits' SHA-1 (equal when bits are kept)    [100 each]
 #   engine  bench/throughput.py, this tree, solo and 16 chats, exact on                              [100]
@@ -28,7 +29,7 @@ shape8b_q4km_bg
 if has tests; then
   stage "tests"
   timeout "$(lim tests 240)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/tests.xml" \
-    tests/test_cuda_ops.py -k "test_kquant_one_row or test_matmul_row_invariant or test_norm_matmul_equals" \
+    tests/test_cuda_ops.py -k "test_kquant_one_row or test_kquant_two_tile or test_matmul_row_invariant or test_norm_matmul_equals" \
     > "$work/tests.txt" 2>&1
   echo "tests rc $?"; grep -E '^(FAILED|ERROR) ' "$work/tests.txt" | cut -c1-300 | head -n 12; tail -n 1 "$work/tests.txt" | tee -a "$OUT/summary.txt"
   [ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/kq-one-tests.json"

@@ -35,10 +35,10 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 # KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K) and the next batch's weights loaded before a batch's
 # MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
 PROBE_BUILDS = [(), (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))]
-# The 9-16-row kernel (f16 activations): the default, the next batch's weights loaded before a batch's
-# MMAs (KQ_X16_PREFETCH), and two row tiles a block sharing the tokens' loads and Q4_K's ones sums
-# (KQ_X16_RT 2, at 2 and 4 chunks a batch, KQ_U12; the dispatch's grid, so half its blocks idle).
-X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), (("KQ_X16_RT", 2), ("KQ_U12", 2)), (("KQ_X16_RT", 2),)]
+# The 9-16-row kernel (f16 activations): the default and the next batch's weights loaded before a batch's
+# MMAs (KQ_X16_PREFETCH); then mm_*_tm2h2 (two row tiles a block) at 2 and 4 chunks a batch (KQ_U12_RT).
+X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),)]
+RT2_BUILDS = [(), (("KQ_U12_RT", 4),)]
 
 
 def rows8_bits(ops: CudaOps, n: int, k: int, m: int, dtype: str) -> bool:
@@ -107,6 +107,7 @@ def probe(ops: CudaOps, bw: float, results: list, x16: bool = False) -> None:
             if x16:
                 for defines in X16_BUILDS:
                     probe_build(ops, bw, results, name, dtype, defines, [base], 16, "x16")
+                probe_rt2(ops, bw, results, name, dtype)
                 continue
             for defines in PROBE_BUILDS:
                 probe_build(ops, bw, results, name, dtype, defines, splits)
@@ -134,6 +135,35 @@ def probe_one16(ops: CudaOps, bw: float, results: list, name: str, dtype: str) -
                     kernel=kern, bits_equal_one=same)
     finally:
         plan.ONE16_TYPES = saved
+
+
+def probe_rt2(ops: CudaOps, bw: float, results: list, name: str, dtype: str) -> None:
+    """16 rows of 16-bit pairs on mm_*_tm2h and on mm_*_tm2h2 (plan.X16_RT2_TYPES; its builds RT2_BUILDS):
+    the outputs equal both ways, and each one's time."""
+    n, k = SHAPES_8B[name]
+    saved = plan.X16_RT2_TYPES
+    try:
+        w = random_weight(n, k, dtype)
+        x = probe_activations(16, w, "x16")
+        outs = []
+        for types in ((), (dtype,)):
+            plan.X16_RT2_TYPES = types
+            mm = plan.matmul_launch(dtype, 16, n, k, ops.sm_count, prologue="x16")
+            out = cp.empty((16, n), cp.float32)
+            kernel_launch.launch(streaming_kernel(mm), mm.grid, mm.block, mm_tc_args(w, x, out, out), mm.shared)
+            outs.append(out)
+        same = bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
+        for types, builds in (((), [()]), ((dtype,), RT2_BUILDS)):
+            plan.X16_RT2_TYPES = types
+            kern = plan.matmul_launch(dtype, 16, n, k, ops.sm_count, prologue="x16").kernel
+            for defines in builds:
+                build = " ".join(f"{d}={v}" for d, v in defines) or "default"
+                measure(results, bw, lambda d=defines: bench_matmul(ops, n, k, 16, dtype, split=plan.split_k(
+                            n, k, ops.sm_count, dtype), defines=d, prologue="x16"),
+                        f"{name:8} {dtype} 16 rows {kern + ' ' + build:28} bits {same}", shape=name, rows=16,
+                        kernel=kern, build=build, bits_equal_tm2h=same)
+    finally:
+        plan.X16_RT2_TYPES = saved
 
 
 def main() -> None:

@@ -199,6 +199,29 @@ def test_kquant_one_row_512_thread_builds_keep_the_bits(gpu, dtype, shape, monke
         assert wide.tobytes() == alone.tobytes(), f"max diff {np.abs(wide - alone).max()}"
 
 
+@pytest.mark.parametrize("dtype", KQUANTS)
+@pytest.mark.parametrize("shape", [(1008, 1024), (4096, 4096)], ids=str)
+def test_kquant_two_tile_16_row_kernel_keeps_the_bits(gpu, dtype, shape, monkeypatch):
+    """mm_*_tm2h2 (plan.X16_RT2_TYPES: two row tiles a block, an odd count leaving the last block one)
+    gives each tile mm_*_tm2h's bits: 9-16 normalised rows, plain, with bias, and as a gated product."""
+    from lockstep_kernels.cuda import plan
+
+    n, k = shape
+    w, gate, up = _weight(n, k, dtype), _weight(n // 2, k, dtype), _weight(n // 2, k, dtype)
+    dw, gated = gpu.upload(w), gpu.upload_gate_up(gate, up)
+    nw, db = gpu.tensor(_rand(k)), gpu.tensor(_rand(n))
+    for m in (9, 16):
+        assert plan.reads_16bit(m, n, k, gpu.sm_count, dtype)
+        x = cp.asarray(_rand(m, k, scale=3.0))
+        outs = {}
+        for types in ((), (dtype,)):
+            monkeypatch.setattr(plan, "X16_RT2_TYPES", types)
+            outs[types] = [cp.asnumpy(gpu.norm_matmul(x, nw, 1e-5, dw, b)) for b in (None, db)]
+            outs[types].append(cp.asnumpy(gpu.norm_matmul(x, nw, 1e-5, gated)))
+        for i, (one, two) in enumerate(zip(outs[()], outs[(dtype,)], strict=True)):
+            assert two.tobytes() == one.tobytes(), f"m={m} case {i}: max diff {np.abs(two - one).max()}"
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("k, kp", [(40, 64), (4096, 4096), (14336, 14336)])
 def test_activations_to_16_bits_round_pad_and_permute(k, kp, dtype):

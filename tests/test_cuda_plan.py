@@ -167,6 +167,22 @@ def test_16bit_activations_only_for_the_token_tile_pair_kernel():
         plan.matmul_launch("f16", 8, 4096, 4096, 132, prologue="x16")
 
 
+def test_two_tile_16_row_kernels_cover_the_rows_in_half_the_blocks(monkeypatch):
+    """plan.X16_RT2_TYPES: the 16-bit-input K-quant launch names mm_*_tm2h2 and gives a block two row
+    tiles (the last one alone where the count is odd), its split and shared memory mm_*_tm2h's."""
+    for n, k in ((1008, 1024), (4096, 4096), (28672, 4096)):
+        for dtype in plan.F16_MMA_KQUANTS:
+            monkeypatch.setattr(plan, "X16_RT2_TYPES", ())
+            one = plan.matmul_launch(dtype, 16, n, k, 132, prologue="x16")
+            monkeypatch.setattr(plan, "X16_RT2_TYPES", (dtype,))
+            two = plan.matmul_launch(dtype, 16, n, k, 132, prologue="x16")
+            assert two.kernel == one.kernel + "2" == f"mm_{plan.KERNEL_NAMES[dtype]}_tm2h2"
+            assert two.grid[0] == -(-one.grid[0] // 2) and two.grid[1:] == one.grid[1:]
+            assert (two.block, two.split, two.shared) == (one.block, one.split, one.shared)
+            assert plan.matmul_launch(dtype, 1, n, k, 132).kernel.startswith(f"mm_{plan.KERNEL_NAMES[dtype]}_one")
+        assert plan.matmul_launch("f16", 16, n, k, 132, prologue="x16").kernel == "mm_f16_tm2h"
+
+
 def test_attention_scratch_is_bounded():
     launch = plan.attention_launch(100_000, 32, 8, 128, 128, 132)
     assert launch.row_slice * 32 * 128 * 130 * 4 <= plan.ATTN_PART_BYTES

@@ -35,8 +35,8 @@
 #ifndef KQ_X16_PREFETCH
 #define KQ_X16_PREFETCH 0  // 1: the 9-16-row K-quant kernels load a batch's weights while the one before is multiplied
 #endif
-#ifndef KQ_X16_RT
-#define KQ_X16_RT 1  // 2: the 9-16-row K-quant kernels take row tiles 2b, 2b + 1 in block b (a probe's build)
+#ifndef KQ_U12_RT
+#define KQ_U12_RT 2  // chunks a batch of the two-tile 9-16-row K-quant kernels (mm_*_tm2h2)
 #endif
 #ifndef KQ_ONE_PREFETCH
 #define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
@@ -66,6 +66,8 @@ MMA_16(bf16)
 #define PRO_X16 8
 // Token m's activations are row rows[m] of x (the grouped kernels' gather; rows null: row m).
 #define PRO_ROWS 16
+// With PRO_X16 (K-quants): two row tiles a block (mm_*_tm2h2).
+#define PRO_RT2 32
 
 template <int WT>
 __device__ __forceinline__ unsigned pack_act(float lo, float hi) {
@@ -329,11 +331,11 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     const int S = blockDim.x >> 5;
     const int s = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    // RT (KQ_X16_RT, 16-bit-input K-quant kernels): block b takes row tiles RT b .. RT b + RT - 1 of the
-    // launch's grid of one a tile (the blocks past them idle), each tile's sums as alone; the tokens'
-    // loads and Q4_K's ones sums serve both. acc2: the second tile's accumulators.
-    constexpr int RT = PRO == PRO_X16 && KQ(WT) ? KQ_X16_RT : 1;
-    static_assert(RT == 1 || (RT == 2 && !KQ_X16_PREFETCH), "two row tiles a block, without prefetching");
+    // RT (PRO_RT2): block b takes row tiles 2b and 2b + 1 (plan.matmul_launch's grid; blocks past the
+    // tiles idle), each tile's sums as alone; the tokens' loads and Q4_K's ones sums serve both. acc2:
+    // the second tile's accumulators.
+    constexpr int RT = PRO & PRO_RT2 ? 2 : 1;
+    static_assert(RT == 1 || ((PRO & PRO_X16) && KQ(WT) && !KQ_X16_PREFETCH), "two row tiles: 16-bit K-quant input");
     const int tile0 = blockIdx.x * RT;
     if (RT > 1 && tile0 >= ((N + 15) >> 4)) return;
     const bool second = RT > 1 && tile0 + 1 < ((N + 15) >> 4);
@@ -612,7 +614,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             }
     };
     for (int c0 = c_begin; c0 < c_end && !(PRO & (PRO_ONE | PRO_NORM)); c0 += U) {
-        if (PRO == PRO_X16) {
+        if (PRO & PRO_X16) {
             x16_batch(c0);
             continue;
         }
@@ -724,6 +726,8 @@ MM_TC_SET_AT(q6k, WT_Q6K, KQ_U12, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
     MM_TC_AT(mm_##T##_norm16, WT, 1, KQ_U_ONE, PRO_NORM, __launch_bounds__(KQ_BOUND, 2))
 MM_TC_ONE16(q4k, WT_Q4K)
 MM_TC_ONE16(q6k, WT_Q6K)
+MM_TC(mm_q4k_tm2h2, WT_Q4K, 2, KQ_U12_RT, PRO_X16 | PRO_RT2)
+MM_TC(mm_q6k_tm2h2, WT_Q6K, 2, KQ_U12_RT, PRO_X16 | PRO_RT2)
 
 // Grouped (mixture of experts): the experts' weights stacked [E, Np, Kp] (w_stride bytes, s_stride
 // scale words apart) and a tile table of int4 (expert, first place, rows, 0) written on the device

@@ -20,6 +20,9 @@ KQ_MAX_SPLIT = 16  # their kernels' blocks: at most 512 threads, so that each ma
 # One row of these at split KQ_MAX_SPLIT runs on matmul.cu's mm_*_one16 / mm_*_norm16 (two blocks an SM,
 # same bits).
 ONE16_TYPES = ("q4_k", "q6_k")
+# 9-16 rows of these in 16-bit pairs run on mm_*_tm2h2: two row tiles a block sharing the tokens' loads
+# (and Q4_K's ones sums), each tile's sums as mm_*_tm2h's. Empty until a GPU probe shows it faster.
+X16_RT2_TYPES: tuple[str, ...] = ()
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
 # matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: the integer
 # kernels win one row but lose batches and prefill (DECISIONS.md).
@@ -122,11 +125,14 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
             raise ValueError(f"16-bit activations are for the 9-16-row kernel, not {m} rows")
         prologue = "tm2h"
     name = KERNEL_NAMES[dtype]
-    grid = (ceil_div(n, ROW_TILE), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
-    shared = combine_bytes(s, tm)
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
+    tiles_a_block = 2 if variant == "tm2h" and dtype in X16_RT2_TYPES else 1
+    grid = (ceil_div(n, ROW_TILE * tiles_a_block), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
+    shared = combine_bytes(s, tm)
     if variant in ("one", "norm") and s == KQ_MAX_SPLIT and dtype in ONE16_TYPES:
         variant += "16"
+    elif tiles_a_block == 2:
+        variant += "2"
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
 
 
