@@ -74,23 +74,49 @@ def memory_need(loaded: LoadedModel, backend: str, n_pages: int, kv_type: str, u
     return need
 
 
-def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
-    """Device bytes of the weights as the model uploads them: each layer's q|k|v and gate|up as one
-    stack (llama.STACKS), which is f16 on the device where its parts differ in type (K-quants: q|k|v
-    as its runs' planes)."""
-    from lockstep_kernels.cuda.weights import device_bytes, routed_expert, stack_bytes
-
-    stacked: set[str] = set()
-    total = 0
+def _stacks(weights: dict[str, Weight]):
+    """Each layer's q|k|v and gate|up (llama.STACKS) present in `weights`: (names, whether its parts
+    of different K-quant types may stay their runs' planes)."""
     for name in weights:
         for stack in STACKS:
             if name.endswith("." + stack[0]):
                 names = [name.removesuffix(stack[0]) + part for part in stack]
                 if all(n in weights for n in names):
-                    total += stack_bytes([weights[n] for n in names], runs=stack is not GATE_UP)
-                    stacked.update(names)
+                    yield names, stack is not GATE_UP
+
+
+def cuda_weight_bytes(weights: dict[str, Weight]) -> int:
+    """Device bytes of the weights as the model uploads them: each layer's q|k|v and gate|up as one
+    stack, which is f16 on the device where its parts differ in type (K-quants: q|k|v as its runs'
+    planes where the integer kernels read them)."""
+    from lockstep_kernels.cuda.weights import device_bytes, routed_expert, stack_bytes
+
+    stacked: set[str] = set()
+    total = 0
+    for names, runs in _stacks(weights):
+        total += stack_bytes([weights[n] for n in names], runs=runs)
+        stacked.update(names)
     return total + sum(device_bytes(w, planes=not routed_expert(n)) for n, w in weights.items()
                        if n not in stacked)
+
+
+def mixed_stacks_line(weights: dict[str, Weight]) -> str | None:
+    """The CUDA load's line for the stacks whose parts differ in type and so become one f16 weight (a
+    Q4_K_M q|k|v whose v is Q6_K): how many, their types, and the memory, stored -> on the GPU."""
+    from lockstep_kernels.cuda.weights import device_bytes, stack_bytes
+
+    count, types, stored, on_gpu = 0, set(), 0, 0
+    for names, runs in _stacks(weights):
+        parts = [weights[n] for n in names]
+        size = stack_bytes(parts, runs=runs)
+        if len({w.dtype for w in parts}) > 1 and size > sum(device_bytes(w) for w in parts):
+            count, stored, on_gpu = count + 1, stored + sum(w.nbytes for w in parts), on_gpu + size
+            types |= {w.dtype.upper() for w in parts}
+    if not count:
+        return None
+    gib = 1 << 30
+    return (f"cuda: {count} stacks mix types ({', '.join(sorted(types))}; q|k|v or gate|up as one matmul): f16 at load, "
+            f"{stored / gib:.2f} GiB stored -> {on_gpu / gib:.2f} GiB on the GPU")
 
 
 def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, kv_type: str,
@@ -104,6 +130,8 @@ def build_runner(loaded: LoadedModel, backend: str, exact: bool, n_pages: int, k
     if plan is not None:
         parts = rank_share(parts, loaded, plan.tp)
     need = sum(parts.values())
+    if backend == "cuda" and progress and (line := mixed_stacks_line(loaded.weights)):
+        log.warning("%s", line)
     free = free_memory(backend)
     log.info("%s: needs %.2f GiB (%s), %.2f GiB free", "memory" if progress else "memory of the draft model",
              need / 2**30,

@@ -250,6 +250,33 @@ def test_cuda_memory_plan_counts_mixed_type_stacks_of_8b_at_their_f16_size(monke
     assert cuda_weight_bytes(one_type) == sum(device_bytes(w) for w in one_type.values())
 
 
+def test_cuda_load_line_names_mixed_type_stacks_and_their_memory(monkeypatch):
+    """A q|k|v (or gate|up) whose parts differ in type is one f16 weight on matmul.cu's MMAs: the CUDA
+    load logs how many, their types and the GiB the memory plan counts; stacks of one type, and
+    mixed q|k|v runs on the integer kernels (planes), get no line."""
+    from engine.launch import cuda_weight_bytes, mixed_stacks_line
+    from lockstep_kernels.cuda import plan
+    from lockstep_kernels.cuda.weights import device_bytes
+
+    weights = {}
+    for i, v in enumerate(("q6_k", "q4_k", "q6_k")):
+        p = f"model.layers.{i}."
+        weights |= {p + "self_attn.q_proj.weight": _blocks(4096, 4096, "q4_k"),
+                    p + "self_attn.k_proj.weight": _blocks(1024, 4096, "q4_k"),
+                    p + "self_attn.v_proj.weight": _blocks(1024, 4096, v)}
+    monkeypatch.setattr(plan, "KQ_INTEGER", False)
+    gib = 1 << 30
+    stored = 2 * sum(w.nbytes for n, w in weights.items() if n.startswith("model.layers.0."))
+    on_gpu = 2 * 6144 * 4096 * 2
+    assert cuda_weight_bytes(weights) == on_gpu + sum(device_bytes(w) for n, w in weights.items() if ".1." in n)
+    assert mixed_stacks_line(weights) == (
+        f"cuda: 2 stacks mix types (Q4_K, Q6_K; q|k|v or gate|up as one matmul): f16 at load, "
+        f"{stored / gib:.2f} GiB stored -> {on_gpu / gib:.2f} GiB on the GPU")
+    assert mixed_stacks_line({n: w for n, w in weights.items() if ".1." in n}) is None
+    monkeypatch.setattr(plan, "KQ_INTEGER", True)
+    assert mixed_stacks_line(weights) is None
+
+
 def test_cuda_load_line_names_k_quant_experts_read_as_f16_and_their_memory():
     """Routed experts in K-quants become f16 on CUDA (the grouped kernels read no planes): the load
     logs a line with their types, count and GiB, the GiB the memory plan counts; dense K-quants stay
