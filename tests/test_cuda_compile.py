@@ -92,6 +92,17 @@ def test_mma_attention_shared_s_builds_compile(job, compiled):
     assert_clean(compiled(job)[1])
 
 
+# matmul.cu's probe builds (bench/kquant_mm.py's PROBE_BUILDS, X16_BUILDS, RT2_BUILDS): a GPU call's probe
+# must not be the first to find that one no longer compiles
+MATMUL_PROBES = [Job("matmul.cu", (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))),
+                 Job("matmul.cu", (("KQ_X16_PREFETCH", 1),)), Job("matmul.cu", (("KQ_U12_RT", 4),))]
+
+
+@pytest.mark.parametrize("job", MATMUL_PROBES, ids=lambda j: j.defines[0][0])
+def test_matmul_probe_builds_compile(job, compiled):
+    assert_clean(compiled(job)[1])
+
+
 # deltanet.cu's delta-rule kernels are compiled per (key dim, value threads, value slice, chunk)
 DELTANET = [Job("deltanet.cu", (("KD", 128), ("VT", 128), ("VS", 32), ("CH", plan.DELTA_CHUNK))),
             Job("deltanet.cu", (("KD", 16), ("VT", 128), ("VS", 16), ("CH", plan.DELTA_CHUNK)))]

@@ -29,9 +29,6 @@
 #ifndef KQ_U_ONE
 #define KQ_U_ONE 4  // chunks a batch of the one-row K-quant kernels
 #endif
-#ifndef KQ_U12
-#define KQ_U12 4  // ... and of the K-quant kernels at 1-2 token tiles
-#endif
 #ifndef KQ_X16_PREFETCH
 #define KQ_X16_PREFETCH 0  // 1: the 9-16-row K-quant kernels load a batch's weights while the one before is multiplied
 #endif
@@ -335,7 +332,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // tiles idle), each tile's sums as alone; the tokens' loads and Q4_K's ones sums serve both. acc2:
     // the second tile's accumulators.
     constexpr int RT = PRO & PRO_RT2 ? 2 : 1;
-    static_assert(RT == 1 || ((PRO & PRO_X16) && KQ(WT) && !KQ_X16_PREFETCH), "two row tiles: 16-bit K-quant input");
+    static_assert(RT == 1 || ((PRO & PRO_X16) && KQ(WT)), "two row tiles: 16-bit K-quant input");
     const int tile0 = blockIdx.x * RT;
     if (RT > 1 && tile0 >= ((N + 15) >> 4)) return;
     const bool second = RT > 1 && tile0 + 1 < ((N + 15) >> 4);
@@ -459,6 +456,15 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         for (int tm = 0; tm < TM; ++tm)
             mma_chunk<WT>(acc[tm], a1, a2, b[tm][0], b[tm][1], b[tm][2], b[tm][3], sa, sb, xa, xb);
     };
+    // The prefetching builds' step: batch c0's words into ca, cb, then the next batch's loads sent.
+    auto hand_over = [&](int c0, Words& ca, Words& cb) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            ca[u] = wa[u];
+            cb[u] = wb[u];
+        }
+        if (c0 + U < c_end) load_weights(c0 + U, Bool<false>{}, Bool<false>{});
+    };
     auto pack_chunk = [&](const float (&xv)[TM][8], unsigned (&b)[TM][4]) {
 #pragma unroll
         for (int tm = 0; tm < TM; ++tm)
@@ -506,14 +512,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             p1[h] = pack_act<WT>(v[2], v[3]);
         }
         Words ca, cb;
-        if (prefetch) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                ca[u] = wa[u];
-                cb[u] = wb[u];
-            }
-            if (c0 + U < c_end) load_weights(c0 + U, Bool<false>{}, Bool<false>{});
-        }
+        if (prefetch) hand_over(c0, ca, cb);
         const Words& A = prefetch ? ca : wa;
         const Words& B = prefetch ? cb : wb;
         const float4 dd = batch_supers(one_sb, B);
@@ -550,7 +549,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     // the words a chunk, registers for a second batch). The same operations on the same words.
     auto x16_batch = [&](int c0) {
         constexpr Bool<false> checked{};
-        constexpr bool prefetch = KQ_X16_PREFETCH && KQ(WT);
+        constexpr bool prefetch = KQ_X16_PREFETCH && KQ(WT) && RT == 1;  // mm_*_tm2h2 never (registers)
         const u16* x16 = reinterpret_cast<const u16*>(x);
         uint4 xq[U][TM];
 #pragma unroll
@@ -564,12 +563,7 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
             }
         Words ca, cb;
         if (prefetch) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                ca[u] = wa[u];
-                cb[u] = wb[u];
-            }
-            if (c0 + U < c_end) load_weights(c0 + U, checked, checked);
+            hand_over(c0, ca, cb);
         } else if (c0 != c_begin) {
             load_weights(c0, checked, checked);
             if (RT > 1) load_second(c0);
@@ -716,8 +710,8 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 #else
 #define KQ_ONE_BOUND(REGS) __launch_bounds__(KQ_BOUND, 1)
 #endif
-MM_TC_SET_AT(q4k, WT_Q4K, KQ_U12, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
-MM_TC_SET_AT(q6k, WT_Q6K, KQ_U12, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
+MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
+MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
 // The one-row kernels again for blocks of KQ_BOUND threads (plan.ONE16_TYPES at split KQ_MAX_SPLIT):
 // two such blocks an SM only at <= 64 registers a thread, worth the few that spill (twice the warps
 // streaming the weights). The same code: the same bits.
