@@ -38,6 +38,9 @@
 #ifndef KQ_ONE_PREFETCH
 #define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
 #endif
+#ifndef KQ_LANE_SCALES
+#define KQ_LANE_SCALES 0  // 1: a one-row K-quant batch's chunk scales made by one lane each, then shuffled (a probe's build)
+#endif
 
 
 // mma_f16 and mma_bf16: one m16n8k16 MMA accumulating into d, the 16-bit operand type T.
@@ -488,7 +491,12 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
     auto one_row_batch = [&](int c0, auto full, auto one_sb) {
         constexpr bool all = decltype(full)::value;
         constexpr bool prefetch = KQ_ONE_PREFETCH && KQ(WT);  // as x16_batch's, below
+        // KQ_LANE_SCALES: lane t of a row pair makes chunk c0 + t's four scales from its own scale
+        // word (the same float ops), and each chunk takes them from that lane: a chunk's conversions
+        // and products once a batch instead of in all four lanes.
+        constexpr bool lane_sc = KQ_LANE_SCALES && KQ(WT) && all && decltype(one_sb)::value && U == 4 && !prefetch;
         if (c0 != c_begin && !prefetch) load_weights(c0, full, one_sb);
+        const unsigned sw = lane_sc ? *reinterpret_cast<const unsigned*>(sc_at + (c0 + t) * 32) : 0u;
         unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
         for (int h = 0; h < U / 4; ++h) {
@@ -516,6 +524,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         const Words& A = prefetch ? ca : wa;
         const Words& B = prefetch ? cb : wb;
         const float4 dd = batch_supers(one_sb, B);
+        float4 mine = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (lane_sc) kq_chunk_scales_f(sw, dd, WT == WT_Q6K, mine.x, mine.y, mine.z, mine.w);
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
@@ -524,7 +534,14 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
                 unsigned a1[4], a2[4];
                 a_frags<WT>(A[u], B[u], a1, a2);
                 float sa, sb, xa, xb;
-                chunk_scales(u, sa, sb, xa, xb, one_sb, dd, A, B);
+                if (lane_sc) {
+                    sa = __shfl_sync(0xffffffffu, mine.x, u, 4);
+                    sb = __shfl_sync(0xffffffffu, mine.y, u, 4);
+                    xa = __shfl_sync(0xffffffffu, mine.z, u, 4);
+                    xb = __shfl_sync(0xffffffffu, mine.w, u, 4);
+                } else {
+                    chunk_scales(u, sa, sb, xa, xb, one_sb, dd, A, B);
+                }
                 mma_chunk<WT, true>(acc[0], a1, a2, b[0], b[1], b[2], b[3], sa, sb, xa, xb);
             }
     };
