@@ -32,13 +32,14 @@ from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # n
 from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
 # Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
-# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K); a batch's chunk scales made once, by one lane each
-# (KQ_LANE_SCALES); a word's odd nibble pairs scaled in an FMA (KQ_PAIR_FMA, common.cuh); both; the next
-# batch's weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
+# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K); then, each on the one before, a batch's chunk scales
+# made once, by one lane each (KQ_LANE_SCALES), a word's odd nibble pairs scaled in an FMA (KQ_PAIR_FMA,
+# common.cuh), Q6_K's halves split by zeroing activations, not weights (KQ_Q6_BMASK); and the next batch's
+# weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
 LANE_SCALES = (("KQ_LANE_SCALES", 1),)
 PAIR_FMA = (("KQ_PAIR_FMA", 1),)
 ONE_PREFETCH = (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))
-PROBE_BUILDS = [(), LANE_SCALES, PAIR_FMA, LANE_SCALES + PAIR_FMA, ONE_PREFETCH]
+PROBE_BUILDS = [(), LANE_SCALES, LANE_SCALES + PAIR_FMA, LANE_SCALES + PAIR_FMA + (("KQ_Q6_BMASK", 1),), ONE_PREFETCH]
 # The 9-16-row kernel (f16 activations): the default and the next batch's weights loaded before a batch's
 # MMAs (KQ_X16_PREFETCH); then mm_*_tm2h2 (two row tiles a block) at 2 and 4 chunks a batch (KQ_U12_RT).
 X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), PAIR_FMA]

@@ -38,6 +38,9 @@
 #ifndef KQ_ONE_PREFETCH
 #define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
 #endif
+#ifndef KQ_Q6_BMASK
+#define KQ_Q6_BMASK 0  // 1: the one-row Q6_K kernels zero a half's activations, not its weights (a probe's build)
+#endif
 #ifndef KQ_LANE_SCALES
 #define KQ_LANE_SCALES 0  // 1: a one-row K-quant batch's chunk scales made by one lane each, then shuffled (a probe's build)
 #endif
@@ -175,10 +178,17 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[
     } else if (KQ(WT)) {  // Q6_K: the halves' sums apart
         float p[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
         const unsigned lo = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, hi = ~lo;
-        mma_f16(p, a1[0] & lo, a1[1] & lo, a1[2] & lo, a1[3] & lo, b0, b1);
-        mma_f16(p, a2[0] & lo, a2[1] & lo, a2[2] & lo, a2[3] & lo, b2, b3);
-        mma_f16(e, a1[0] & hi, a1[1] & hi, a1[2] & hi, a1[3] & hi, b0, b1);
-        mma_f16(e, a2[0] & hi, a2[1] & hi, a2[2] & hi, a2[3] & hi, b2, b3);
+        if (KQ_Q6_BMASK && COL0) {  // lane t holds the same k in A and B: the other half zeroed in B
+            mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0 & lo, b1 & lo);
+            mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2 & lo, b3 & lo);
+            mma_f16(e, a1[0], a1[1], a1[2], a1[3], b0 & hi, b1 & hi);
+            mma_f16(e, a2[0], a2[1], a2[2], a2[3], b2 & hi, b3 & hi);
+        } else {
+            mma_f16(p, a1[0] & lo, a1[1] & lo, a1[2] & lo, a1[3] & lo, b0, b1);
+            mma_f16(p, a2[0] & lo, a2[1] & lo, a2[2] & lo, a2[3] & lo, b2, b3);
+            mma_f16(e, a1[0] & hi, a1[1] & hi, a1[2] & hi, a1[3] & hi, b0, b1);
+            mma_f16(e, a2[0] & hi, a2[1] & hi, a2[2] & hi, a2[3] & hi, b2, b3);
+        }
         acc[0] = __fmaf_rn(ea, e[0], __fmaf_rn(da, p[0], acc[0]));
         acc[2] = __fmaf_rn(eb, e[2], __fmaf_rn(db, p[2], acc[2]));
         if (!COL0) {
