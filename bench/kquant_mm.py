@@ -35,11 +35,13 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 # KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K); then, each on the one before, a batch's chunk scales
 # made once, by one lane each (KQ_LANE_SCALES), a word's odd nibble pairs scaled in an FMA (KQ_PAIR_FMA,
 # common.cuh), Q6_K's halves split by zeroing activations, not weights (KQ_Q6_BMASK); and the next batch's
-# weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
+# weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills). probe_oneh:
+# the one-row kernel on 16-bit pairs (mm_*_oneh), default and the three builds together.
 LANE_SCALES = (("KQ_LANE_SCALES", 1),)
 PAIR_FMA = (("KQ_PAIR_FMA", 1),)
 ONE_PREFETCH = (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))
-PROBE_BUILDS = [(), LANE_SCALES, LANE_SCALES + PAIR_FMA, LANE_SCALES + PAIR_FMA + (("KQ_Q6_BMASK", 1),), ONE_PREFETCH]
+ONEH_BUILD = LANE_SCALES + PAIR_FMA + (("KQ_Q6_BMASK", 1),)
+PROBE_BUILDS = [(), LANE_SCALES, LANE_SCALES + PAIR_FMA, ONEH_BUILD, ONE_PREFETCH]
 # The 9-16-row kernel (f16 activations): the default and the next batch's weights loaded before a batch's
 # MMAs (KQ_X16_PREFETCH); then mm_*_tm2h2 (two row tiles a block) at 2 and 4 chunks a batch (KQ_U12_RT).
 X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), PAIR_FMA]
@@ -120,7 +122,39 @@ def probe(ops: CudaOps, bw: float, results: list, x16: bool = False, save=lambda
                 probe_build(ops, bw, results, name, dtype, defines, splits)
             if base == plan.KQ_MAX_SPLIT:
                 probe_one16(ops, bw, results, name, dtype)
+            probe_oneh(ops, bw, results, name, dtype)
             save()
+
+
+def probe_oneh(ops: CudaOps, bw: float, results: list, name: str, dtype: str) -> None:
+    """One row at the dispatch's split on mm_*_one(16) (float32 input) and mm_*_one(16)h (its 16-bit
+    pairs, plan.ONE_X16_TYPES), default build and ONEH_BUILD: each build's outputs equal both ways, and
+    each one's time."""
+    n, k = SHAPES_8B[name]
+    s = plan.split_k(n, k, ops.sm_count, dtype)
+    saved = plan.ONE_X16_TYPES
+    try:
+        plan.ONE_X16_TYPES = (dtype,)
+        w, x = random_weight(n, k, dtype), cp.random.standard_normal((1, k), dtype=cp.float32)
+        x16 = x.astype(cp.float16).view(cp.uint16)  # round to nearest even: the kernels' pairs
+        for defines in ((), ONEH_BUILD):
+            outs = []
+            for inp, pro in ((x, None), (x16, "x16")):
+                mm = plan.matmul_launch(dtype, 1, n, k, ops.sm_count, prologue=pro)
+                out = cp.empty((1, n), cp.float32)
+                kernel_launch.launch(streaming_kernel(mm, defines), mm.grid, mm.block, mm_tc_args(w, inp, out, out),
+                                     mm.shared)
+                outs.append(out)
+            same = bool(cp.array_equal(outs[0].view(cp.uint32), outs[1].view(cp.uint32)))
+            build = " ".join(f"{d}={v}" for d, v in defines) or "default"
+            for pro in (None, "x16"):
+                kern = plan.matmul_launch(dtype, 1, n, k, ops.sm_count, prologue=pro).kernel
+                measure(results, bw, lambda pro=pro, d=defines: bench_matmul(ops, n, k, 1, dtype, split=s, defines=d,
+                                                                             prologue=pro),
+                        f"{name:8} {dtype}  1 rows {kern + ' ' + build:28} S={s:2} bits {same}", shape=name, rows=1,
+                        kernel=kern, build=build, bits_equal_f32_input=same)
+    finally:
+        plan.ONE_X16_TYPES = saved
 
 
 def probe_one16(ops: CudaOps, bw: float, results: list, name: str, dtype: str) -> None:

@@ -200,6 +200,27 @@ def test_kquant_one_row_512_thread_builds_keep_the_bits(gpu, dtype, shape, monke
 
 
 @pytest.mark.parametrize("dtype", KQUANTS)
+@pytest.mark.parametrize("shape", [(4096, 4096), (4096, 14336)], ids=str)
+def test_kquant_one_row_16bit_input_keeps_the_bits(gpu, dtype, shape, monkeypatch):
+    """mm_*_oneh / mm_*_one16h (plan.ONE_X16_TYPES) on a row's 16-bit pairs give the one-row kernel's bits
+    on its floats: a matmul of act_to_16's pairs, and the one-row FFN whose gated product reaches the
+    down projection as 16-bit pairs (EPI_OUT16)."""
+    n, k = shape
+    dw, row, nw = gpu.upload(_weight(n, k, dtype)), gpu.tensor(_rand(1, k)), gpu.tensor(_rand(n))
+    gated = gpu.upload_gate_up(_weight(k, n, dtype), _weight(k, n, dtype))
+    monkeypatch.setattr(_plan, "ONE_X16_TYPES", (dtype,))
+    out = cp.empty((1, n), dtype=cp.float32)
+    h = gpu._streaming(CudaOps._act16(row, dw.kp, False), dw, out, gpu._dummy, None, 0, "x16")
+    x = gpu.tensor(_rand(1, n))
+    ffn = cp.asnumpy(gpu.ffn(x, nw, 1e-5, gated, dw))
+    monkeypatch.setattr(_plan, "ONE_X16_TYPES", ())
+    plain = cp.asnumpy(gpu.matmul(row, dw))
+    assert cp.asnumpy(h).tobytes() == plain.tobytes(), f"max diff {np.abs(cp.asnumpy(h) - plain).max()}"
+    want = cp.asnumpy(gpu.ffn(x, nw, 1e-5, gated, dw))
+    assert ffn.tobytes() == want.tobytes(), f"ffn: max diff {np.abs(ffn - want).max()}"
+
+
+@pytest.mark.parametrize("dtype", KQUANTS)
 @pytest.mark.parametrize("shape", [(1008, 1024), (4096, 4096)], ids=str)
 def test_kquant_two_tile_16_row_kernel_keeps_the_bits(gpu, dtype, shape, monkeypatch):
     """mm_*_tm2h2 (plan.X16_RT2_TYPES: two row tiles a block, an odd count leaving the last block one)

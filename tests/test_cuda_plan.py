@@ -183,6 +183,26 @@ def test_two_tile_16_row_kernels_cover_the_rows_in_half_the_blocks(monkeypatch):
         assert plan.matmul_launch("f16", 16, n, k, 132, prologue="x16").kernel == "mm_f16_tm2h"
 
 
+def test_one_row_16_bit_input_launch_is_the_one_row_launch_on_other_loads(monkeypatch):
+    """plan.ONE_X16_TYPES: one row of 16-bit pairs names mm_*_oneh (mm_*_one16h where the one-row launch is
+    mm_*_one16) with that launch's grid, block, split and shared memory; other types and rows keep theirs."""
+    for n, k in ((1008, 1024), (4096, 4096), (4096, 14336), (28672, 4096)):
+        for dtype in plan.F16_MMA_KQUANTS:
+            monkeypatch.setattr(plan, "ONE_X16_TYPES", ())
+            assert not plan.reads_16bit(1, n, k, 132, dtype)
+            with pytest.raises(ValueError, match="ONE_X16_TYPES"):
+                plan.matmul_launch(dtype, 1, n, k, 132, prologue="x16")
+            monkeypatch.setattr(plan, "ONE_X16_TYPES", (dtype,))
+            assert plan.reads_16bit(1, n, k, 132, dtype)
+            one = plan.matmul_launch(dtype, 1, n, k, 132)
+            h = plan.matmul_launch(dtype, 1, n, k, 132, prologue="x16")
+            name = plan.KERNEL_NAMES[dtype]
+            assert h.kernel == {f"mm_{name}_one": f"mm_{name}_oneh", f"mm_{name}_one16": f"mm_{name}_one16h"}[one.kernel]
+            assert (h.grid, h.block, h.split, h.shared) == (one.grid, one.block, one.split, one.shared)
+            assert plan.matmul_launch(dtype, 16, n, k, 132, prologue="x16").kernel.endswith("_tm2h")
+            assert not plan.reads_16bit(1, n, k, 132, "f16")
+
+
 def test_attention_scratch_is_bounded():
     launch = plan.attention_launch(100_000, 32, 8, 128, 128, 132)
     assert launch.row_slice * 32 * 128 * 130 * 4 <= plan.ATTN_PART_BYTES

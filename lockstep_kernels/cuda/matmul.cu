@@ -507,9 +507,19 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         constexpr bool lane_sc = KQ_LANE_SCALES && KQ(WT) && all && decltype(one_sb)::value && U == 4 && !prefetch;
         if (c0 != c_begin && !prefetch) load_weights(c0, full, one_sb);
         const unsigned sw = lane_sc ? *reinterpret_cast<const unsigned*>(sc_at + (c0 + t) * 32) : 0u;
+        // PRO_X16 (mm_*_oneh): the row's 16-bit pairs as the kernel before wrote them, lane t's 8 of each
+        // chunk in one load (load_x8's k, so the pairs row_pairs would give), zero past the slice
+        constexpr bool h16 = (PRO & PRO_X16) != 0;
+        uint4 xq[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (h16)
+                xq[u] = all || c0 + u < c_end
+                            ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(x) + (c0 + u) * 32 + 8 * t)
+                            : make_uint4(0u, 0u, 0u, 0u);
         unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
-        for (int h = 0; h < U / 4; ++h) {
+        for (int h = 0; h < U / 4 && !h16; ++h) {
             const int k = (c0 + 4 * h) * 32 + 4 * lane;
             float v[4] = {0.f, 0.f, 0.f, 0.f};
             if (all || c0 + 4 * h + (lane >> 3) < c_end) {
@@ -539,8 +549,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
-                unsigned b[4];
-                row_pairs(p0[u >> 2], p1[u >> 2], u, b);
+                unsigned b[4] = {xq[u].x, xq[u].y, xq[u].z, xq[u].w};
+                if (!h16) row_pairs(p0[u >> 2], p1[u >> 2], u, b);
                 unsigned a1[4], a2[4];
                 a_frags<WT>(A[u], B[u], a1, a2);
                 float sa, sb, xa, xb;
@@ -739,12 +749,17 @@ MM_TC_SET(q8, WT_Q8, 2, 2, 1, 4)
 #endif
 MM_TC_SET_AT(q4k, WT_Q4K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ_REGS_ONE))
 MM_TC_SET_AT(q6k, WT_Q6K, 4, 2, 1, KQ_U_ONE, KQ_ONE_BOUND(KQ6_REGS_ONE))
+// One row of 16-bit pairs (plan.ONE_X16_TYPES: the o and down projections after attention's and the
+// gated product's 16-bit outputs): the pairs mm_*_one makes of the same floats, so its bits.
+MM_TC_AT(mm_q4k_oneh, WT_Q4K, 1, KQ_U_ONE, PRO_ONE | PRO_X16, KQ_ONE_BOUND(KQ_REGS_ONE))
+MM_TC_AT(mm_q6k_oneh, WT_Q6K, 1, KQ_U_ONE, PRO_ONE | PRO_X16, KQ_ONE_BOUND(KQ6_REGS_ONE))
 // The one-row kernels again for blocks of KQ_BOUND threads (plan.ONE16_TYPES at split KQ_MAX_SPLIT):
 // two such blocks an SM only at <= 64 registers a thread, worth the few that spill (twice the warps
 // streaming the weights). The same code: the same bits.
 #define MM_TC_ONE16(T, WT)                                                               \
     MM_TC_AT(mm_##T##_one16, WT, 1, KQ_U_ONE, PRO_ONE, __launch_bounds__(KQ_BOUND, 2)) \
-    MM_TC_AT(mm_##T##_norm16, WT, 1, KQ_U_ONE, PRO_NORM, __launch_bounds__(KQ_BOUND, 2))
+    MM_TC_AT(mm_##T##_norm16, WT, 1, KQ_U_ONE, PRO_NORM, __launch_bounds__(KQ_BOUND, 2)) \
+    MM_TC_AT(mm_##T##_one16h, WT, 1, KQ_U_ONE, PRO_ONE | PRO_X16, __launch_bounds__(KQ_BOUND, 2))
 MM_TC_ONE16(q4k, WT_Q4K)
 MM_TC_ONE16(q6k, WT_Q6K)
 MM_TC(mm_q4k_tm2h2, WT_Q4K, 2, KQ_U12_RT, PRO_X16 | PRO_RT2)

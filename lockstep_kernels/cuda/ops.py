@@ -412,12 +412,14 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         x = _rows(x)
         t, k = (int(s) for s in x.shape)
         f = w_gate_up.shape[0] // 2
-        # 9-16 rows: the gated products go to the down projection as 16-bit pairs too (EPI_OUT16)
-        if (self._prologue(t, k, w_gate_up) == "x16" and w_gate_up.gate_up == "tiles"
+        # 9-16 rows (one row: plan.ONE_X16_TYPES): the gated products go to the down projection as
+        # 16-bit pairs too (EPI_OUT16)
+        pro = self._prologue(t, k, w_gate_up)
+        if ((pro == "x16" or (t == 1 and pro == "norm")) and w_gate_up.gate_up == "tiles"
                 and self._takes_16bit(t, w_down, f, w_gate_up.dtype == "bf16")):
             act = cp.empty((t, f), dtype=cp.uint16)
-            self._streaming(self._normed(x, norm_weight, eps, w_gate_up, "x16"), w_gate_up, act, self._dummy, None,
-                            EPI_SILU | EPI_OUT16, "x16")
+            self._streaming(self._normed(x, norm_weight, eps, w_gate_up, pro), w_gate_up, act, self._dummy, None,
+                            EPI_SILU | EPI_OUT16, pro, norm_weight, eps)
             out = cp.empty((t, w_down.shape[0]), dtype=cp.float32)
             return self._streaming(act, w_down, out, self._dummy, x, EPI_RESIDUAL, "x16")
         if (w_gate_up.gate_up == "tiles" and w_gate_up.dtype == w_down.dtype and w_down.shape[1] == f

@@ -23,6 +23,10 @@ ONE16_TYPES = ("q4_k", "q6_k")
 # 9-16 rows of these in 16-bit pairs run on mm_*_tm2h2: two row tiles a block sharing the tokens' loads
 # (and Q4_K's ones sums), each tile's sums as mm_*_tm2h's. Empty until a GPU probe shows it faster.
 X16_RT2_TYPES: tuple[str, ...] = ()
+# One row of these takes 16-bit pairs where the kernel before can write them (attention's output, the
+# gated product; rms_norm_16 where no norm prologue): mm_*_oneh / mm_*_one16h, the one-row kernel's
+# bits without its activation shuffles. Empty until a GPU probe shows it faster.
+ONE_X16_TYPES: tuple[str, ...] = ()
 # K-quants on kquant_mm.cu's integer kernels at every M (activations quantised per chunk); False: on
 # matmul.cu's f16 MMA family (streaming, tiled, wide), whose sums differ. Off by default: the integer
 # kernels win one row but lose batches and prefill (DECISIONS.md).
@@ -121,16 +125,19 @@ def matmul_launch(dtype: str, m: int, n: int, k: int, sm_count: int, split: int 
     while tm < want and tm < max_token_tiles(s):
         tm *= 2
     if prologue == "x16":
-        if tm != 2:
-            raise ValueError(f"16-bit activations are for the 9-16-row kernel, not {m} rows")
-        prologue = "tm2h"
+        if m == 1 and dtype in ONE_X16_TYPES:
+            prologue = "oneh"
+        elif tm != 2:
+            raise ValueError(f"16-bit activations are for the 9-16-row kernel (one row: ONE_X16_TYPES), not {m} rows")
+        else:
+            prologue = "tm2h"
     name = KERNEL_NAMES[dtype]
     variant = prologue or ("one" if m == 1 else f"tm{tm}")
     tiles_a_block = 2 if variant == "tm2h" and dtype in X16_RT2_TYPES else 1
     grid = (ceil_div(n, ROW_TILE * tiles_a_block), ceil_div(max(m, 1), TOKEN_TILE * tm), 1)
     shared = combine_bytes(s, tm)
-    if variant in ("one", "norm") and s == KQ_MAX_SPLIT and dtype in ONE16_TYPES:
-        variant += "16"
+    if variant in ("one", "norm", "oneh") and s == KQ_MAX_SPLIT and dtype in ONE16_TYPES:
+        variant = {"one": "one16", "norm": "norm16", "oneh": "one16h"}[variant]
     elif tiles_a_block == 2:
         variant += "2"
     return MatmulLaunch(f"mm_{name}_{variant}", grid, (32 * s, 1, 1), shared, s, tm)
@@ -230,8 +237,11 @@ def moe_tiles(pairs: int, experts: int, rows: int) -> int:
 def reads_16bit(m: int, n: int, k: int, sm_count: int, dtype: str = "f16") -> bool:
     """Whether a normalised input of m rows reaches the streaming kernel rounded to 16 bits already
     (rms_norm_16, the pairs the MMAs take): the 9-16-row kernel, whose float32 rows with a batch's
-    loads in flight do not fit its 64 registers (lockstep_kernels/cuda/DECISIONS.md)."""
-    return m > 1 and matmul_launch(dtype, m, n, k, sm_count).token_tiles == 2
+    loads in flight do not fit its 64 registers (lockstep_kernels/cuda/DECISIONS.md); one row of
+    ONE_X16_TYPES (mm_*_oneh)."""
+    if m == 1:
+        return dtype in ONE_X16_TYPES
+    return matmul_launch(dtype, m, n, k, sm_count).token_tiles == 2
 
 
 NORM_PROLOGUE_BYTES = 8 << 20  # L2 reads of a matmul whose every block normalises the input row itself
