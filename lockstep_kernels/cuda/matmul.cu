@@ -507,16 +507,10 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         constexpr bool lane_sc = KQ_LANE_SCALES && KQ(WT) && all && decltype(one_sb)::value && U == 4 && !prefetch;
         if (c0 != c_begin && !prefetch) load_weights(c0, full, one_sb);
         const unsigned sw = lane_sc ? *reinterpret_cast<const unsigned*>(sc_at + (c0 + t) * 32) : 0u;
-        // PRO_X16 (mm_*_oneh): the row's 16-bit pairs as the kernel before wrote them, lane t's 8 of each
-        // chunk in one load (load_x8's k, so the pairs row_pairs would give), zero past the slice
+        // PRO_X16 (mm_*_oneh): the row's 16-bit pairs as the kernel before wrote them, lane t's 8 of a
+        // chunk in one load where the chunk is multiplied (load_x8's k, so the pairs row_pairs would give)
         constexpr bool h16 = (PRO & PRO_X16) != 0;
-        uint4 xq[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (h16)
-                xq[u] = all || c0 + u < c_end
-                            ? *reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(x) + (c0 + u) * 32 + 8 * t)
-                            : make_uint4(0u, 0u, 0u, 0u);
+        const u16* x16 = reinterpret_cast<const u16*>(x) + 8 * t;
         unsigned p0[(U + 3) / 4], p1[(U + 3) / 4];
 #pragma unroll
         for (int h = 0; h < U / 4 && !h16; ++h) {
@@ -549,8 +543,13 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (all || c0 + u < c_end) {
-                unsigned b[4] = {xq[u].x, xq[u].y, xq[u].z, xq[u].w};
-                if (!h16) row_pairs(p0[u >> 2], p1[u >> 2], u, b);
+                unsigned b[4];
+                if (h16) {
+                    const uint4 q = *reinterpret_cast<const uint4*>(x16 + (c0 + u) * 32);
+                    b[0] = q.x; b[1] = q.y; b[2] = q.z; b[3] = q.w;
+                } else {
+                    row_pairs(p0[u >> 2], p1[u >> 2], u, b);
+                }
                 unsigned a1[4], a2[4];
                 a_frags<WT>(A[u], B[u], a1, a2);
                 float sa, sb, xa, xb;
