@@ -3,9 +3,9 @@
 # its limit (KO_T_<stage> s), JSON under $OUT as stages end, tables in summary.txt:
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
 #           norm prologue = the separate ops                                                        [240]
-#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS: prefetching the next
-#           batch) at three splits, each build's bits against the default build's; at split 16 mm_*_one
-#           against mm_*_one16                                                                     [150]
+#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS; KO_BUILDS=0,3 picks
+#           some) at three splits, each build's bits against the default build's; at split 16 mm_*_one
+#           against mm_*_one16; mm_*_one against mm_*_oneh (16-bit input)                          [150]
 #   x16     the 16-row kernel's builds (X16_BUILDS: prefetching) the same way, and mm_*_tm2h against
 #           mm_*_tm2h2 (two row tiles a block, plan.X16_RT2_TYPES; RT2_BUILDS)                    [300]
 #   ab      bench/gpu_profile.py --gguf on the 8B Q4_K_M shape at 1 and 16 rows for the tree in $OLD and
@@ -37,7 +37,7 @@ if has tests; then
 fi
 if has probe; then
   stage "probe"
-  timeout "$(lim probe 150)" python3 bench/kquant_mm.py --probe --out "$OUT/kq-one-probe.json" > "$work/probe.log" 2>&1
+  timeout "$(lim probe 150)" python3 bench/kquant_mm.py --probe ${KO_BUILDS:+--builds $KO_BUILDS} --out "$OUT/kq-one-probe.json" > "$work/probe.log" 2>&1
   echo "probe rc $?"; grep -E "us .* GB/s|FAILED" "$work/probe.log" | tee -a "$OUT/summary.txt" | tail -n 40
 fi
 if has x16; then

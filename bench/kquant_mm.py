@@ -216,6 +216,7 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every integer variant (tiled forced, tr at every type)")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--x16", action="store_true", help="with --probe: the 16-row kernel's builds instead")
+    ap.add_argument("--builds", default="", help="with --probe: only these of PROBE_BUILDS (indices, e.g. '0,3')")
     ap.add_argument("--types", default="", help="only these, e.g. 'q4_k:int,q6_k:int,q4_k:f16' (default: every one)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)
@@ -223,6 +224,8 @@ def main() -> None:
     results: list = []
     pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR)  # the dispatch's choices of integer kernels
     if args.probe:
+        if args.builds:
+            PROBE_BUILDS[:] = [PROBE_BUILDS[int(i)] for i in args.builds.split(",")]
         probe(ops, bw, results, args.x16,
               lambda: Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1)))
         return
