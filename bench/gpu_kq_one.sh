@@ -2,7 +2,7 @@
 # The one-row K-quant (and f16) decode kernels (issue 29) in one device call, stages in order, each under
 # its limit (KO_T_<stage> s), JSON under $OUT as stages end, tables in summary.txt:
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
-#           norm prologue = the separate ops                                                        [240]
+#           norm prologue = the separate ops (KO_TESTS: another -k expression)                      [240]
 #   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS; KO_BUILDS=0,3 picks
 #           some) at three splits, each build's bits against the default build's; at split 16 mm_*_one
 #           against mm_*_one16; mm_*_one against mm_*_oneh (16-bit input)                          [150]
@@ -30,7 +30,7 @@ if has ab || has engine; then shape8b_q4km_bg; fi  # the 8B file, written while 
 if has tests; then
   stage "tests"
   timeout "$(lim tests 240)" python3 -m pytest -m gpu --noconftest -p no:cacheprovider -q -rfE --junitxml="$work/tests.xml" \
-    tests/test_cuda_ops.py -k "test_kquant_one_row or test_kquant_two_tile or test_matmul_row_invariant or test_norm_matmul_equals" \
+    tests/test_cuda_ops.py -k "${KO_TESTS:-test_kquant_one_row or test_kquant_two_tile or test_matmul_row_invariant or test_norm_matmul_equals}" \
     > "$work/tests.txt" 2>&1
   echo "tests rc $?"; grep -E '^(FAILED|ERROR) ' "$work/tests.txt" | cut -c1-300 | head -n 12; tail -n 1 "$work/tests.txt" | tee -a "$OUT/summary.txt"
   [ -f "$work/tests.xml" ] && python3 bench/gpu_summary.py --tests "$work/tests.xml" "$OUT/kq-one-tests.json"
