@@ -3,7 +3,7 @@
 # its limit (KO_T_<stage> s), JSON under $OUT as stages end, tables in summary.txt:
 #   tests   the GPU tests that hold their bits: a row alone = inside batches (K-quants, f16, bf16), with the
 #           norm prologue = the separate ops (KO_TESTS: another -k expression)                      [240]
-#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS; KO_BUILDS=0,3 picks
+#   probe   bench/kquant_mm.py --probe: the one-row kernel's builds (PROBE_BUILDS; KO_BUILDS=0,1 picks
 #           some) at three splits, each build's bits against the default build's; at split 16 mm_*_one
 #           against mm_*_one16; mm_*_one against mm_*_oneh (16-bit input)                          [150]
 #   x16     the 16-row kernel's builds (X16_BUILDS: prefetching) the same way, and mm_*_tm2h against

@@ -32,19 +32,18 @@ from lockstep_kernels.cuda.ops import CudaOps, mm_tc_args, streaming_kernel  # n
 from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
 # Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
-# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K); then, each on the one before, a batch's chunk scales
-# made once, by one lane each (KQ_LANE_SCALES), a word's odd nibble pairs scaled in an FMA (KQ_PAIR_FMA,
-# common.cuh), Q6_K's halves split by zeroing activations, not weights (KQ_Q6_BMASK); and the next batch's
-# weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills). probe_oneh:
-# the one-row kernel on 16-bit pairs (mm_*_oneh), default and the three builds together.
+# KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K, Q6_K's halves split in the activations, its odd nibble
+# pairs scaled in an FMA); a batch's chunk scales made once, by one lane each (KQ_LANE_SCALES); the next
+# batch's weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
+# probe_oneh: the one-row kernel on 16-bit pairs (mm_*_oneh, plan.ONE_X16_TYPES) against float32 input,
+# default and ONEH_BUILD.
 LANE_SCALES = (("KQ_LANE_SCALES", 1),)
-PAIR_FMA = (("KQ_PAIR_FMA", 1),)
 ONE_PREFETCH = (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))
-ONEH_BUILD = LANE_SCALES + PAIR_FMA + (("KQ_Q6_BMASK", 1),)
-PROBE_BUILDS = [(), LANE_SCALES, LANE_SCALES + PAIR_FMA, ONEH_BUILD, ONE_PREFETCH]
+ONEH_BUILD = LANE_SCALES
+PROBE_BUILDS = [(), LANE_SCALES, ONE_PREFETCH]
 # The 9-16-row kernel (f16 activations): the default and the next batch's weights loaded before a batch's
 # MMAs (KQ_X16_PREFETCH); then mm_*_tm2h2 (two row tiles a block) at 2 and 4 chunks a batch (KQ_U12_RT).
-X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),), PAIR_FMA]
+X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),)]
 RT2_BUILDS = [(), (("KQ_U12_RT", 4),)]
 
 
@@ -216,7 +215,7 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every integer variant (tiled forced, tr at every type)")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--x16", action="store_true", help="with --probe: the 16-row kernel's builds instead")
-    ap.add_argument("--builds", default="", help="with --probe: only these of PROBE_BUILDS (indices, e.g. '0,3')")
+    ap.add_argument("--builds", default="", help="with --probe: only these of PROBE_BUILDS (indices, e.g. '0,1')")
     ap.add_argument("--types", default="", help="only these, e.g. 'q4_k:int,q6_k:int,q4_k:f16' (default: every one)")
     args = ap.parse_args()
     ops = CudaOps(exact=True)

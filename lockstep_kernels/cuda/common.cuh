@@ -445,21 +445,22 @@ __device__ __forceinline__ unsigned and_or(unsigned a, unsigned c) {
 }
 
 // Pair j (k 8t + 2j, 8t + 2j + 1) of a lane's word as an exact f16 pair: q (Q4_K), or q - 32 with the
-// top bits at `hs` in `top` (Q6_K): 1024 + q is an f16 whose low mantissa bits are q. KQ_PAIR_FMA (a
-// probe's build): odd pairs taken where they lie, 1024 + 16 q, and scaled by 1/16 in the subtraction's
-// FMA (exact too: the same f16), so a word's four pairs need one shift.
+// top bits at `hs` in `top` (Q6_K): 1024 + q is an f16 whose low mantissa bits are q. KQ_PAIR_FMA (1:
+// both types, 2: Q6_K only): odd pairs taken where they lie, 1024 + 16 q, and scaled by 1/16 in the
+// subtraction's FMA (exact too: the same f16), so a word's four pairs need one shift.
 #ifndef KQ_PAIR_FMA
 #define KQ_PAIR_FMA 0
 #endif
 __device__ __forceinline__ unsigned kq_pair(unsigned nib, unsigned top, int j, int hs, bool q6) {
+    const bool fma = KQ_PAIR_FMA == 1 || (KQ_PAIR_FMA == 2 && q6);
     unsigned r;
-    if (KQ_PAIR_FMA && (j & 1)) {
+    if (fma && (j & 1)) {
         unsigned v = and_or<0x00F000F0u>(nib >> (4 * (j & 2)), 0x64006400u);
         if (q6) v |= ((top >> (2 * j + hs)) << 8) & 0x03000300u;
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x2C002C00u), "r"(q6 ? 0xD600D600u : 0xD400D400u));
         return r;
     }
-    unsigned v = and_or<0x000F000Fu>(nib >> (4 * (KQ_PAIR_FMA ? j & 2 : j)), 0x64006400u);
+    unsigned v = and_or<0x000F000Fu>(nib >> (4 * (fma ? j & 2 : j)), 0x64006400u);
     if (q6) v |= ((top >> (2 * j + hs)) << 4) & 0x00300030u;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(q6 ? 0x64206420u : 0x64006400u));
     return r;

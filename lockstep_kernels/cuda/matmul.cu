@@ -14,6 +14,11 @@
 // Inside a chunk each lane loads 8 consecutive k of its weight row (one 16-byte load) and its
 // token's 8 matching activations; the 32 k of a chunk are fed to two MMAs in a permuted k order
 // that is the same for A and B, so the dot product is unchanged and every load is 16 bytes wide.
+// Q6_K's odd nibble pairs scaled in an FMA (common.cuh's kq_pair): faster for its one- and 16-row
+// kernels, slower for Q4_K's (bench/evidence/s27-kq-oneh)
+#ifndef KQ_PAIR_FMA
+#define KQ_PAIR_FMA 2
+#endif
 #include "common.cuh"
 
 #define WT_F16 0
@@ -39,7 +44,7 @@
 #define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
 #endif
 #ifndef KQ_Q6_BMASK
-#define KQ_Q6_BMASK 0  // 1: the one-row Q6_K kernels zero a half's activations, not its weights (a probe's build)
+#define KQ_Q6_BMASK 1  // the one-row Q6_K kernels zero a half's activations (4 registers), not its weights (8)
 #endif
 #ifndef KQ_LANE_SCALES
 #define KQ_LANE_SCALES 0  // 1: a one-row K-quant batch's chunk scales made by one lane each, then shuffled (a probe's build)
