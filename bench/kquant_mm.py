@@ -36,10 +36,9 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 # pairs scaled in an FMA); a batch's chunk scales made once, by one lane each (KQ_LANE_SCALES); the next
 # batch's weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
 # probe_oneh: the one-row kernel on 16-bit pairs (mm_*_oneh, plan.ONE_X16_TYPES) against float32 input,
-# default and ONEH_BUILD.
+# default and KQ_LANE_SCALES.
 LANE_SCALES = (("KQ_LANE_SCALES", 1),)
 ONE_PREFETCH = (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))
-ONEH_BUILD = LANE_SCALES
 PROBE_BUILDS = [(), LANE_SCALES, ONE_PREFETCH]
 # The 9-16-row kernel (f16 activations): the default and the next batch's weights loaded before a batch's
 # MMAs (KQ_X16_PREFETCH); then mm_*_tm2h2 (two row tiles a block) at 2 and 4 chunks a batch (KQ_U12_RT).
@@ -127,7 +126,7 @@ def probe(ops: CudaOps, bw: float, results: list, x16: bool = False, save=lambda
 
 def probe_oneh(ops: CudaOps, bw: float, results: list, name: str, dtype: str) -> None:
     """One row at the dispatch's split on mm_*_one(16) (float32 input) and mm_*_one(16)h (its 16-bit
-    pairs, plan.ONE_X16_TYPES), default build and ONEH_BUILD: each build's outputs equal both ways, and
+    pairs, plan.ONE_X16_TYPES), default build and LANE_SCALES: each build's outputs equal both ways, and
     each one's time."""
     n, k = SHAPES_8B[name]
     s = plan.split_k(n, k, ops.sm_count, dtype)
@@ -136,7 +135,7 @@ def probe_oneh(ops: CudaOps, bw: float, results: list, name: str, dtype: str) ->
         plan.ONE_X16_TYPES = (dtype,)
         w, x = random_weight(n, k, dtype), cp.random.standard_normal((1, k), dtype=cp.float32)
         x16 = x.astype(cp.float16).view(cp.uint16)  # round to nearest even: the kernels' pairs
-        for defines in ((), ONEH_BUILD):
+        for defines in ((), LANE_SCALES):
             outs = []
             for inp, pro in ((x, None), (x16, "x16")):
                 mm = plan.matmul_launch(dtype, 1, n, k, ops.sm_count, prologue=pro)
