@@ -33,13 +33,14 @@ from lockstep_kernels.cuda.weights import CudaWeight  # noqa: E402
 
 # Builds of the one-row kernel (matmul.cu's defines): the default (chunks a batch KQ_U_ONE 4, register caps
 # KQ_REGS_ONE 72 for Q4_K, KQ6_REGS_ONE 80 for Q6_K, Q6_K's halves split in the activations, its odd nibble
-# pairs scaled in an FMA); a batch's chunk scales made once, by one lane each (KQ_LANE_SCALES); the next
+# pairs scaled in an FMA); a batch's chunk scales made once, by one lane each (KQ_LANE_SCALES; 2: Q6_K only,
+# where with the other two it was faster in session 27's probe); the next
 # batch's weights loaded before a batch's MMAs (KQ_ONE_PREFETCH; the caps it needs without spills).
 # probe_oneh: the one-row kernel on 16-bit pairs (mm_*_oneh, plan.ONE_X16_TYPES) against float32 input,
 # default and KQ_LANE_SCALES.
 LANE_SCALES = (("KQ_LANE_SCALES", 1),)
 ONE_PREFETCH = (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))
-PROBE_BUILDS = [(), LANE_SCALES, ONE_PREFETCH]
+PROBE_BUILDS = [(), LANE_SCALES, (("KQ_LANE_SCALES", 2),), ONE_PREFETCH]
 # The 9-16-row kernel (f16 activations): the default and the next batch's weights loaded before a batch's
 # MMAs (KQ_X16_PREFETCH); then mm_*_tm2h2 (two row tiles a block) at 2 and 4 chunks a batch (KQ_U12_RT).
 X16_BUILDS = [(), (("KQ_X16_PREFETCH", 1),)]

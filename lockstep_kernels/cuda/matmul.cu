@@ -47,7 +47,7 @@
 #define KQ_Q6_BMASK 1  // the one-row Q6_K kernels zero a half's activations (4 registers), not its weights (8)
 #endif
 #ifndef KQ_LANE_SCALES
-#define KQ_LANE_SCALES 0  // 1: a one-row K-quant batch's chunk scales made by one lane each, then shuffled (a probe's build)
+#define KQ_LANE_SCALES 0  // 1 (2: Q6_K only): a one-row K-quant batch's chunk scales made by one lane each, then shuffled (a probe's build)
 #endif
 
 
@@ -509,7 +509,8 @@ __device__ __forceinline__ void mm_tc(const void* __restrict__ w, const u16* __r
         // KQ_LANE_SCALES: lane t of a row pair makes chunk c0 + t's four scales from its own scale
         // word (the same float ops), and each chunk takes them from that lane: a chunk's conversions
         // and products once a batch instead of in all four lanes.
-        constexpr bool lane_sc = KQ_LANE_SCALES && KQ(WT) && all && decltype(one_sb)::value && U == 4 && !prefetch;
+        constexpr bool lane_sc = (KQ_LANE_SCALES == 1 || (KQ_LANE_SCALES == 2 && WT == WT_Q6K)) && KQ(WT) && all &&
+                                 decltype(one_sb)::value && U == 4 && !prefetch;
         if (c0 != c_begin && !prefetch) load_weights(c0, full, one_sb);
         const unsigned sw = lane_sc ? *reinterpret_cast<const unsigned*>(sc_at + (c0 + t) * 32) : 0u;
         // PRO_X16 (mm_*_oneh): the row's 16-bit pairs as the kernel before wrote them, lane t's 8 of a
