@@ -100,11 +100,11 @@ def probe_build(ops: CudaOps, bw: float, results: list, name: str, dtype: str, d
                 rows=rows, build=build, dispatch_split=base, bits_equal_default=same)
 
 
-def probe(ops: CudaOps, bw: float, results: list, x16: bool = False, save=lambda: None) -> None:
+def probe(ops: CudaOps, bw: float, results: list, x16: bool = False, save=lambda: None, builds=None) -> None:
     """The one-row K-quant kernel over builds and splits (each split its own summation order: a
     benchmark of speed only) and at split KQ_MAX_SPLIT its 512-thread build (probe_one16); or (`x16`)
     the 16-row kernel's builds at the dispatch's split. `save()` after each shape and type (a stage
-    cut by its time limit keeps what it measured)."""
+    cut by its time limit keeps what it measured). `builds`: the one-row builds (default PROBE_BUILDS)."""
     for name in ("qo", "gate_up", "down", "lm_head"):
         n, k = SHAPES_8B[name]
         for dtype in ("q4_k", "q6_k"):
@@ -117,7 +117,7 @@ def probe(ops: CudaOps, bw: float, results: list, x16: bool = False, save=lambda
                 probe_rt2(ops, bw, results, name, dtype)
                 save()
                 continue
-            for defines in PROBE_BUILDS:
+            for defines in PROBE_BUILDS if builds is None else builds:
                 probe_build(ops, bw, results, name, dtype, defines, splits)
             if base == plan.KQ_MAX_SPLIT:
                 probe_one16(ops, bw, results, name, dtype)
@@ -223,10 +223,10 @@ def main() -> None:
     results: list = []
     pick = (plan.KQ_TILE_ROWS, plan.KQ_TILE_SPLIT, plan.KQ_TR)  # the dispatch's choices of integer kernels
     if args.probe:
-        if args.builds:
-            PROBE_BUILDS[:] = [PROBE_BUILDS[int(i)] for i in args.builds.split(",")]
+        builds = [PROBE_BUILDS[int(i)] for i in args.builds.split(",")] if args.builds else None
         probe(ops, bw, results, args.x16,
-              lambda: Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1)))
+              lambda: Path(args.out).write_text(json.dumps({"copy_bandwidth": bw, "results": results}, indent=1)),
+              builds)
         return
     for name in args.shapes.split(","):
         n, k = SHAPES_8B[name]

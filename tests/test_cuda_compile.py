@@ -97,7 +97,7 @@ def test_mma_attention_shared_s_builds_compile(job, compiled):
 MATMUL_PROBES = [Job("matmul.cu", (("KQ_ONE_PREFETCH", 1), ("KQ_REGS_ONE", 96), ("KQ6_REGS_ONE", 104))),
                  Job("matmul.cu", (("KQ_X16_PREFETCH", 1),)), Job("matmul.cu", (("KQ_U12_RT", 4),)),
                  Job("matmul.cu", (("KQ_PAIR_FMA", 1), ("KQ_LANE_SCALES", 1))),
-                 Job("matmul.cu", (("KQ_PAIR_FMA", 0), ("KQ_Q6_BMASK", 0)))]
+                 Job("matmul.cu", (("KQ_PAIR_FMA", 0),))]
 
 
 @pytest.mark.parametrize("job", MATMUL_PROBES, ids=lambda j: j.defines[0][0])

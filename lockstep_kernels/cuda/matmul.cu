@@ -43,9 +43,6 @@
 #ifndef KQ_ONE_PREFETCH
 #define KQ_ONE_PREFETCH 0  // 1: the same in the one-row K-quant kernels (a probe's build, with a higher KQ_REGS_ONE)
 #endif
-#ifndef KQ_Q6_BMASK
-#define KQ_Q6_BMASK 1  // the one-row Q6_K kernels zero a half's activations (4 registers), not its weights (8)
-#endif
 #ifndef KQ_LANE_SCALES
 #define KQ_LANE_SCALES 0  // 1 (2: Q6_K only): a one-row K-quant batch's chunk scales made by one lane each, then shuffled (a probe's build)
 #endif
@@ -183,7 +180,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const unsigned (&a1)[
     } else if (KQ(WT)) {  // Q6_K: the halves' sums apart
         float p[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
         const unsigned lo = (threadIdx.x & 3) < 2 ? 0xffffffffu : 0u, hi = ~lo;
-        if (KQ_Q6_BMASK && COL0) {  // lane t holds the same k in A and B: the other half zeroed in B
+        if (COL0) {  // one row: lane t holds the same k in A and B, so the other half zeroed in B (4 registers, not 8)
             mma_f16(p, a1[0], a1[1], a1[2], a1[3], b0 & lo, b1 & lo);
             mma_f16(p, a2[0], a2[1], a2[2], a2[3], b2 & lo, b3 & lo);
             mma_f16(e, a1[0], a1[1], a1[2], a1[3], b0 & hi, b1 & hi);

@@ -415,7 +415,7 @@ class CudaOps(CudaMoeOps, DeltaNetOps, KquantOps):
         # 9-16 rows (one row: plan.ONE_X16_TYPES): the gated products go to the down projection as
         # 16-bit pairs too (EPI_OUT16)
         pro = self._prologue(t, k, w_gate_up)
-        if ((pro == "x16" or (t == 1 and pro == "norm")) and w_gate_up.gate_up == "tiles"
+        if (pro in ("x16", "norm") and w_gate_up.gate_up == "tiles"
                 and self._takes_16bit(t, w_down, f, w_gate_up.dtype == "bf16")):
             act = cp.empty((t, f), dtype=cp.uint16)
             self._streaming(self._normed(x, norm_weight, eps, w_gate_up, pro), w_gate_up, act, self._dummy, None,
